@@ -1,0 +1,16 @@
+# sluice_test(NAME SOURCES... DEPS ...)
+# One gtest binary per component test file; each TEST becomes a ctest case.
+function(sluice_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  set(labels unit)
+  if(ARG_LABELS)
+    set(labels ${ARG_LABELS})
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS "${labels}" TIMEOUT 300
+               ENVIRONMENT "SLUICE_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+endfunction()

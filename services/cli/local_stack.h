@@ -1,0 +1,100 @@
+#ifndef SLUICE_SERVICES_CLI_LOCAL_STACK_H_
+#define SLUICE_SERVICES_CLI_LOCAL_STACK_H_
+
+#include <sys/types.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/subprocess.h"
+
+namespace sluice::cli {
+
+struct LocalStackOptions {
+  // Directory holding the sluice-* service binaries (normally the one `sluice`
+  // itself is in).
+  std::string bin_dir;
+  // Where endpoints.json and logs/<service>.log go; created if missing.
+  std::string state_dir;
+  // How long each service may take to report ready and healthy.
+  absl::Duration start_timeout = absl::Seconds(60);
+  // After SIGTERM, how long a service may drain before it is killed.
+  absl::Duration stop_grace = absl::Seconds(15);
+  // LibTorch intra-op threads for the trainer and the rollout worker.
+  int torch_threads = 1;
+  // Passed to every service: "text" or "json".
+  std::string log_format = "text";
+
+  absl::Status Validate() const;
+};
+
+// Where one running service can be reached.
+struct ServiceEndpoint {
+  std::string name;     // "replay_buffer"
+  std::string grpc;     // "127.0.0.1:P"
+  std::string metrics;  // "http://127.0.0.1:Q/metrics"
+  std::string log_path;
+  pid_t pid = 0;
+};
+
+// The embedded default deployment: all five services as child processes on
+// loopback, each on a free port it picked itself (no port race), reported
+// back on a pipe once it serves.
+//
+// Services start one at a time in dependency order (reward server, replay
+// buffer, trainer, rollout worker, controller), each only after the previous
+// one answered its health check, and stop in reverse order. Children get
+// SIGTERM if this process dies, so a crashed supervisor leaves nothing behind.
+//
+// Thread-compatible; one thread drives it.
+class LocalStack {
+ public:
+  // Service names in start order; also the keys of endpoints.json.
+  static const std::vector<std::string>& ServiceNames();
+
+  explicit LocalStack(LocalStackOptions options);
+  // Stops whatever is still running.
+  ~LocalStack();
+
+  // Starts every service and waits until each is SERVING, then writes
+  // <state_dir>/endpoints.json. On failure stops what it started and returns
+  // an error naming the service, why it failed and the end of its log.
+  absl::Status Start();
+
+  const std::vector<ServiceEndpoint>& endpoints() const { return endpoints_; }
+  std::string endpoints_path() const;
+
+  // Blocks until SIGTERM/SIGINT arrives (returns OK and the signal's name in
+  // `*reason`) or a service exits (returns an error naming it, its exit status
+  // and the end of its log). Both signals must be blocked in every thread
+  // (runtime::BlockTerminationSignals) so that they are read here.
+  absl::Status Supervise(std::string* reason);
+
+  // Stops every service, last started first: SIGTERM, then SIGKILL after
+  // stop_grace. Removes endpoints.json. Returns an error listing services
+  // that did not exit cleanly. Idempotent.
+  absl::Status Stop();
+
+ private:
+  struct Child {
+    ServiceEndpoint endpoint;
+    std::unique_ptr<Subprocess> process;
+  };
+
+  absl::Status StartOne(const std::string& name);
+  absl::Status WriteEndpoints() const;
+
+  LocalStackOptions options_;
+  std::vector<Child> children_;
+  std::vector<ServiceEndpoint> endpoints_;
+};
+
+// The last `max_lines` lines of a text file, for error messages.
+std::string TailOfFile(const std::string& path, int max_lines);
+
+}  // namespace sluice::cli
+
+#endif  // SLUICE_SERVICES_CLI_LOCAL_STACK_H_

@@ -1,0 +1,77 @@
+#include "services/runtime/server_options.h"
+
+#include <vector>
+
+#include "absl/strings/string_view.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+
+namespace sluice::runtime {
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what) {
+  const auto error = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " must be host:port (e.g. 127.0.0.1:50051 or [::]:50051); got '", value,
+        "': ", why));
+  };
+  const size_t colon = value.rfind(':');
+  if (colon == std::string::npos) return error("no port");
+  HostPort result;
+  result.host = value.substr(0, colon);
+  if (result.host.empty()) return error("empty host");
+  if (result.host.front() == '[' && result.host.back() != ']') return error("unclosed '['");
+  if (result.host.front() != '[' && result.host.find(':') != std::string::npos) {
+    return error("IPv6 hosts need brackets");
+  }
+  const std::string port = value.substr(colon + 1);
+  int port_number = -1;
+  if (!absl::SimpleAtoi(port, &port_number) || port_number < 0 || port_number > 65535) {
+    return error("port must be an integer in [0, 65535]");
+  }
+  result.port = port_number;
+  return result;
+}
+
+absl::Status ServerOptions::Validate() const {
+  std::vector<std::string> problems;
+  if (absl::StatusOr<HostPort> hp = ParseHostPort(listen_address, "listen_address"); !hp.ok()) {
+    problems.emplace_back(hp.status().message());
+  }
+  if (metrics_port < kMetricsDisabled || metrics_port > 65535) {
+    problems.push_back(absl::StrCat(
+        "metrics_port must be in [0, 65535], or -1 to disable; got ", metrics_port));
+  }
+  constexpr int64_t kMinMessage = 4 << 10;
+  constexpr int64_t kMaxMessage = (int64_t{1} << 31) - 1;  // gRPC's limit is an int.
+  if (max_message_size_bytes < kMinMessage || max_message_size_bytes > kMaxMessage) {
+    problems.push_back(absl::StrCat("max_message_size_bytes must be in [", kMinMessage, ", ",
+                                    kMaxMessage, "]; got ", max_message_size_bytes));
+  }
+  if (shutdown_deadline_ms < 0 || shutdown_deadline_ms > 600000) {
+    problems.push_back(absl::StrCat("shutdown_deadline_ms must be in [0, 600000]; got ",
+                                    shutdown_deadline_ms));
+  }
+  if (absl::StatusOr<log::Level> level = log::ParseLevel(log_level); !level.ok()) {
+    problems.emplace_back(level.status().message());
+  }
+  if (absl::StatusOr<log::Format> format = log::ParseFormat(log_format); !format.ok()) {
+    problems.emplace_back(format.status().message());
+  }
+  if (ready_fd < -1) problems.push_back(absl::StrCat("ready_fd must be >= 0; got ", ready_fd));
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
+}
+
+std::string ServerOptions::MetricsBindAddress() const {
+  HostPort hp = *ParseHostPort(listen_address, "listen_address");
+  std::string host = hp.host;
+  // civetweb wants IPv6 hosts as "[::1]:port" too, but binds every address for
+  // a bare port; 0.0.0.0 means "all interfaces" the same way.
+  if (host == "0.0.0.0" || host == "[::]") return absl::StrCat(metrics_port);
+  if (host == "localhost") host = "127.0.0.1";
+  return absl::StrCat(host, ":", metrics_port);
+}
+
+}  // namespace sluice::runtime

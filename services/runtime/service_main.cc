@@ -1,0 +1,249 @@
+#include "services/runtime/service_main.h"
+
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
+#include "common/blas_info.h"
+#include "common/build_info.h"
+#include "common/logging.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "nlohmann/json.hpp"
+#include "services/runtime/config_file.h"
+#include "services/runtime/metrics.h"
+#include "services/runtime/rpc_metrics_interceptor.h"
+
+namespace sluice::runtime {
+namespace {
+
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  return set;
+}
+
+// Host clients should dial: a wildcard listen address is reachable on loopback.
+std::string DialHost(const std::string& host) {
+  if (host == "0.0.0.0") return "127.0.0.1";
+  if (host == "[::]") return "[::1]";
+  return host;
+}
+
+void WriteReadyLine(int fd, const std::string& line) {
+  std::string data = line + "\n";
+  const char* p = data.data();
+  size_t left = data.size();
+  while (left > 0) {
+    const ssize_t n = write(fd, p, left);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      log::Warning("cannot write ready line", {{"fd", fd}, {"error", strerror(errno)}});
+      break;
+    }
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  close(fd);
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  // A peer that goes away mid-write must be an error, not a dead process.
+  signal(SIGPIPE, SIG_IGN);
+}
+
+void LogStartupReport(const std::string& binary) {
+  const BlasInfo blas = DetectBlas();
+  const char* openblas_env = std::getenv("OPENBLAS_NUM_THREADS");
+  log::Info("starting", {{"binary", binary},
+                         {"version", kVersion},
+                         {"build", kBuildType},
+                         {"pid", static_cast<int64_t>(getpid())},
+                         {"cpus", std::thread::hardware_concurrency()},
+                         {"blas", blas.vendor},
+                         {"blas_library", blas.library_path.empty() ? "-" : blas.library_path},
+                         {"blas_threads", blas.threads},
+                         {"OPENBLAS_NUM_THREADS", openblas_env ? openblas_env : "unset"}});
+  if (blas.vendor == "reference") {
+    log::Warning(
+        "LibTorch is using the reference BLAS (~50x slower than OpenBLAS); install "
+        "libopenblas0-pthread (scripts/install-deps.sh does)",
+        {{"blas_library", blas.library_path}});
+  }
+}
+
+ServiceMain::ServiceMain(ServiceInfo info)
+    : info_(std::move(info)), app_(std::make_unique<CLI::App>(info_.description, info_.binary)) {
+  options_.listen_address = absl::StrCat("0.0.0.0:", info_.default_port);
+  options_.metrics_port = info_.default_metrics_port;
+
+  CLI::App& app = *app_;
+  // A flag given twice (once from the config file, once on the command line)
+  // takes its last value: the command line wins.
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.set_version_flag("--version", absl::StrCat(info_.binary, " ", kVersion));
+  app.add_option("--config", "YAML file whose keys are these flags' long names with "
+                             "underscores (listen_address: ...); flags override it")
+      ->type_name("FILE");
+  app.add_option("--listen,--listen-address", options_.listen_address,
+                 "gRPC listen address host:port; port 0 picks a free one")
+      ->capture_default_str()
+      ->type_name("HOST:PORT");
+  app.add_option("--metrics-port", options_.metrics_port,
+                 "Prometheus /metrics HTTP port on the listen host; 0 picks a free one, "
+                 "-1 disables")
+      ->capture_default_str();
+  app.add_option("--max-message-size-bytes", options_.max_message_size_bytes,
+                 "largest gRPC message received or sent")
+      ->capture_default_str();
+  app.add_option("--shutdown-deadline-ms", options_.shutdown_deadline_ms,
+                 "on SIGTERM/SIGINT, how long in-flight calls may take to finish")
+      ->capture_default_str();
+  app.add_option("--log-level", options_.log_level, "debug, info, warning or error")
+      ->capture_default_str();
+  app.add_option("--log-format", options_.log_format, "text or json")->capture_default_str();
+  app.add_option("--ready-fd", options_.ready_fd,
+                 "write one JSON line with the bound addresses to this inherited file "
+                 "descriptor once serving (used by `sluice up`)")
+      ->group("");
+}
+
+ServiceMain::~ServiceMain() = default;
+
+int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
+  BlockTerminationSignals();
+
+  // Config file keys become flags placed before the command line's own.
+  std::vector<std::string> args;
+  for (int i = argc - 1; i >= 1; --i) args.emplace_back(argv[i]);
+  if (const std::string config = FindConfigFlag(argc, argv); !config.empty()) {
+    absl::StatusOr<std::vector<std::string>> from_file = ConfigFileToArgs(config, *app_);
+    if (!from_file.ok()) {
+      std::cerr << info_.binary << ": " << from_file.status().message() << "\n";
+      return 2;
+    }
+    for (auto it = from_file->rbegin(); it != from_file->rend(); ++it) args.push_back(*it);
+  }
+  try {
+    app_->parse(args);  // CLI11 takes the arguments reversed.
+  } catch (const CLI::ParseError& e) {
+    const int code = app_->exit(e);
+    return code == 0 ? 0 : 2;
+  }
+
+  if (absl::Status valid = options_.Validate(); !valid.ok()) {
+    std::cerr << info_.binary << ": invalid configuration:\n"
+              << "  " << absl::StrReplaceAll(valid.message(), {{"\n", "\n  "}}) << "\n";
+    return 2;
+  }
+  log::Init(info_.component, *log::ParseLevel(options_.log_level),
+            *log::ParseFormat(options_.log_format));
+  LogStartupReport(info_.binary);
+
+  Metrics metrics(info_.component);
+  ServiceContext context(options_, metrics.registry());
+  if (absl::Status status = setup(context); !status.ok()) {
+    log::Error("setup failed", {{"error", std::string(status.message())}});
+    std::cerr << info_.binary << ": " << status.message() << "\n";
+    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+
+  const HostPort listen = *ParseHostPort(options_.listen_address, "listen_address");
+  int metrics_port = -1;
+  if (options_.metrics_port != ServerOptions::kMetricsDisabled) {
+    absl::StatusOr<int> port = metrics.Serve(options_.MetricsBindAddress());
+    if (!port.ok()) {
+      log::Error("cannot start", {{"error", std::string(port.status().message())}});
+      std::cerr << info_.binary << ": " << port.status().message() << "\n";
+      return 1;
+    }
+    metrics_port = *port;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int grpc_port = 0;
+  builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(),
+                           &grpc_port);
+  // gRPC enables SO_REUSEPORT by default, which would let a second server
+  // silently share a port that is already in use.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_size_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_size_bytes));
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+      interceptors;
+  interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(&metrics.rpc()));
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
+  for (const auto& [service, name] : context.services()) builder.RegisterService(service.get());
+
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || grpc_port == 0) {
+    const std::string error = absl::StrCat("cannot listen on ", options_.listen_address,
+                                           ": address in use or unavailable");
+    log::Error("cannot start", {{"error", error}});
+    std::cerr << info_.binary << ": " << error << "\n";
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  health->SetServingStatus("", true);
+  for (const auto& [service, name] : context.services()) health->SetServingStatus(name, true);
+
+  const std::string dial_host = DialHost(listen.host);
+  const std::string grpc_address = absl::StrCat(dial_host, ":", grpc_port);
+  const std::string metrics_url =
+      metrics_port < 0 ? "" : absl::StrCat("http://", dial_host, ":", metrics_port, "/metrics");
+  log::Info("serving", {{"grpc", grpc_address},
+                        {"metrics", metrics_url.empty() ? "disabled" : metrics_url},
+                        {"max_message_size_bytes", options_.max_message_size_bytes}});
+  if (options_.ready_fd >= 0) {
+    nlohmann::json ready = {{"grpc", grpc_address},
+                            {"metrics", metrics_url},
+                            {"pid", static_cast<int64_t>(getpid())},
+                            {"component", info_.component}};
+    WriteReadyLine(options_.ready_fd, ready.dump());
+  }
+
+  const sigset_t signals = TerminationSignals();
+  int signal_number = 0;
+  while (sigwait(&signals, &signal_number) != 0) {
+  }
+  const absl::Time shutdown_start = absl::Now();
+  log::Info("shutting down", {{"signal", strsignal(signal_number)},
+                              {"deadline_ms", options_.shutdown_deadline_ms}});
+  // A second signal means "now": the operator no longer wants to wait.
+  std::thread([signals] {
+    int again = 0;
+    while (sigwait(&signals, &again) != 0) {
+    }
+    log::Warning("second signal during shutdown; exiting without draining",
+                 {{"signal", strsignal(again)}});
+    std::_Exit(1);
+  }).detach();
+
+  health->SetServingStatus(false);
+  for (const auto& callback : context.shutdown_callbacks()) callback();
+  server->Shutdown(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(options_.shutdown_deadline_ms));
+  server->Wait();
+  metrics.StopServing();
+  log::Info("stopped", {{"drain_ms", absl::ToInt64Milliseconds(absl::Now() - shutdown_start)}});
+  return 0;
+}
+
+}  // namespace sluice::runtime

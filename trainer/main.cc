@@ -1,0 +1,34 @@
+// sluice-trainer: see trainer_service.h and README.md.
+#include <memory>
+
+#include "CLI/CLI.hpp"
+#include "common/logging.h"
+#include "common/torch_threads.h"
+#include "trainer/trainer_service.h"
+#include "services/runtime/service_main.h"
+
+int main(int argc, char** argv) {
+  using sluice::runtime::ServiceContext;
+  sluice::runtime::ServiceMain main({
+      .component = "trainer",
+      .binary = "sluice-trainer",
+      .description = "Sluice trainer: samples batches from the replay buffer, optimises the policy (GRPO, decoupled PPO, trajectory balance) and publishes each new weight version as a chunked stream.",
+      .default_port = 50055,
+      .default_metrics_port = 9095,
+  });
+  int torch_threads = 1;
+  main.app()
+      .add_option("--torch-threads", torch_threads,
+                  "LibTorch intra-op threads; the services of one machine share its cores, so "
+                  "each takes a fixed share (0 keeps LibTorch's default)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  return main.Run(argc, argv, [&](ServiceContext& context) {
+    using namespace sluice;
+        const TorchThreads threads = ConfigureTorchThreads(torch_threads);
+        log::Info("torch threads", {{"intra_op", threads.intra_op}, {"inter_op", threads.inter_op}});
+    context.AddService(std::make_shared<trainer::TrainerServiceImpl>(),
+                       sluice::v1::TrainerService::service_full_name());
+    return absl::OkStatus();
+  });
+}

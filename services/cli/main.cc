@@ -49,11 +49,17 @@ void AddStackFlags(CLI::App* command, LocalStackOptions* options) {
       ->capture_default_str();
 }
 
-int RunUp(LocalStackOptions options) {
+int RunUp(LocalStackOptions options, int ready_fd) {
   LocalStack stack(options);
   if (absl::Status status = stack.Start(); !status.ok()) {
     std::cerr << "sluice up: " << status.message() << "\n";
     return 1;
+  }
+  if (ready_fd >= 0) {
+    const std::string line = stack.endpoints_path() + "\n";
+    ssize_t ignored = write(ready_fd, line.data(), line.size());
+    (void)ignored;
+    close(ready_fd);
   }
   std::cout << "sluice up: all " << stack.endpoints().size() << " services healthy";
   PrintEndpoints(stack);
@@ -146,6 +152,10 @@ int main(int argc, char** argv) {
                  "where endpoints.json and logs/ are written")
       ->capture_default_str();
   AddStackFlags(up, &stack_options);
+  int up_ready_fd = -1;
+  up->add_option("--ready-fd", up_ready_fd,
+                 "write the path of endpoints.json to this inherited fd once all are healthy")
+      ->group("");
 
   std::string runs_dir = "sluice-runs";
   CLI::App* quickstart = app.add_subcommand(
@@ -172,7 +182,7 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
-  if (*up) return RunUp(stack_options);
+  if (*up) return RunUp(stack_options, up_ready_fd);
   if (*quickstart) {
     stack_options.state_dir = (fs::path(runs_dir) / "stack").string();
     return RunQuickstart(stack_options);

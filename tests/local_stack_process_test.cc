@@ -1,0 +1,155 @@
+// `sluice up` as a user runs it: a separate process supervising five more.
+#include <signal.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include "absl/time/clock.h"
+#include "common/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "services/cli/local_stack.h"
+#include "services/runtime/health_client.h"
+#include "tests/test_support.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(90); }
+
+struct Up {
+  std::unique_ptr<Subprocess> process;
+  nlohmann::json endpoints;
+  std::string log_path;
+  std::string endpoints_path;
+};
+
+Up StartUp(const std::string& dir) {
+  Up up;
+  up.log_path = dir + "/up.log";
+  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "up", "--state-dir",
+                                             dir + "/state", "--ready-fd=3"},
+                                    .log_path = up.log_path,
+                                    .ready_pipe = true});
+  EXPECT_TRUE(process.ok()) << process.status();
+  if (!process.ok()) return up;
+  up.process = std::move(*process);
+  absl::StatusOr<std::string> ready = up.process->WaitReady(Soon());
+  EXPECT_TRUE(ready.ok()) << ready.status() << "\n" << testing::ReadFile(up.log_path);
+  if (!ready.ok()) return up;
+  up.endpoints_path = *ready;
+  up.endpoints = nlohmann::json::parse(testing::ReadFile(*ready));
+  return up;
+}
+
+std::vector<pid_t> ServicePids(const nlohmann::json& endpoints) {
+  std::vector<pid_t> pids;
+  for (const auto& [name, service] : endpoints["services"].items()) {
+    pids.push_back(service["pid"].get<pid_t>());
+  }
+  return pids;
+}
+
+TEST(LocalStackProcessTest, AllFiveHealthyThenSigtermLeavesNoProcess) {
+  const std::string dir = testing::MakeTempDir("up");
+  Up up = StartUp(dir);
+  ASSERT_NE(up.process, nullptr);
+  ASSERT_TRUE(up.endpoints.contains("services"));
+
+  const auto& services = up.endpoints["services"];
+  for (const std::string& name : cli::LocalStack::ServiceNames()) {
+    ASSERT_TRUE(services.contains(name)) << name;
+    const std::string grpc = services[name]["grpc"];
+    EXPECT_THAT(grpc, HasSubstr("127.0.0.1:"));
+    EXPECT_EQ(*runtime::CheckHealth(grpc, "", absl::Seconds(20)), "SERVING") << name;
+    EXPECT_TRUE(runtime::HttpGet(services[name]["metrics"], absl::Seconds(20)).ok()) << name;
+    EXPECT_GT(services[name]["pid"].get<int>(), 0);
+  }
+  const std::vector<pid_t> pids = ServicePids(up.endpoints);
+  ASSERT_EQ(pids.size(), 5u);
+
+  ASSERT_TRUE(up.process->Signal(SIGTERM).ok());
+  absl::StatusOr<ExitStatus> exit = up.process->Wait(Soon());
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->success()) << exit->ToString() << "\n" << testing::ReadFile(up.log_path);
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(testing::WaitForPidExit(pid, absl::Now() + absl::Seconds(5))) << pid;
+  }
+  EXPECT_FALSE(std::filesystem::exists(up.endpoints_path));
+}
+
+TEST(LocalStackProcessTest, DeadChildIsReportedByNameAndTheRestAreStopped) {
+  const std::string dir = testing::MakeTempDir("up");
+  Up up = StartUp(dir);
+  ASSERT_NE(up.process, nullptr);
+  const pid_t victim = up.endpoints["services"]["replay_buffer"]["pid"].get<pid_t>();
+  const std::vector<pid_t> pids = ServicePids(up.endpoints);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+
+  absl::StatusOr<ExitStatus> exit = up.process->Wait(Soon());
+  ASSERT_TRUE(exit.ok());
+  EXPECT_FALSE(exit->success());
+  const std::string log = testing::ReadFile(up.log_path);
+  EXPECT_THAT(log, HasSubstr("replay_buffer"));
+  EXPECT_THAT(log, HasSubstr("killed by signal 9"));
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(testing::WaitForPidExit(pid, absl::Now() + absl::Seconds(5))) << pid;
+  }
+}
+
+TEST(LocalStackProcessTest, SupervisorKilledHardTakesItsServicesWithIt) {
+  const std::string dir = testing::MakeTempDir("up");
+  Up up = StartUp(dir);
+  ASSERT_NE(up.process, nullptr);
+  const std::vector<pid_t> pids = ServicePids(up.endpoints);
+  ASSERT_TRUE(up.process->Signal(SIGKILL).ok());
+  ASSERT_TRUE(up.process->Wait(Soon()).ok());
+  for (pid_t pid : pids) {
+    EXPECT_TRUE(testing::WaitForPidExit(pid, absl::Now() + absl::Seconds(30))) << pid;
+  }
+}
+
+TEST(LocalStackProcessTest, MissingBinaryFailsBeforeStartingAnything) {
+  const std::string dir = testing::MakeTempDir("up");
+  cli::LocalStack stack({.bin_dir = dir, .state_dir = dir + "/state"});
+  const absl::Status status = stack.Start();
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(status.message()), HasSubstr("sluice-reward-server"));
+}
+
+TEST(LocalStackProcessTest, QuickstartBringsTheStackUpAndStopsIt) {
+  const std::string dir = testing::MakeTempDir("qs");
+  const std::string log = dir + "/qs.log";
+  auto process = Subprocess::Start(
+      {.argv = {testing::BinDir() + "/sluice", "quickstart", "--runs-dir", dir + "/runs"},
+       .log_path = log});
+  ASSERT_TRUE(process.ok());
+  absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->success()) << testing::ReadFile(log);
+  EXPECT_THAT(testing::ReadFile(log), HasSubstr("all services healthy and stopped cleanly"));
+}
+
+TEST(LocalStackProcessTest, HealthCommandExitCodes) {
+  const std::string dir = testing::MakeTempDir("h");
+  Up up = StartUp(dir);
+  ASSERT_NE(up.process, nullptr);
+  const std::string grpc = up.endpoints["services"]["trainer"]["grpc"];
+  auto ok = Subprocess::Start(
+      {.argv = {testing::BinDir() + "/sluice", "health", "--target", grpc}, .log_path = dir + "/h1"});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE((*ok)->Wait(Soon())->success());
+  auto down = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "health", "--target",
+                                          "127.0.0.1:1", "--timeout-ms", "2000"},
+                                 .log_path = dir + "/h2"});
+  ASSERT_TRUE(down.ok());
+  EXPECT_EQ((*down)->Wait(Soon())->code, 1);
+  up.process->Stop(absl::Seconds(60));
+}
+
+}  // namespace
+}  // namespace sluice

@@ -1,0 +1,58 @@
+#include "tests/test_support.h"
+
+#include <errno.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace sluice::testing {
+
+std::string BinDir() {
+  const char* dir = std::getenv("SLUICE_BIN_DIR");
+  return dir != nullptr ? dir : "build/bin";
+}
+
+std::string MakeTempDir(const std::string& name) {
+  const std::string info = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("sluice-" + std::to_string(getpid()) + "-" + info + "-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+bool WaitForPidExit(pid_t pid, absl::Time deadline) {
+  const int fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (fd < 0) return errno == ESRCH;
+  bool exited = false;
+  while (true) {
+    struct pollfd p = {fd, POLLIN, 0};
+    const int64_t left = absl::ToInt64Milliseconds(deadline - absl::Now());
+    const int n = poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left)));
+    if (n < 0 && errno == EINTR) continue;
+    exited = n > 0;
+    break;
+  }
+  close(fd);
+  return exited;
+}
+
+bool PidGone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
+
+}  // namespace sluice::testing

@@ -11,7 +11,9 @@ TEST_P(StatusMappingTest, CodeAndMessageSurviveTheRoundTrip) {
   const absl::Status original(GetParam(), "max_staleness must be >= 0, got -1");
   const grpc::Status wire = ToGrpcStatus(original);
   EXPECT_EQ(static_cast<int>(wire.error_code()), static_cast<int>(GetParam()));
-  if (!original.ok()) EXPECT_EQ(wire.error_message(), original.message());
+  if (!original.ok()) {
+    EXPECT_EQ(wire.error_message(), original.message());
+  }
   EXPECT_EQ(FromGrpcStatus(wire), original.ok() ? absl::OkStatus() : original);
 }
 

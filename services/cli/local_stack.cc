@@ -63,11 +63,7 @@ absl::Status LocalStackOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("torch_threads must be >= 0; got ", torch_threads));
   }
-  if (log_format != "text" && log_format != "json") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("log_format must be 'text' or 'json'; got '", log_format, "'"));
-  }
-  return absl::OkStatus();
+  return log::ParseFormat(log_format).status();
 }
 
 const std::vector<std::string>& LocalStack::ServiceNames() {

@@ -257,4 +257,22 @@ ExitStatus Subprocess::Stop(absl::Duration grace) {
   return *Wait(absl::InfiniteFuture());
 }
 
+absl::Status ReportReady(int fd, const std::string& line) {
+  const std::string data = line + "\n";
+  size_t written = 0;
+  absl::Status status = absl::OkStatus();
+  while (written < data.size()) {
+    const ssize_t n = write(fd, data.data() + written, data.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      status = absl::UnavailableError(absl::StrCat("cannot write ready line to fd ", fd, ": ",
+                                                   strerror(errno)));
+      break;
+    }
+    written += static_cast<size_t>(n);
+  }
+  close(fd);
+  return status;
+}
+
 }  // namespace sluice

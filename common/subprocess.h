@@ -91,6 +91,11 @@ class Subprocess {
   std::optional<ExitStatus> exit_status_;
 };
 
+// The child's side of the ready pipe: writes `line` and a newline to the
+// inherited descriptor `fd` (retrying partial writes), then closes it.
+// Returns an error when the parent has gone away.
+absl::Status ReportReady(int fd, const std::string& line);
+
 }  // namespace sluice
 
 #endif  // SLUICE_COMMON_SUBPROCESS_H_

@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <signal.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -52,7 +51,5 @@ bool WaitForPidExit(pid_t pid, absl::Time deadline) {
   close(fd);
   return exited;
 }
-
-bool PidGone(pid_t pid) { return kill(pid, 0) != 0 && errno == ESRCH; }
 
 }  // namespace sluice::testing

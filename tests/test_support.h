@@ -21,9 +21,6 @@ std::string ReadFile(const std::string& path);
 // a pidfd; false when it is still alive at `deadline`.
 bool WaitForPidExit(pid_t pid, absl::Time deadline);
 
-// True when no process `pid` exists.
-bool PidGone(pid_t pid);
-
 }  // namespace sluice::testing
 
 #endif  // SLUICE_TESTS_TEST_SUPPORT_H_

@@ -13,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "common/build_info.h"
 #include "common/logging.h"
+#include "common/subprocess.h"
 #include "services/cli/local_stack.h"
 #include "services/runtime/health_client.h"
 #include "services/runtime/service_main.h"
@@ -56,10 +57,10 @@ int RunUp(LocalStackOptions options, int ready_fd) {
     return 1;
   }
   if (ready_fd >= 0) {
-    const std::string line = stack.endpoints_path() + "\n";
-    ssize_t ignored = write(ready_fd, line.data(), line.size());
-    (void)ignored;
-    close(ready_fd);
+    if (absl::Status reported = sluice::ReportReady(ready_fd, stack.endpoints_path());
+        !reported.ok()) {
+      std::cerr << "sluice up: " << reported.message() << "\n";
+    }
   }
   std::cout << "sluice up: all " << stack.endpoints().size() << " services healthy";
   PrintEndpoints(stack);

@@ -15,6 +15,7 @@
 #include "common/blas_info.h"
 #include "common/build_info.h"
 #include "common/logging.h"
+#include "common/subprocess.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -39,23 +40,6 @@ std::string DialHost(const std::string& host) {
   if (host == "0.0.0.0") return "127.0.0.1";
   if (host == "[::]") return "[::1]";
   return host;
-}
-
-void WriteReadyLine(int fd, const std::string& line) {
-  std::string data = line + "\n";
-  const char* p = data.data();
-  size_t left = data.size();
-  while (left > 0) {
-    const ssize_t n = write(fd, p, left);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      log::Warning("cannot write ready line", {{"fd", fd}, {"error", strerror(errno)}});
-      break;
-    }
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  close(fd);
 }
 
 }  // namespace
@@ -216,7 +200,9 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
                             {"metrics", metrics_url},
                             {"pid", static_cast<int64_t>(getpid())},
                             {"component", info_.component}};
-    WriteReadyLine(options_.ready_fd, ready.dump());
+    if (absl::Status reported = ReportReady(options_.ready_fd, ready.dump()); !reported.ok()) {
+      log::Warning("cannot report ready", {{"error", std::string(reported.message())}});
+    }
   }
 
   const sigset_t signals = TerminationSignals();

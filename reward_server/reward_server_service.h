@@ -1,16 +1,52 @@
 #ifndef SLUICE_REWARD_SERVER_REWARD_SERVER_SERVICE_H_
 #define SLUICE_REWARD_SERVER_REWARD_SERVER_SERVICE_H_
 
+#include <memory>
+
+#include "absl/status/status.h"
+#include "prometheus/registry.h"
+#include "reward_server/reward_metrics.h"
+#include "reward_server/scorer.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
 
 namespace sluice::reward_server {
 
-// The gRPC edge of the reward server: converts between protos and the core
-// library's types and maps absl::Status to grpc::Status. It holds no logic of
-// its own. In this release every RPC of sluice.v1.RewardService answers
-// UNIMPLEMENTED (see README, "What exists"); the issues that build the
-// reward server override them here.
-class RewardServerServiceImpl final : public sluice::v1::RewardService::Service {};
+struct RewardServiceOptions {
+  // Largest ScoreBatchRequest.items accepted; larger batches are
+  // INVALID_ARGUMENT.
+  int max_batch_items = 4096;
+
+  // INVALID_ARGUMENT unless max_batch_items is in [1, 1000000].
+  absl::Status Validate() const;
+};
+
+// The gRPC edge of the reward server (sluice.v1.RewardService): validates
+// the request, converts protos to core types (proto_convert.h), runs the
+// Scorer, records metrics, and maps absl::Status to grpc::Status. The
+// scoring logic lives in the core library.
+//
+// ScoreBatch fails only for a malformed request (INVALID_ARGUMENT: too many
+// items, an item without item_id, a bad composition; the message names the
+// field) or when the scorer has shut down (UNAVAILABLE); everything else is
+// a per-item outcome. It blocks for at most the batch's largest item
+// deadline. Thread-safe.
+class RewardServerServiceImpl final : public v1::RewardService::Service {
+ public:
+  // `registry` receives the sluice_reward_* metrics and must outlive the
+  // service. `options` must be valid.
+  RewardServerServiceImpl(std::shared_ptr<Scorer> scorer, prometheus::Registry& registry,
+                          RewardServiceOptions options = {});
+
+  grpc::Status ScoreBatch(grpc::ServerContext* context, const v1::ScoreBatchRequest* request,
+                          v1::ScoreBatchResponse* response) override;
+  grpc::Status ListVerifiers(grpc::ServerContext* context, const v1::ListVerifiersRequest* request,
+                             v1::ListVerifiersResponse* response) override;
+
+ private:
+  const std::shared_ptr<Scorer> scorer_;
+  const RewardServiceOptions options_;
+  RewardMetrics metrics_;
+};
 
 }  // namespace sluice::reward_server
 

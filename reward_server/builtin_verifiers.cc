@@ -1,0 +1,19 @@
+#include "reward_server/builtin_verifiers.h"
+
+#include <memory>
+
+#include "common/status_macros.h"
+#include "reward_server/exact_match_verifier.h"
+
+namespace sluice::reward_server {
+
+absl::StatusOr<VerifierRegistry> MakeBuiltinVerifierRegistry(
+    const BuiltinVerifierOptions& options) {
+  RETURN_IF_ERROR(options.math.Validate());
+  VerifierRegistry registry;
+  RETURN_IF_ERROR(registry.Register(std::make_shared<MathVerifier>(options.math)));
+  RETURN_IF_ERROR(registry.Register(std::make_shared<ExactMatchVerifier>()));
+  return registry;
+}
+
+}  // namespace sluice::reward_server

@@ -1,0 +1,98 @@
+#ifndef SLUICE_REWARD_SERVER_MATH_VERIFIER_H_
+#define SLUICE_REWARD_SERVER_MATH_VERIFIER_H_
+
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "reward_server/verifier.h"
+
+namespace sluice::reward_server {
+
+// The "math" verifier: numeric answer equivalence, good enough for the
+// built-in arithmetic task ("07+45=" -> "52", "-5") and for GSM8K-style
+// answers ("#### 1,234", "The answer is $18.50."). Symbolic and LaTeX
+// equivalence (\sqrt, intervals, sets, expressions) is issue #5's: it extends
+// the three pure functions below rather than replacing them.
+//
+// All three run in time linear in their input, never recurse, and never
+// overflow: integers of any length compare digit by digit.
+
+// Where ExtractAnswer found the answer, in its priority order.
+enum class AnswerSource {
+  kBoxed,        // The last balanced \boxed{...} (nested braces allowed).
+  kHashes,       // "#### N" (GSM8K), the last one.
+  kAnswerIs,     // "... answer is X" (any case), the last one.
+  kAnswerColon,  // "Answer: X" (any case), the last one.
+  kLastNumber,   // Otherwise the last number in the text.
+};
+
+// "boxed", "####", "answer is", "answer:", "last number".
+absl::string_view AnswerSourceName(AnswerSource source);
+
+struct ExtractedAnswer {
+  std::string text;  // Trimmed, without a trailing period.
+  AnswerSource source;
+};
+
+// The model's final answer in `response`, by the first rule of AnswerSource
+// that yields a non-empty answer; nullopt when none does (no marker and no
+// number). After a marker ("####", "answer is", "Answer:") the answer is the
+// number that starts the rest of the line ("The answer is $52 apples." ->
+// "52"), or, when the line does not start with a standalone number, the rest
+// of the line. A number is [sign] digits (with "1,234"-style thousands
+// separators) [.digits] or [/digits]; a "-" directly after a letter, digit or
+// ")" is an operator, not a sign ("5-3" ends in "3", "x = -3" in "-3").
+std::optional<ExtractedAnswer> ExtractAnswer(absl::string_view response);
+
+// The canonical decimal form of `text` when it is a number, else nullopt:
+// surrounding whitespace, "$", "\$" and a trailing period dropped; thousands
+// separators removed; unicode minus (U+2212) read as "-"; a leading "+"
+// dropped; leading zeros of the integer part and trailing zeros of the
+// decimals removed ("-0" -> "0", "003.50" -> "3.5", "1,234.0" -> "1234");
+// fractions "a/b" and "\frac{a}{b}" (also \dfrac, \tfrac) kept as "a/b" with
+// normalised parts ("4/1" -> "4"); a zero denominator is not a number.
+std::optional<std::string> NormalizeNumber(absl::string_view text);
+
+// Relative tolerance used by NumbersEqual unless told otherwise.
+inline constexpr double kDefaultRelativeTolerance = 1e-9;
+
+// Whether `a` and `b` are both numbers (NormalizeNumber) of equal value.
+// Integers compare exactly, whatever their length. When either has decimals
+// or is a fraction the values compare as doubles within `relative_tolerance`
+// of the larger magnitude ("0.5" == "1/2", "0.333" != "1/3"); values beyond
+// double's range are equal only when their canonical forms are.
+bool NumbersEqual(absl::string_view a, absl::string_view b,
+                  double relative_tolerance = kDefaultRelativeTolerance);
+
+struct MathVerifierOptions {
+  double relative_tolerance = kDefaultRelativeTolerance;
+  absl::Duration default_timeout = absl::Milliseconds(5000);
+  absl::Duration max_timeout = absl::Seconds(60);
+
+  // INVALID_ARGUMENT naming the field: tolerance in [0, 1), timeouts > 0 and
+  // default <= max.
+  absl::Status Validate() const;
+};
+
+// Reward 1 when the extracted answer equals the reference (NumbersEqual for a
+// numeric reference; for a non-numeric one, string equality ignoring
+// whitespace and "$": a stopgap until issue #5), else 0. kParse when no
+// answer can be extracted. The reference may itself be a solution ending in
+// "#### N" or containing \boxed{N}. Requires reference_answer. Thread-safe.
+class MathVerifier final : public Verifier {
+ public:
+  // `options` must be valid (Validate()).
+  explicit MathVerifier(MathVerifierOptions options = {});
+
+  VerifyOutcome Verify(const VerifyRequest& request) const override;
+
+ private:
+  const MathVerifierOptions options_;
+};
+
+}  // namespace sluice::reward_server
+
+#endif  // SLUICE_REWARD_SERVER_MATH_VERIFIER_H_

@@ -1,0 +1,312 @@
+#include "reward_server/math_verifier.h"
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sluice::reward_server {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct ExtractCase {
+  std::string response;
+  std::optional<std::string> answer;  // nullopt = nothing extracted.
+  AnswerSource source = AnswerSource::kLastNumber;
+};
+
+TEST(ExtractAnswerTest, FollowsThePriorityOrder) {
+  const std::vector<ExtractCase> cases = {
+      // The arithmetic task's completions.
+      {"52", "52", AnswerSource::kLastNumber},
+      {"-5", "-5", AnswerSource::kLastNumber},
+      {" 52 ", "52", AnswerSource::kLastNumber},
+      {"52.", "52", AnswerSource::kLastNumber},
+      {"5252", "5252", AnswerSource::kLastNumber},
+      {"07+45=52", "52", AnswerSource::kLastNumber},
+      {"07-45=-38", "-38", AnswerSource::kLastNumber},
+      {"5-3", "3", AnswerSource::kLastNumber},
+      {"x = -3", "-3", AnswerSource::kLastNumber},
+      {"\xE2\x88\x92"
+       "7",
+       "\xE2\x88\x92"
+       "7",
+       AnswerSource::kLastNumber},
+      {"1, 2, 3", "3", AnswerSource::kLastNumber},
+      {"It costs 1,234 dollars", "1,234", AnswerSource::kLastNumber},
+      {"half is 1/2", "1/2", AnswerSource::kLastNumber},
+      {"pi is about 3.14.", "3.14", AnswerSource::kLastNumber},
+      // \boxed{} wins over everything, the last one, with nested braces.
+      {"so \\boxed{\\frac{1}{2}}.", "\\frac{1}{2}", AnswerSource::kBoxed},
+      {"\\boxed{1} then \\boxed{2} #### 3", "2", AnswerSource::kBoxed},
+      {"\\boxed{ 42. }", "42", AnswerSource::kBoxed},
+      {"\\boxed{\\boxed{7}}", "7", AnswerSource::kBoxed},
+      {"\\boxed{a\\{b} 9", "a\\{b", AnswerSource::kBoxed},
+      {"\\boxed{} 9", "9", AnswerSource::kLastNumber},
+      {"\\boxed{5", "5", AnswerSource::kLastNumber},  // Unbalanced: not a box.
+      {"\\boxed{5}}}}", "5", AnswerSource::kBoxed},
+      // GSM8K hashes.
+      {"3 + 4 = 7\n#### 7", "7", AnswerSource::kHashes},
+      {"#### 1,234\nmore 9", "1,234", AnswerSource::kHashes},
+      {"#### $18.50.", "18.50", AnswerSource::kHashes},
+      {"#### \n 12", "12", AnswerSource::kLastNumber},
+      // "answer is", then "Answer:".
+      {"The answer is 72.", "72", AnswerSource::kAnswerIs},
+      {"the answer is $52 apples, not 3", "52", AnswerSource::kAnswerIs},
+      {"The final answer is: -5", "-5", AnswerSource::kAnswerIs},
+      {"THE ANSWER IS 8 and 9", "8", AnswerSource::kAnswerIs},
+      {"the answer is x^2+1.", "x^2+1", AnswerSource::kAnswerIs},
+      {"the answer is 5/2+1", "5/2+1", AnswerSource::kAnswerIs},
+      {"Answer: 12\nAnswer: 13", "13", AnswerSource::kAnswerColon},
+      {"Final Answer: **40**", "40", AnswerSource::kAnswerColon},
+      {"Answer: 12 and the answer is 14", "14", AnswerSource::kAnswerIs},
+      {"Answer:", std::nullopt},
+      {"Answer: 12\nAnswer:", "12", AnswerSource::kLastNumber},
+      {"the answer isn't 5 but 6", "6", AnswerSource::kLastNumber},
+      // Nothing to extract.
+      {"", std::nullopt},
+      {"   \n\t", std::nullopt},
+      {"no digits here", std::nullopt},
+      {"=+-*", std::nullopt},
+  };
+  for (const ExtractCase& c : cases) {
+    SCOPED_TRACE("response: \"" + c.response + "\"");
+    std::optional<ExtractedAnswer> got = ExtractAnswer(c.response);
+    if (!c.answer.has_value()) {
+      EXPECT_FALSE(got.has_value()) << "extracted \"" << got->text << "\"";
+      continue;
+    }
+    ASSERT_TRUE(got.has_value());
+    EXPECT_EQ(got->text, *c.answer);
+    EXPECT_EQ(AnswerSourceName(got->source), AnswerSourceName(c.source));
+  }
+}
+
+TEST(NormalizeNumberTest, CanonicalForms) {
+  const std::vector<std::pair<std::string, std::optional<std::string>>> cases = {
+      {"52", "52"},
+      {"052", "52"},
+      {"+52", "52"},
+      {"-5", "-5"},
+      {"\xE2\x88\x92"
+       "5",
+       "-5"},
+      {"-0", "0"},
+      {"-0.000", "0"},
+      {"1,234", "1234"},
+      {"1,234,567.890", "1234567.89"},
+      {"3.50", "3.5"},
+      {"3.0", "3"},
+      {".5", "0.5"},
+      {"$18.50", "18.5"},
+      {"\\$5", "5"},
+      {"$5$", "5"},
+      {" 7. ", "7"},
+      {"3/4", "3/4"},
+      {"-06/08", "-6/8"},
+      {"4/1", "4"},
+      {"\\frac{1}{2}", "1/2"},
+      {"-\\dfrac{3}{4}", "-3/4"},
+      {"\\tfrac{-3}{-4}", "3/4"},
+      {"1/0", std::nullopt},
+      {"\\frac{1}{0}", std::nullopt},
+      {"\\frac{1}{x}", std::nullopt},
+      {"\\frac{1}{2", std::nullopt},
+      {"1,23", std::nullopt},
+      {"12,345,67", std::nullopt},
+      {"1.2.3", std::nullopt},
+      {"1e5", std::nullopt},
+      {"x", std::nullopt},
+      {"", std::nullopt},
+      {"-", std::nullopt},
+      {"$", std::nullopt},
+      {"5 apples", std::nullopt},
+  };
+  for (const auto& [text, expected] : cases) {
+    SCOPED_TRACE("text: \"" + text + "\"");
+    EXPECT_EQ(NormalizeNumber(text), expected);
+  }
+}
+
+TEST(NumbersEqualTest, IntegersExactDecimalsAndFractionsWithinTolerance) {
+  EXPECT_TRUE(NumbersEqual("52", "52"));
+  EXPECT_TRUE(NumbersEqual("52", "052"));
+  EXPECT_TRUE(NumbersEqual("52", "52.000"));
+  EXPECT_TRUE(NumbersEqual("-5",
+                           "\xE2\x88\x92"
+                           "5"));
+  EXPECT_TRUE(NumbersEqual("1234", "1,234"));
+  EXPECT_TRUE(NumbersEqual("0.5", "1/2"));
+  EXPECT_TRUE(NumbersEqual("\\frac{1}{2}", "0.5"));
+  EXPECT_TRUE(NumbersEqual("2/4", "1/2"));
+  EXPECT_TRUE(NumbersEqual("0", "-0"));
+  EXPECT_TRUE(NumbersEqual("0.1", "0.1000000000001"));
+  EXPECT_FALSE(NumbersEqual("52", "53"));
+  EXPECT_FALSE(NumbersEqual("52", "-52"));
+  EXPECT_FALSE(NumbersEqual("0.333", "1/3"));
+  EXPECT_FALSE(NumbersEqual("1000000", "1000000.5"));
+  EXPECT_FALSE(NumbersEqual("52", "fifty-two"));
+  EXPECT_FALSE(NumbersEqual("", ""));
+  // Integers beyond 64 bits compare exactly, digit by digit.
+  EXPECT_TRUE(
+      NumbersEqual("123456789012345678901234567890", "123,456,789,012,345,678,901,234,567,890"));
+  EXPECT_FALSE(NumbersEqual("123456789012345678901234567890", "123456789012345678901234567891"));
+  EXPECT_FALSE(NumbersEqual("9223372036854775808", "9223372036854775807"));
+}
+
+TEST(NumbersEqualTest, TenThousandDigitNumbersCompareExactly) {
+  const std::string big = "7" + std::string(9999, '3');
+  std::string off_by_one = big;
+  off_by_one.back() = '4';
+  EXPECT_EQ(NormalizeNumber("000" + big), big);
+  EXPECT_TRUE(NumbersEqual(big, "+" + big));
+  EXPECT_FALSE(NumbersEqual(big, off_by_one));
+  EXPECT_FALSE(NumbersEqual(big, "-" + big));
+  // Beyond double's range decimals fall back to exact canonical equality
+  // instead of comparing infinities.
+  EXPECT_TRUE(NumbersEqual(big + ".5", big + ".50"));
+  EXPECT_FALSE(NumbersEqual(big + ".5", off_by_one + ".5"));
+  EXPECT_FALSE(NumbersEqual("0." + std::string(10000, '0') + "1", "0"));
+}
+
+TEST(ExtractAnswerTest, HostileInputsStayLinearAndSafe) {
+  const size_t kSize = 4 << 20;  // 4 MiB each.
+  const auto start = std::chrono::steady_clock::now();
+  // Many unbalanced boxes: no box, then the last number.
+  std::string boxes;
+  while (boxes.size() < kSize) boxes += "\\boxed{";
+  boxes += "7";
+  EXPECT_EQ(ExtractAnswer(boxes)->text, "7");
+  // Deep nesting.
+  std::string deep = "\\boxed{" + std::string(kSize, '{') + "9" + std::string(kSize, '}') + "}";
+  std::optional<ExtractedAnswer> nested = ExtractAnswer(deep);
+  ASSERT_TRUE(nested.has_value());
+  EXPECT_EQ(nested->source, AnswerSource::kBoxed);
+  EXPECT_EQ(nested->text.size(), 2 * kSize + 1);
+  // Stray closing braces, markers everywhere, digits everywhere.
+  EXPECT_EQ(ExtractAnswer(std::string(kSize, '}') + "3")->text, "3");
+  std::string markers;
+  while (markers.size() < kSize) markers += "answer is\nanswer:\n####\n";
+  EXPECT_FALSE(ExtractAnswer(markers).has_value());
+  std::string one_line;
+  while (one_line.size() < kSize) one_line += "answer is ";
+  EXPECT_EQ(ExtractAnswer(one_line + "5")->text, "5");
+  std::string digits(kSize, '1');
+  EXPECT_EQ(ExtractAnswer(digits)->text.size(), kSize);
+  std::string commas;
+  while (commas.size() < kSize) commas += "1,";
+  EXPECT_EQ(ExtractAnswer(commas)->text, "1");
+  EXPECT_FALSE(ExtractAnswer(std::string(kSize, '-')).has_value());
+  EXPECT_FALSE(ExtractAnswer(std::string(kSize, '\0')).has_value());
+  // Not a speed assertion: a quadratic scan of these inputs would take hours.
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("hostile extraction inputs: %.3f s\n", seconds);
+}
+
+VerifyRequest Request(std::string response, std::string reference) {
+  VerifyRequest request;
+  request.response = std::move(response);
+  request.reference_answer = std::move(reference);
+  return request;
+}
+
+TEST(MathVerifierTest, RewardsCorrectArithmeticAnswers) {
+  const MathVerifier verifier;
+  EXPECT_EQ(verifier.name(), "math");
+  EXPECT_EQ(verifier.default_timeout(), absl::Milliseconds(5000));
+  EXPECT_THAT(verifier.required_fields(), ::testing::ElementsAre("reference_answer"));
+
+  VerifyOutcome right = verifier.Verify(Request("52", "52"));
+  EXPECT_EQ(right.error_kind, VerifierErrorKind::kNone);
+  EXPECT_EQ(right.reward, 1.0);
+  EXPECT_EQ(right.extracted_answer, "52");
+
+  VerifyOutcome negative = verifier.Verify(Request("-5", "-5"));
+  EXPECT_EQ(negative.reward, 1.0);
+
+  VerifyOutcome wrong = verifier.Verify(Request("53", "52"));
+  EXPECT_EQ(wrong.error_kind, VerifierErrorKind::kNone);
+  EXPECT_EQ(wrong.reward, 0.0);
+  EXPECT_EQ(wrong.extracted_answer, "53");
+  EXPECT_THAT(wrong.detail, HasSubstr("expected 52, got 53"));
+
+  EXPECT_EQ(verifier.Verify(Request("The answer is 1,234.", "1234")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("so \\boxed{\\frac{1}{2}}", "0.5")).reward, 1.0);
+}
+
+TEST(MathVerifierTest, AcceptsWholeSolutionsAsReference) {
+  const MathVerifier verifier;
+  EXPECT_EQ(verifier.Verify(Request("72", "She sold 48 + 24 = 72.\n#### 72")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("The answer is 72", "so \\boxed{72}")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("71", "#### 72")).reward, 0.0);
+}
+
+TEST(MathVerifierTest, NoAnswerIsAParseError) {
+  const MathVerifier verifier;
+  for (const std::string response : {"", "   ", "I don't know", "Answer:"}) {
+    SCOPED_TRACE(response);
+    VerifyOutcome outcome = verifier.Verify(Request(response, "52"));
+    EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kParse);
+    EXPECT_EQ(outcome.reward, 0.0);
+    EXPECT_FALSE(outcome.retryable);
+    EXPECT_EQ(outcome.extracted_answer, "");
+  }
+}
+
+TEST(MathVerifierTest, NonNumericAnswerToNumericReferenceIsWrongNotAnError) {
+  const MathVerifier verifier;
+  VerifyOutcome outcome = verifier.Verify(Request("The answer is forty-two.", "42"));
+  EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kNone);
+  EXPECT_EQ(outcome.reward, 0.0);
+  EXPECT_EQ(outcome.extracted_answer, "forty-two");
+  EXPECT_THAT(outcome.detail, HasSubstr("not a number"));
+}
+
+TEST(MathVerifierTest, NonNumericReferenceComparesIgnoringSpacesAndDollars) {
+  const MathVerifier verifier;
+  EXPECT_EQ(verifier.Verify(Request("the answer is $x^2 + 1$", "x^2+1")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("the answer is x^2 + 2", "x^2+1")).reward, 0.0);
+}
+
+TEST(MathVerifierOptionsTest, ValidateNamesTheField) {
+  MathVerifierOptions options;
+  EXPECT_TRUE(options.Validate().ok());
+  options.relative_tolerance = -1;
+  EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("relative_tolerance"));
+  options = {};
+  options.max_timeout = absl::Milliseconds(10);
+  EXPECT_THAT(std::string(options.Validate().message()), HasSubstr("max_timeout"));
+}
+
+// Throughput on one thread for the arithmetic task's items; a figure for the
+// log, not an assertion.
+TEST(MathVerifierTest, ReportsSingleThreadThroughput) {
+  const MathVerifier verifier;
+  std::vector<VerifyRequest> requests;
+  for (int i = 0; i < 1000; ++i) {
+    const int a = i % 100, b = (i * 7) % 100;
+    requests.push_back(
+        Request(std::to_string(a + (i % 3 == 0 ? 1 : 0) + b), std::to_string(a + b)));
+  }
+  const int kRounds = 200;
+  double rewards = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (int round = 0; round < kRounds; ++round) {
+    for (const VerifyRequest& request : requests) rewards += verifier.Verify(request).reward;
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double count = static_cast<double>(kRounds) * requests.size();
+  std::printf("math verifier: %.0f verifications/s on 1 thread (%.0f items, %.3f s)\n",
+              count / seconds, count, seconds);
+  EXPECT_NEAR(rewards / count, 2.0 / 3.0, 0.01);
+}
+
+}  // namespace
+}  // namespace sluice::reward_server

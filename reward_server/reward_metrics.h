@@ -1,0 +1,62 @@
+#ifndef SLUICE_REWARD_SERVER_REWARD_METRICS_H_
+#define SLUICE_REWARD_SERVER_REWARD_METRICS_H_
+
+#include <cstddef>
+#include <deque>
+#include <map>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "reward_server/scorer.h"
+
+namespace sluice::reward_server {
+
+// The reward server's own metrics, recorded per scored batch:
+//
+//   sluice_reward_batches_total                     ScoreBatch calls scored
+//   sluice_reward_items_total{verifier, error_kind} items, by outcome
+//   sluice_reward_item_seconds{verifier}            verification time (histogram)
+//   sluice_reward_mean{verifier}                    mean reward of the last
+//                                                   `mean_window` items
+//
+// `verifier` is the item's top-level verifier ("math", "composite"); an
+// unknown name is labelled "unknown" and an item rejected before any verifier
+// "none", so that clients cannot create label values. The mean and the
+// histogram leave out items the verifier did not judge (unknown verifier,
+// invalid input, retryable errors); a parse failure or timeout counts as
+// reward 0. Thread-safe.
+class RewardMetrics {
+ public:
+  // Families are registered on `registry`, which must outlive this object.
+  explicit RewardMetrics(prometheus::Registry& registry, size_t mean_window = 1000);
+
+  void RecordBatch(const BatchScores& scores) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct PerVerifier {
+    prometheus::Histogram* seconds = nullptr;
+    prometheus::Gauge* mean = nullptr;
+    std::deque<double> recent;  // The last mean_window rewards.
+    double recent_sum = 0;
+  };
+
+  PerVerifier& ForVerifierLocked(const std::string& verifier) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const size_t mean_window_;
+  prometheus::Counter& batches_;
+  prometheus::Family<prometheus::Counter>& items_;
+  prometheus::Family<prometheus::Histogram>& item_seconds_;
+  prometheus::Family<prometheus::Gauge>& mean_;
+  absl::Mutex mu_;
+  std::map<std::string, PerVerifier> verifiers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sluice::reward_server
+
+#endif  // SLUICE_REWARD_SERVER_REWARD_METRICS_H_

@@ -1,0 +1,217 @@
+#include "reward_server/reward_server_service.h"
+
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "prometheus/registry.h"
+#include "prometheus/text_serializer.h"
+#include "reward_server/builtin_verifiers.h"
+#include "reward_server/scorer.h"
+
+namespace sluice::reward_server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// The real service on an in-process channel.
+class RewardServiceTest : public ::testing::Test {
+ protected:
+  void Start(RewardServiceOptions options = {}) {
+    absl::StatusOr<VerifierRegistry> registry = MakeBuiltinVerifierRegistry();
+    ASSERT_TRUE(registry.ok());
+    absl::StatusOr<std::unique_ptr<Scorer>> scorer = Scorer::Create(
+        std::make_shared<const VerifierRegistry>(*std::move(registry)), ScorerOptions{});
+    ASSERT_TRUE(scorer.ok());
+    scorer_ = *std::move(scorer);
+    service_ = std::make_unique<RewardServerServiceImpl>(scorer_, metrics_, options);
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::RewardService::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  grpc::Status Score(const v1::ScoreBatchRequest& request, v1::ScoreBatchResponse* response) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    return stub_->ScoreBatch(&context, request, response);
+  }
+
+  std::string Metrics() const { return prometheus::TextSerializer().Serialize(metrics_.Collect()); }
+
+  static void AddItem(v1::ScoreBatchRequest* request, const std::string& id,
+                      const std::string& verifier, const std::string& response,
+                      const std::string& reference) {
+    v1::ScoreItem* item = request->add_items();
+    item->set_item_id(id);
+    item->set_verifier(verifier);
+    item->set_response(response);
+    item->set_reference_answer(reference);
+  }
+
+  prometheus::Registry metrics_;
+  std::shared_ptr<Scorer> scorer_;
+  std::unique_ptr<RewardServerServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::RewardService::Stub> stub_;
+};
+
+TEST_F(RewardServiceTest, ScoreBatchScoresArithmeticAnswers) {
+  Start();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "g0/0", "math", "52", "52");
+  AddItem(&request, "g0/1", "math", "53", "52");
+  AddItem(&request, "g0/2", "math", "-5", "-5");
+  AddItem(&request, "g0/3", "math", "", "-5");
+  v1::ScoreBatchResponse response;
+  const grpc::Status status = Score(request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  ASSERT_EQ(response.results_size(), 4);
+  const std::vector<double> rewards = {1, 0, 1, 0};
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(response.results(i).item_id(), request.items(i).item_id());
+    EXPECT_EQ(response.results(i).result().reward(), rewards[i]) << i;
+    EXPECT_EQ(response.results(i).result().verifier_name(), "math");
+  }
+  EXPECT_EQ(response.results(0).result().error_kind(), v1::VERIFIER_ERROR_NONE);
+  EXPECT_EQ(response.results(0).result().extracted_answer(), "52");
+  EXPECT_EQ(response.results(1).result().error_kind(), v1::VERIFIER_ERROR_NONE);
+  EXPECT_EQ(response.results(1).result().extracted_answer(), "53");
+  EXPECT_EQ(response.results(3).result().error_kind(), v1::VERIFIER_ERROR_PARSE);
+  EXPECT_FALSE(response.results(3).result().retryable());
+  EXPECT_GE(response.duration_ms(), 0);
+
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_batches_total 1"));
+  EXPECT_THAT(metrics,
+              HasSubstr("sluice_reward_items_total{error_kind=\"none\",verifier=\"math\"} 3"));
+  EXPECT_THAT(metrics,
+              HasSubstr("sluice_reward_items_total{error_kind=\"parse\",verifier=\"math\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_item_seconds_count{verifier=\"math\"} 4"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_mean{verifier=\"math\"} 0.5"));
+}
+
+TEST_F(RewardServiceTest, EmptyBatchIsOk) {
+  Start();
+  v1::ScoreBatchResponse response;
+  ASSERT_TRUE(Score(v1::ScoreBatchRequest(), &response).ok());
+  EXPECT_EQ(response.results_size(), 0);
+}
+
+TEST_F(RewardServiceTest, UnknownVerifierIsAnItemResultNotAnRpcError) {
+  Start();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "a", "astrology", "52", "52");
+  AddItem(&request, "b", "exact_match", "yes", "yes");
+  v1::ScoreBatchResponse response;
+  ASSERT_TRUE(Score(request, &response).ok());
+  const v1::VerifierResult& unknown = response.results(0).result();
+  EXPECT_EQ(unknown.error_kind(), v1::VERIFIER_ERROR_UNKNOWN_VERIFIER);
+  EXPECT_EQ(unknown.reward(), 0);
+  EXPECT_THAT(unknown.detail(), HasSubstr("astrology"));
+  EXPECT_EQ(response.results(1).result().reward(), 1);
+  // A client-chosen name never becomes a metrics label.
+  EXPECT_THAT(Metrics(), HasSubstr("error_kind=\"unknown_verifier\",verifier=\"unknown\"} 1"));
+  EXPECT_THAT(Metrics(), ::testing::Not(HasSubstr("astrology")));
+}
+
+TEST_F(RewardServiceTest, MissingItemIdIsInvalidArgumentNamingTheIndex) {
+  Start();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "a", "math", "1", "1");
+  AddItem(&request, "", "math", "1", "1");
+  v1::ScoreBatchResponse response;
+  const grpc::Status status = Score(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "items[1].item_id: must not be empty");
+}
+
+TEST_F(RewardServiceTest, TooManyItemsIsInvalidArgument) {
+  Start({.max_batch_items = 2});
+  v1::ScoreBatchRequest request;
+  for (int i = 0; i < 3; ++i) AddItem(&request, std::to_string(i), "math", "1", "1");
+  v1::ScoreBatchResponse response;
+  const grpc::Status status = Score(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("at most 2 items per batch, got 3"));
+}
+
+TEST_F(RewardServiceTest, CompositionIsAppliedAndReported) {
+  Start();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "a", "", "The answer is 52.", "52");
+  v1::WeightedVerifier* math = request.add_composition();
+  math->set_name("math");
+  math->set_weight(3);
+  request.add_composition()->set_name("exact_match");  // weight 0 = 1.0
+  v1::ScoreBatchResponse response;
+  ASSERT_TRUE(Score(request, &response).ok());
+  const v1::VerifierResult& result = response.results(0).result();
+  EXPECT_EQ(result.verifier_name(), "composite");
+  EXPECT_EQ(result.error_kind(), v1::VERIFIER_ERROR_NONE);
+  EXPECT_DOUBLE_EQ(result.reward(), 0.75);
+  ASSERT_EQ(result.components_size(), 2);
+  EXPECT_EQ(result.components(0).verifier_name(), "math");
+  EXPECT_EQ(result.components(0).weight(), 3);
+  EXPECT_EQ(result.components(0).reward(), 1);
+  EXPECT_EQ(result.components(1).verifier_name(), "exact_match");
+  EXPECT_EQ(result.components(1).weight(), 1);
+  EXPECT_EQ(result.components(1).reward(), 0);
+
+  request.mutable_composition(0)->set_weight(-1);
+  const grpc::Status status = Score(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("composition[0].weight"));
+}
+
+TEST_F(RewardServiceTest, ExtremeTimeoutsAreClampedOrRejectedPerItem) {
+  Start();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "huge", "math", "1", "1");
+  request.mutable_items(0)->set_timeout_ms(std::numeric_limits<int64_t>::max());
+  AddItem(&request, "negative", "math", "1", "1");
+  request.mutable_items(1)->set_timeout_ms(-5);
+  v1::ScoreBatchResponse response;
+  ASSERT_TRUE(Score(request, &response).ok());
+  EXPECT_EQ(response.results(0).result().error_kind(), v1::VERIFIER_ERROR_NONE);
+  EXPECT_EQ(response.results(0).result().reward(), 1);
+  EXPECT_EQ(response.results(1).result().error_kind(), v1::VERIFIER_ERROR_INVALID_INPUT);
+}
+
+TEST_F(RewardServiceTest, ListVerifiersDescribesEachVerifierSortedByName) {
+  Start();
+  grpc::ClientContext context;
+  v1::ListVerifiersResponse response;
+  ASSERT_TRUE(stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response).ok());
+  std::vector<std::string> names;
+  for (const v1::VerifierInfo& info : response.verifiers()) names.push_back(info.name());
+  EXPECT_THAT(names, ElementsAre("exact_match", "math"));
+  const v1::VerifierInfo& math = response.verifiers(1);
+  EXPECT_EQ(math.default_timeout_ms(), 5000);
+  EXPECT_EQ(math.max_timeout_ms(), 60000);
+  EXPECT_THAT(math.required_fields(), ElementsAre("reference_answer"));
+  EXPECT_FALSE(math.description().empty());
+}
+
+TEST_F(RewardServiceTest, AfterScorerShutdownScoreBatchIsUnavailable) {
+  Start();
+  scorer_->Shutdown();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "a", "math", "1", "1");
+  v1::ScoreBatchResponse response;
+  EXPECT_EQ(Score(request, &response).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+}  // namespace
+}  // namespace sluice::reward_server

@@ -1,7 +1,9 @@
 // sluice-replay-buffer: see replay_buffer_service.h and README.md.
+#include <cstdint>
 #include <memory>
 
 #include "CLI/CLI.hpp"
+#include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_service.h"
 #include "services/runtime/service_main.h"
 
@@ -14,10 +16,23 @@ int main(int argc, char** argv) {
       .default_port = 50054,
       .default_metrics_port = 9094,
   });
-  return main.Run(argc, argv, [&](ServiceContext& context) {
+  int64_t lease_ttl_ms = 60000;
+  main.app()
+      .add_option("--lease-ttl-ms", lease_ttl_ms,
+                  "how long a generation slot counts as running without an insert, release "
+                  "or renewal")
+      ->capture_default_str();
+  return main.Run(argc, argv, [&](ServiceContext& context) -> absl::Status {
     using namespace sluice;
-    context.AddService(std::make_shared<replay_buffer::ReplayBufferServiceImpl>(),
-                       sluice::v1::ReplayBufferService::service_full_name());
+    replay_buffer::RunTableOptions options;
+    options.lease_ttl = absl::Milliseconds(lease_ttl_ms);
+    absl::StatusOr<std::unique_ptr<replay_buffer::ReplayBuffer>> buffer =
+        replay_buffer::ReplayBuffer::Create(options);
+    if (!buffer.ok()) return buffer.status();
+    auto service = std::make_shared<replay_buffer::ReplayBufferServiceImpl>(
+        std::move(buffer).value(), context.metrics_registry());
+    context.OnShutdown([service] { service->Shutdown(); });
+    context.AddService(service, sluice::v1::ReplayBufferService::service_full_name());
     return absl::OkStatus();
   });
 }

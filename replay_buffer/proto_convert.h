@@ -1,0 +1,38 @@
+#ifndef SLUICE_REPLAY_BUFFER_PROTO_CONVERT_H_
+#define SLUICE_REPLAY_BUFFER_PROTO_CONVERT_H_
+
+// Conversions between sluice.v1 replay-buffer messages and the core's types,
+// at the service edge. Pure functions; validation stays in the core (a
+// negative timeout_ms becomes a negative duration the core rejects by name).
+
+#include "absl/time/time.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "replay_buffer/run_table.h"
+#include "sluice/v1/replay_buffer.pb.h"
+
+namespace sluice::replay_buffer {
+
+RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request);
+void RunStatsToProto(const RunStats& stats, v1::BufferStats* proto);
+
+AcquireRequest AcquireRequestFromProto(const v1::AcquireGenerationSlotsRequest& request);
+void AcquireResultToProto(const AcquireResult& result,
+                          v1::AcquireGenerationSlotsResponse* response);
+
+ReleaseRequest ReleaseRequestFromProto(const v1::ReleaseGenerationSlotsRequest& request);
+
+v1::InsertStatus InsertStatusToProto(InsertStatus status);
+void InsertResultToProto(const InsertResult& result, v1::InsertGroupResult* proto);
+
+// timeout_ms 0 becomes `default_timeout`.
+SampleRequest SampleRequestFromProto(const v1::SampleRequest& request,
+                                     absl::Duration default_timeout);
+// Copies each group (the table keeps sharing its own) and fills in
+// times_sampled.
+void SampleResultToProto(const SampleResult& result, v1::SampleResponse* response);
+
+void TimeToProto(absl::Time time, google::protobuf::Timestamp* timestamp);
+
+}  // namespace sluice::replay_buffer
+
+#endif  // SLUICE_REPLAY_BUFFER_PROTO_CONVERT_H_

@@ -1,0 +1,143 @@
+#include "replay_buffer/replay_buffer_metrics.h"
+
+#include <algorithm>
+
+#include "services/runtime/metrics.h"
+
+namespace sluice::replay_buffer {
+namespace {
+
+prometheus::Histogram::BucketBoundaries StalenessBuckets() { return {0, 1, 2, 3, 4, 6, 8, 16, 32}; }
+
+// A counter that follows a cumulative value from the table, never backwards.
+struct MirroredCounter {
+  prometheus::Counter* counter = nullptr;
+  int64_t exported = 0;
+
+  void Follow(int64_t value) {
+    if (value <= exported) return;
+    counter->Increment(static_cast<double>(value - exported));
+    exported = value;
+  }
+};
+
+}  // namespace
+
+struct ReplayBufferMetrics::RunSeries {
+  prometheus::Gauge* groups = nullptr;
+  prometheus::Gauge* policy_version = nullptr;
+  prometheus::Gauge* admission_running = nullptr;
+  prometheus::Gauge* admission_accepted = nullptr;
+  prometheus::Gauge* admission_limit = nullptr;
+  prometheus::Histogram* sampled_staleness = nullptr;
+  MirroredCounter stored, duplicate, rejected_stale, invalid, retryable_error;
+  MirroredCounter sampled;
+  MirroredCounter evicted_stale, evicted_max_times_sampled, evicted_capacity;
+};
+
+ReplayBufferMetrics::ReplayBufferMetrics(prometheus::Registry& registry)
+    : groups_(prometheus::BuildGauge()
+                  .Name("sluice_buffer_groups")
+                  .Help("Groups held in the run's table.")
+                  .Register(registry)),
+      inserts_(prometheus::BuildCounter()
+                   .Name("sluice_buffer_inserts_total")
+                   .Help("Groups inserted, by outcome.")
+                   .Register(registry)),
+      sampled_groups_(prometheus::BuildCounter()
+                          .Name("sluice_buffer_sampled_groups_total")
+                          .Help("Group samples handed to the trainer.")
+                          .Register(registry)),
+      evictions_(prometheus::BuildCounter()
+                     .Name("sluice_buffer_evictions_total")
+                     .Help("Groups that left the table, by reason.")
+                     .Register(registry)),
+      policy_version_(prometheus::BuildGauge()
+                          .Name("sluice_buffer_policy_version")
+                          .Help("Latest policy version known to the buffer.")
+                          .Register(registry)),
+      admission_running_(prometheus::BuildGauge()
+                             .Name("sluice_buffer_admission_running")
+                             .Help("Live generation-slot leases.")
+                             .Register(registry)),
+      admission_accepted_(prometheus::BuildGauge()
+                              .Name("sluice_buffer_admission_accepted")
+                              .Help("Accepted groups counted by the admission gate.")
+                              .Register(registry)),
+      admission_limit_(prometheus::BuildGauge()
+                           .Name("sluice_buffer_admission_limit")
+                           .Help("Admission limit (eta + v + 1) * B.")
+                           .Register(registry)),
+      sampled_staleness_(prometheus::BuildHistogram()
+                             .Name("sluice_buffer_sampled_staleness")
+                             .Help("Staleness in versions of groups delivered to the trainer.")
+                             .Register(registry)),
+      admission_wait_seconds_(prometheus::BuildHistogram()
+                                  .Name("sluice_buffer_admission_wait_seconds")
+                                  .Help("Time AcquireGenerationSlots calls waited at the gate.")
+                                  .Register(registry)
+                                  .Add({}, runtime::LatencyBucketsSeconds())) {}
+
+ReplayBufferMetrics::~ReplayBufferMetrics() = default;
+
+ReplayBufferMetrics::RunSeries& ReplayBufferMetrics::SeriesLocked(const std::string& run_id) {
+  std::unique_ptr<RunSeries>& series = runs_[run_id];
+  if (series != nullptr) return *series;
+  series = std::make_unique<RunSeries>();
+  const prometheus::Labels run = {{"run_id", run_id}};
+  const auto with = [&](const char* key, const char* value) {
+    prometheus::Labels labels = run;
+    labels.emplace(key, value);
+    return labels;
+  };
+  series->groups = &groups_.Add(run);
+  series->policy_version = &policy_version_.Add(run);
+  series->admission_running = &admission_running_.Add(run);
+  series->admission_accepted = &admission_accepted_.Add(run);
+  series->admission_limit = &admission_limit_.Add(run);
+  series->sampled_staleness = &sampled_staleness_.Add(run, StalenessBuckets());
+  series->stored.counter = &inserts_.Add(with("status", "stored"));
+  series->duplicate.counter = &inserts_.Add(with("status", "duplicate"));
+  series->rejected_stale.counter = &inserts_.Add(with("status", "rejected_stale"));
+  series->invalid.counter = &inserts_.Add(with("status", "invalid"));
+  series->retryable_error.counter = &inserts_.Add(with("status", "retryable_error"));
+  series->sampled.counter = &sampled_groups_.Add(run);
+  series->evicted_stale.counter = &evictions_.Add(with("reason", "stale"));
+  series->evicted_max_times_sampled.counter = &evictions_.Add(with("reason", "max_times_sampled"));
+  series->evicted_capacity.counter = &evictions_.Add(with("reason", "capacity"));
+  return *series;
+}
+
+void ReplayBufferMetrics::Sync(RunTable& table) {
+  absl::MutexLock lock(&mu_);
+  const RunStats stats = table.Stats();
+  RunSeries& series = SeriesLocked(stats.run_id);
+  series.groups->Set(static_cast<double>(stats.size_groups));
+  series.policy_version->Set(static_cast<double>(stats.gate.policy_version));
+  series.admission_running->Set(static_cast<double>(stats.gate.running));
+  series.admission_accepted->Set(static_cast<double>(stats.gate.accepted));
+  series.admission_limit->Set(static_cast<double>(stats.gate.admission_limit));
+  series.stored.Follow(stats.inserted_groups);
+  series.duplicate.Follow(stats.duplicate_inserts);
+  series.rejected_stale.Follow(stats.rejected_stale_inserts);
+  series.invalid.Follow(stats.invalid_inserts);
+  series.retryable_error.Follow(stats.retryable_insert_errors);
+  series.sampled.Follow(stats.sampled_groups);
+  series.evicted_stale.Follow(stats.evictions.stale);
+  series.evicted_max_times_sampled.Follow(stats.evictions.max_times_sampled);
+  series.evicted_capacity.Follow(stats.evictions.capacity);
+}
+
+void ReplayBufferMetrics::ObserveDelivered(const std::string& run_id, const SampleResult& batch) {
+  absl::MutexLock lock(&mu_);
+  prometheus::Histogram* histogram = SeriesLocked(run_id).sampled_staleness;
+  for (const SampledGroup& sampled : batch.groups) {
+    histogram->Observe(static_cast<double>(sampled.staleness));
+  }
+}
+
+void ReplayBufferMetrics::ObserveAdmissionWait(absl::Duration waited) {
+  admission_wait_seconds_.Observe(absl::ToDoubleSeconds(waited));
+}
+
+}  // namespace sluice::replay_buffer

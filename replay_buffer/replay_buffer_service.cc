@@ -1,0 +1,193 @@
+#include "replay_buffer/replay_buffer_service.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "replay_buffer/proto_convert.h"
+#include "services/runtime/grpc_status.h"
+
+namespace sluice::replay_buffer {
+namespace {
+
+using runtime::ToGrpcStatus;
+
+grpc::Status ShuttingDown() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "replay buffer is shutting down");
+}
+
+// A wait never outlasts the client's deadline for the call.
+absl::Duration CapByDeadline(absl::Duration wait, const grpc::ServerContext& context) {
+  const std::chrono::system_clock::time_point deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return wait;
+  return std::min(wait, std::max(absl::ZeroDuration(), absl::FromChrono(deadline) - absl::Now()));
+}
+
+}  // namespace
+
+ReplayBufferServiceImpl::ReplayBufferServiceImpl(std::shared_ptr<ReplayBuffer> buffer,
+                                                 prometheus::Registry& registry, Options options)
+    : buffer_(std::move(buffer)), options_(options), metrics_(registry) {}
+
+void ReplayBufferServiceImpl::Shutdown() {
+  buffer_->Shutdown();
+  absl::MutexLock lock(&streams_mu_);
+  shutting_down_ = true;
+  for (grpc::ServerContext* context : open_streams_) context->TryCancel();
+}
+
+bool ReplayBufferServiceImpl::OpenStream(grpc::ServerContext* context) {
+  absl::MutexLock lock(&streams_mu_);
+  if (shutting_down_) return false;
+  open_streams_.insert(context);
+  return true;
+}
+
+void ReplayBufferServiceImpl::CloseStream(grpc::ServerContext* context) {
+  absl::MutexLock lock(&streams_mu_);
+  open_streams_.erase(context);
+}
+
+grpc::Status ReplayBufferServiceImpl::ConfigureRun(grpc::ServerContext* context,
+                                                   const v1::ConfigureRunRequest* request,
+                                                   v1::ConfigureRunResponse* response) {
+  absl::StatusOr<ReplayBuffer::ConfigureResult> result =
+      buffer_->ConfigureRun(RunConfigFromProto(*request));
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  response->set_created(result->created);
+  RunStatsToProto(result->stats, response->mutable_stats());
+  if (absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+      table.ok()) {
+    metrics_.Sync(**table);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplayBufferServiceImpl::AcquireGenerationSlots(
+    grpc::ServerContext* context, const v1::AcquireGenerationSlotsRequest* request,
+    v1::AcquireGenerationSlotsResponse* response) {
+  absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  AcquireRequest acquire = AcquireRequestFromProto(*request);
+  acquire.wait_timeout = CapByDeadline(acquire.wait_timeout, *context);
+  absl::StatusOr<AcquireResult> result = (*table)->AcquireSlots(acquire);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  if (request->num_groups() > 0) metrics_.ObserveAdmissionWait(result->waited);
+  AcquireResultToProto(*result, response);
+  metrics_.Sync(**table);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplayBufferServiceImpl::ReleaseGenerationSlots(
+    grpc::ServerContext* context, const v1::ReleaseGenerationSlotsRequest* request,
+    v1::ReleaseGenerationSlotsResponse* response) {
+  absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  const ReleaseResult result = (*table)->ReleaseSlots(ReleaseRequestFromProto(*request));
+  response->set_released(result.released);
+  response->set_running(result.running);
+  metrics_.Sync(**table);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplayBufferServiceImpl::InsertGroups(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) {
+  if (!OpenStream(context)) return ShuttingDown();
+  v1::InsertGroupsRequest request;
+  grpc::Status status = grpc::Status::OK;
+  while (stream->Read(&request)) {
+    std::vector<v1::Group> groups;
+    groups.reserve(static_cast<size_t>(request.groups_size()));
+    absl::flat_hash_set<std::string> runs;
+    for (v1::Group& group : *request.mutable_groups()) {
+      runs.insert(group.run_id());
+      groups.push_back(std::move(group));
+    }
+    const std::vector<InsertResult> results = buffer_->Insert(std::move(groups));
+    v1::InsertGroupsResponse response;
+    for (const InsertResult& result : results) InsertResultToProto(result, response.add_results());
+    for (const std::string& run_id : runs) {
+      if (absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id); table.ok()) {
+        metrics_.Sync(**table);
+      }
+    }
+    if (!stream->Write(response)) {
+      status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      break;
+    }
+  }
+  CloseStream(context);
+  return status;
+}
+
+grpc::Status ReplayBufferServiceImpl::Sample(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
+  if (!OpenStream(context)) return ShuttingDown();
+  v1::SampleRequest request;
+  grpc::Status status = grpc::Status::OK;
+  while (stream->Read(&request)) {
+    absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request.run_id());
+    if (!table.ok()) {
+      status = ToGrpcStatus(table.status());
+      break;
+    }
+    SampleRequest sample = SampleRequestFromProto(request, options_.default_sample_timeout);
+    sample.timeout = CapByDeadline(sample.timeout, *context);
+    absl::StatusOr<SampleResult> result = (*table)->Sample(sample);
+    if (!result.ok()) {
+      status = ToGrpcStatus(result.status());
+      break;
+    }
+    v1::SampleResponse response;
+    SampleResultToProto(*result, &response);
+    if (!stream->Write(response)) {
+      (*table)->ReturnUndelivered(*result);
+      metrics_.Sync(**table);
+      status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      break;
+    }
+    metrics_.ObserveDelivered(request.run_id(), *result);
+    metrics_.Sync(**table);
+  }
+  CloseStream(context);
+  return status;
+}
+
+grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
+    grpc::ServerContext* context, const v1::UpdatePolicyVersionRequest* request,
+    v1::UpdatePolicyVersionResponse* response) {
+  absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  absl::StatusOr<UpdateVersionResult> result =
+      (*table)->UpdatePolicyVersion(request->policy_version());
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  response->set_policy_version(result->policy_version);
+  response->set_evicted_stale_groups(result->evicted_stale_groups);
+  response->set_admission_limit(result->admission_limit);
+  metrics_.Sync(**table);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* context,
+                                                       const v1::UpdatePrioritiesRequest* request,
+                                                       v1::UpdatePrioritiesResponse* response) {
+  absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  return ToGrpcStatus((*table)->UpdatePriorities());
+}
+
+grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
+                                               const v1::GetStatsRequest* request,
+                                               v1::GetStatsResponse* response) {
+  absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  RunStatsToProto((*table)->Stats(), response->mutable_stats());
+  metrics_.Sync(**table);
+  return grpc::Status::OK;
+}
+
+}  // namespace sluice::replay_buffer

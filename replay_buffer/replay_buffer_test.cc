@@ -1,0 +1,136 @@
+#include "replay_buffer/replay_buffer.h"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "replay_buffer/test_util.h"
+
+namespace sluice::replay_buffer {
+namespace {
+
+using ::testing::HasSubstr;
+using testing::MakeGroup;
+
+RunConfig Config(const std::string& run_id, int32_t batch_size = 4, int32_t max_staleness = 2) {
+  RunConfig config;
+  config.run_id = run_id;
+  config.batch_size_groups = batch_size;
+  config.max_staleness = max_staleness;
+  config.group_size = 2;
+  return config;
+}
+
+std::unique_ptr<ReplayBuffer> MakeBuffer() {
+  absl::StatusOr<std::unique_ptr<ReplayBuffer>> buffer = ReplayBuffer::Create();
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  return std::move(buffer).value();
+}
+
+TEST(ReplayBufferTest, ConfigureRunCreatesOnceAndIsIdempotent) {
+  auto buffer = MakeBuffer();
+  absl::StatusOr<ReplayBuffer::ConfigureResult> first = buffer->ConfigureRun(Config("a"));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->created);
+  EXPECT_EQ(first->stats.gate.admission_limit, 12);
+  ASSERT_EQ(buffer->Insert({MakeGroup("a", "g0", 2, 0)})[0].status, InsertStatus::kStored);
+
+  absl::StatusOr<ReplayBuffer::ConfigureResult> again = buffer->ConfigureRun(Config("a"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->stats.size_groups, 1);  // stored groups are kept
+}
+
+TEST(ReplayBufferTest, ReconfiguringTheGateIsRefusedButTheBufferConfigIsReplaced) {
+  auto buffer = MakeBuffer();
+  ASSERT_TRUE(buffer->ConfigureRun(Config("a")).ok());
+  absl::StatusOr<ReplayBuffer::ConfigureResult> other_batch = buffer->ConfigureRun(Config("a", 8));
+  EXPECT_EQ(other_batch.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(other_batch.status().message()),
+              HasSubstr("batch_size_groups: run a is configured with 4; it cannot change to 8"));
+  EXPECT_EQ(buffer->ConfigureRun(Config("a", 4, 0)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+
+  RunConfig reconfigured = Config("a");
+  reconfigured.buffer.set_max_times_sampled(3);
+  reconfigured.initial_policy_version = 5;
+  absl::StatusOr<ReplayBuffer::ConfigureResult> replaced = buffer->ConfigureRun(reconfigured);
+  ASSERT_TRUE(replaced.ok()) << replaced.status();
+  EXPECT_EQ(replaced->stats.config.buffer.max_times_sampled(), 3);
+  EXPECT_EQ(replaced->stats.gate.policy_version, 5);
+}
+
+TEST(ReplayBufferTest, ConfigureRunValidationNamesEveryField) {
+  auto buffer = MakeBuffer();
+  RunConfig config = Config("a", -3, -1);
+  config.group_size = 0;
+  config.buffer.set_sampler(v1::SAMPLER_KIND_UNIFORM);
+  config.buffer.set_samples_per_insert(2);
+  absl::Status status = buffer->ConfigureRun(config).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "batch_size_groups: must be > 0, got -3\n"
+            "max_staleness: must be >= 0, got -1\n"
+            "group_size: must be > 0, got 0\n"
+            "buffer.sampler: SAMPLER_KIND_UNIFORM is not available yet; this release "
+            "implements SAMPLER_KIND_FIFO\n"
+            "buffer.samples_per_insert: rate limiting is not available yet; this release "
+            "needs 0 (off), got 2");
+  config = Config("a");
+  config.buffer.set_capacity_groups(2);
+  EXPECT_THAT(std::string(buffer->ConfigureRun(config).status().message()),
+              HasSubstr("buffer.capacity_groups: must be 0 (unbounded) or >= "
+                        "max(batch_size_groups, min_size_to_sample_groups) = 4, got 2"));
+  EXPECT_EQ(buffer->ConfigureRun(Config("")).status().message(), "run_id: required");
+}
+
+TEST(ReplayBufferTest, UnknownRunIsNotFoundAndUnknownRunInsert) {
+  auto buffer = MakeBuffer();
+  ASSERT_TRUE(buffer->ConfigureRun(Config("a")).ok());
+  absl::StatusOr<std::shared_ptr<RunTable>> missing = buffer->GetRun("b");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.status().message()), HasSubstr("run_id: run \"b\""));
+
+  std::vector<InsertResult> results = buffer->Insert(
+      {MakeGroup("a", "g0", 2, 0), MakeGroup("b", "g0", 2, 0), MakeGroup("a", "g1", 2, 0)});
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(results[0].status, InsertStatus::kStored);
+  EXPECT_EQ(results[1].status, InsertStatus::kUnknownRun);
+  EXPECT_EQ(results[1].idempotency_key, "b/g0");
+  EXPECT_THAT(results[1].message, HasSubstr("not configured"));
+  EXPECT_EQ(results[2].status, InsertStatus::kStored);
+  EXPECT_EQ(results[2].buffer_sequence, 2);
+}
+
+TEST(ReplayBufferTest, RunsAreIndependent) {
+  auto buffer = MakeBuffer();
+  ASSERT_TRUE(buffer->ConfigureRun(Config("a", 1)).ok());
+  ASSERT_TRUE(buffer->ConfigureRun(Config("b", 1)).ok());
+  ASSERT_EQ(buffer->Insert({MakeGroup("a", "g0", 2, 0)})[0].status, InsertStatus::kStored);
+  ASSERT_EQ(buffer->Insert({MakeGroup("b", "g0", 2, 0)})[0].status, InsertStatus::kStored);
+  ASSERT_TRUE((*buffer->GetRun("a"))->UpdatePolicyVersion(9).ok());
+  EXPECT_EQ((*buffer->GetRun("a"))->Stats().size_groups, 0);  // evicted as stale
+  EXPECT_EQ((*buffer->GetRun("b"))->Stats().size_groups, 1);
+}
+
+TEST(ReplayBufferTest, ShutdownReachesEveryTableAndRefusesNewRuns) {
+  auto buffer = MakeBuffer();
+  ASSERT_TRUE(buffer->ConfigureRun(Config("a")).ok());
+  buffer->Shutdown();
+  SampleRequest request;
+  request.timeout = absl::Seconds(60);
+  EXPECT_EQ((*buffer->GetRun("a"))->Sample(request).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(buffer->ConfigureRun(Config("b")).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST(ReplayBufferTest, InvalidLeaseTtlIsRefused) {
+  RunTableOptions options;
+  options.lease_ttl = absl::ZeroDuration();
+  EXPECT_EQ(ReplayBuffer::Create(options).status().message(), "lease_ttl_ms: must be > 0, got 0");
+}
+
+}  // namespace
+}  // namespace sluice::replay_buffer

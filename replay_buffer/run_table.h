@@ -1,0 +1,428 @@
+#ifndef SLUICE_REPLAY_BUFFER_RUN_TABLE_H_
+#define SLUICE_REPLAY_BUFFER_RUN_TABLE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "replay_buffer/samplers/sampler.h"
+#include "replay_buffer/staleness_histogram.h"
+#include "sluice/v1/common.pb.h"
+
+namespace sluice::replay_buffer {
+
+// What ConfigureRun fixes for one run (sluice.v1.ConfigureRunRequest).
+struct RunConfig {
+  std::string run_id;
+  // B: groups per training batch; the admission limit is (eta + v + 1) * B.
+  int32_t batch_size_groups = 0;
+  // eta: maximum staleness in policy versions (0 = synchronous).
+  int32_t max_staleness = 0;
+  // G: trajectories per group; inserts with another count are INVALID.
+  int32_t group_size = 0;
+  // Sampler, max_times_sampled, capacity, min size to sample.
+  v1::BufferConfig buffer;
+  // Version the run starts from (> 0 when resuming from a checkpoint).
+  int64_t initial_policy_version = 0;
+
+  // Every problem, one per line, each naming its field:
+  // "batch_size_groups: must be > 0, got -3".
+  absl::Status Validate() const;
+
+  // buffer.max_times_sampled with its default (1: each group trained once).
+  int32_t max_times_sampled() const;
+};
+
+// Process-wide settings of every run table.
+struct RunTableOptions {
+  // How long a generation slot stays "running" without an insert, a release
+  // or a renewal.
+  absl::Duration lease_ttl = absl::Seconds(60);
+  // Time for lease expiry and Group.inserted_at; tests pass a fake clock.
+  // Waiting (wait_timeout, Sample timeout) always uses real time.
+  std::function<absl::Time()> clock = [] { return absl::Now(); };
+
+  absl::Status Validate() const;
+};
+
+// The admission gate's numbers at one instant (all under one lock).
+struct GateState {
+  int64_t policy_version = 0;   // v
+  int64_t accepted = 0;         // see RunTable, "The admission gate"
+  int64_t running = 0;          // live slot leases
+  int64_t admission_limit = 0;  // (eta + v + 1) * B
+};
+
+struct AcquireRequest {
+  std::string worker_id;
+  uint64_t worker_incarnation = 0;
+  // New slots wanted (>= 0; 0 = only renew).
+  int32_t num_groups = 0;
+  // How long to wait for at least one slot; zero = grant what is free now.
+  absl::Duration wait_timeout = absl::ZeroDuration();
+  // Leases of this worker to extend by a full TTL.
+  std::vector<std::string> renew_lease_ids;
+};
+
+struct AcquireResult {
+  // One id per granted slot (granted = lease_ids.size()).
+  std::vector<std::string> lease_ids;
+  // Expiry of the granted and renewed leases (table clock).
+  absl::Time lease_expires_at;
+  absl::Duration lease_ttl;
+  // renew_lease_ids that were unknown, expired or another worker's.
+  std::vector<std::string> expired_lease_ids;
+  // How long the call waited at the gate.
+  absl::Duration waited;
+  GateState gate;
+};
+
+struct ReleaseRequest {
+  std::string worker_id;
+  uint64_t worker_incarnation = 0;
+  // Leases of worker_id to release; others and unknown ids are ignored.
+  std::vector<std::string> lease_ids;
+  // Release every lease of worker_id (any incarnation), ignoring lease_ids.
+  bool release_all = false;
+};
+
+struct ReleaseResult {
+  int32_t released = 0;
+  int64_t running = 0;
+};
+
+// Outcome of inserting one group (sluice.v1.InsertStatus).
+enum class InsertStatus {
+  kStored,
+  kDuplicate,
+  kRejectedStale,
+  kInvalid,
+  kUnknownRun,
+  kRetryableError,
+};
+
+struct InsertResult {
+  std::string idempotency_key;
+  InsertStatus status = InsertStatus::kInvalid;
+  // Why, for every status but kStored and kDuplicate.
+  std::string message;
+  // The group's buffer_sequence (kStored and kDuplicate only, else 0).
+  int64_t buffer_sequence = 0;
+};
+
+// Why a group left the table (sluice.v1.EvictionReason).
+enum class EvictionReason { kStale, kMaxTimesSampled, kCapacity };
+
+struct SampleRequest {
+  // Groups wanted; 0 = the run's B.
+  int32_t batch_size_groups = 0;
+  // Staleness bound for this batch; unset = the run's eta. A looser bound
+  // than the run's eta is tightened to it.
+  std::optional<int32_t> max_staleness;
+  // The trainer's version; a newer one than the table's is applied as by
+  // UpdatePolicyVersion first. Staleness is measured against it.
+  int64_t trainer_policy_version = 0;
+  // UNSPECIFIED = the run's sampler; another kind than the run's is
+  // INVALID_ARGUMENT in this release.
+  v1::SamplerKind sampler_override = v1::SAMPLER_KIND_UNSPECIFIED;
+  // How long to wait for enough groups; InfiniteDuration = until shutdown.
+  absl::Duration timeout = absl::InfiniteDuration();
+};
+
+struct SampledGroup {
+  // Immutable once stored; shared with the table while it may be sampled
+  // again (max_times_sampled > 1), so reading it needs no lock.
+  std::shared_ptr<const v1::Group> group;
+  // Including this sample (Group.times_sampled of the copy handed out).
+  int32_t times_sampled = 0;
+  // trainer_policy_version - group.min_policy_version.
+  int64_t staleness = 0;
+  // This sample was the group's last: it left the table.
+  bool removed = false;
+};
+
+struct SampleResult {
+  // Exactly the requested count, or empty when timed_out.
+  std::vector<SampledGroup> groups;
+  bool timed_out = false;
+  // Mutation counter of the table when the batch was taken.
+  int64_t buffer_version = 0;
+  // The version staleness was measured against (the trainer's).
+  int64_t policy_version = 0;
+  // Groups this call evicted as stale before choosing.
+  int64_t evicted_stale_groups = 0;
+};
+
+struct UpdateVersionResult {
+  int64_t policy_version = 0;
+  int64_t evicted_stale_groups = 0;
+  int64_t admission_limit = 0;
+};
+
+struct EvictionCounts {
+  int64_t stale = 0;
+  int64_t max_times_sampled = 0;
+  int64_t capacity = 0;
+};
+
+// sluice.v1.BufferStats, with the rejected inserts split by cause.
+struct RunStats {
+  std::string run_id;
+  int64_t size_groups = 0;
+  int64_t size_trajectories = 0;
+  int64_t size_bytes = 0;
+  int64_t inserted_groups = 0;
+  int64_t duplicate_inserts = 0;
+  int64_t rejected_stale_inserts = 0;
+  int64_t invalid_inserts = 0;
+  int64_t retryable_insert_errors = 0;
+  int64_t sampled_groups = 0;
+  EvictionCounts evictions;
+  StalenessHistogram sampled_group_staleness;
+  StalenessHistogram sampled_token_staleness;
+  GateState gate;
+  absl::Duration admission_blocked;
+  int64_t buffer_version = 0;
+  RunConfig config;
+};
+
+// One run's table: its scored groups, the staleness gate on generation and
+// the staleness filter on consumption. The ReplayBuffer holds one per run.
+//
+// The admission gate (AReaL's staleness manager). With v the latest policy
+// version, B = batch_size_groups and eta = max_staleness, a generation slot
+// is granted only while
+//
+//     accepted + running < (eta + v + 1) * B
+//
+//   running   live slot leases: granted, not yet inserted, released or
+//             expired. A lease belongs to (worker_id, incarnation) and lives
+//             lease_ttl from its grant or last renewal.
+//   accepted  groups stored (held now or already trained), minus groups that
+//             left the table untrained-for-good: evicted as stale or for
+//             capacity. Without that give-back the gate could deadlock: stale
+//             groups would hold capacity that no version update ever frees,
+//             since the trainer cannot advance without fresh groups. A run
+//             that starts at initial_policy_version k > 0 (a resume) starts
+//             with accepted = k * B, as if the k batches before had been
+//             generated (AReaL#1388: without it a resumed run generates far
+//             ahead and then evicts most of it as stale).
+//
+// Since the trainer consumes B groups per version, generation never runs
+// more than eta versions ahead of consumption. Consumption enforces the
+// bound per group: Sample first evicts every group whose staleness
+// (trainer version - min_policy_version) exceeds eta.
+//
+// Inserts. A group is stored (accepted + 1) whether or not its slot lease is
+// still live: a slow worker whose lease expired has still produced a valid
+// group, and refusing it would waste the generation (the proto's contract).
+// If the lease is live it is consumed (running - 1). A group too stale to be
+// trained is REJECTED_STALE and not stored; a malformed one INVALID. Either
+// way a live lease it names is released, since that generation is over.
+// Idempotency keys of every group ever stored are kept for the life of the
+// table (unbounded: about one key per trained group, ~16k for a 1000-step run
+// with B = 16), so a retry is DUPLICATE even after the group was trained.
+//
+// Thread-safe; every public method may be called from any thread. Blocking
+// calls (AcquireSlots with a wait, Sample) wait on the table's mutex with a
+// deadline and never sleep; Shutdown wakes them.
+//
+// Later issues extend it here: samplers other than FIFO (samplers/), a rate
+// limiter between Insert/Sample and the sampler, and a write-ahead log that
+// Insert appends to before it acknowledges STORED (today "stored" means held
+// in memory).
+class RunTable {
+ public:
+  // INVALID_ARGUMENT when config or options do not validate.
+  static absl::StatusOr<std::unique_ptr<RunTable>> Create(RunConfig config,
+                                                          RunTableOptions options = {});
+
+  RunTable(const RunTable&) = delete;
+  RunTable& operator=(const RunTable&) = delete;
+
+  const std::string& run_id() const { return run_id_; }
+
+  // Applies a ConfigureRun for an existing run: B, eta and G cannot change
+  // (FAILED_PRECONDITION naming the field: the gate's arithmetic and the
+  // stored groups depend on them); the buffer config is replaced and a higher
+  // initial_policy_version is applied as by UpdatePolicyVersion.
+  absl::Status Reconfigure(const RunConfig& config) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The admission gate. First drops expired leases; a higher incarnation of
+  // the worker than seen before drops the older incarnations' leases, a lower
+  // one is FAILED_PRECONDITION (a zombie). Renews renew_lease_ids. Then grants
+  // min(num_groups, capacity) slots; when none is free and wait_timeout > 0,
+  // blocks until capacity appears (a version update, an eviction, a release
+  // or expiry, a rejected insert) and grants what is free then, or grants 0
+  // when wait_timeout passes. UNAVAILABLE after Shutdown (also when it
+  // happens during the wait). INVALID_ARGUMENT for a bad request.
+  // O(running) per call when an incarnation changes, else O(log running).
+  absl::StatusOr<AcquireResult> AcquireSlots(const AcquireRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Drops leases of request.worker_id without inserting (aborted generation)
+  // and wakes waiting acquirers. Never blocks. O(running) for release_all.
+  ReleaseResult ReleaseSlots(const ReleaseRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Validates and stores one group (see "Inserts" above): recomputes min/max
+  // policy version from the trajectories, sets buffer_sequence, inserted_at
+  // and times_sampled = 0. Never blocks; O(tokens) outside the lock, O(log n)
+  // under it. After Shutdown: RETRYABLE_ERROR.
+  InsertResult Insert(v1::Group group) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Evicts every group staler than the request's bound, then, once at least
+  // max(batch, min_size_to_sample_groups) groups are held, hands out the
+  // batch (FIFO: the oldest) and records their staleness. A group leaves the
+  // table at its max_times_sampled-th sample. Blocks until enough groups are
+  // held or request.timeout passes (then timed_out, no groups).
+  // INVALID_ARGUMENT for a bad request, UNAVAILABLE after Shutdown.
+  absl::StatusOr<SampleResult> Sample(const SampleRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Puts back a batch that could not be delivered (the trainer went away
+  // between Sample and the write), as if it had not been sampled: times
+  // sampled, counters and histograms are restored and removed groups return
+  // to their place in the order. Groups evicted in the meantime stay evicted.
+  void ReturnUndelivered(const SampleResult& batch) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Raises the policy version (a lower or equal one is ignored and the
+  // current one returned), evicts the groups that became stale, which gives
+  // their capacity back, and wakes waiting acquirers. INVALID_ARGUMENT for a
+  // negative version.
+  absl::StatusOr<UpdateVersionResult> UpdatePolicyVersion(int64_t policy_version)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Priorities only matter to SAMPLER_KIND_PRIORITIZED, which this release
+  // does not have: INVALID_ARGUMENT naming the run's sampler.
+  absl::Status UpdatePriorities() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A consistent snapshot (one lock). Drops expired leases first.
+  RunStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Wakes every blocked call (they return UNAVAILABLE) and makes later
+  // AcquireSlots/Sample return UNAVAILABLE and inserts RETRYABLE_ERROR.
+  // Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Lease {
+    std::string worker_id;
+    uint64_t incarnation = 0;
+    absl::Time expires_at;
+  };
+
+  // A stored group and the table's bookkeeping about it.
+  struct Item {
+    std::shared_ptr<const v1::Group> group;
+    int64_t min_policy_version = 0;
+    int32_t times_sampled = 0;
+    int64_t size_bytes = 0;
+    int64_t trajectories = 0;
+    // (policy version, completion tokens generated with it), ascending:
+    // the token staleness histogram in O(versions) rather than O(tokens).
+    std::vector<std::pair<int64_t, int64_t>> tokens_per_version;
+  };
+
+  RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sampler> sampler);
+
+  // Checks a group against the contract and fills min/max_policy_version;
+  // INVALID_ARGUMENT with the field named. Needs no lock (config parts used
+  // are immutable).
+  absl::Status ValidateGroup(v1::Group& group) const;
+  // The Item for a validated group (everything but times_sampled).
+  static Item MakeItem(std::shared_ptr<const v1::Group> group);
+
+  int64_t AdmissionLimitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t CapacityLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  GateState GateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Await conditions.
+  bool CanGrantOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  struct SampleWait {
+    const RunTable* table;
+    int64_t needed;
+  };
+  static bool EnoughGroupsOrShutdown(SampleWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+
+  void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EraseLeaseLocked(absl::flat_hash_map<std::string, Lease>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when `lease_id` was live (and is now gone).
+  bool ReleaseLeaseLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Real time at which the earliest lease expires (InfiniteFuture if none).
+  absl::Time NextExpiryRealTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Applies a version (monotonic) and evicts what it made stale; returns the
+  // number evicted.
+  int64_t AdvanceVersionLocked(int64_t policy_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts groups with reference_version - min_policy_version > max_staleness.
+  int64_t EvictStaleLocked(int64_t reference_version, int64_t max_staleness)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Evicts the oldest groups beyond buffer.capacity_groups (0 = unbounded).
+  void EnforceCapacityLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddItemLocked(int64_t sequence, Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RemoveItemLocked(int64_t sequence, EvictionReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordSampleLocked(const Item& item, int64_t staleness, int64_t sign)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Fixed at creation (Reconfigure refuses to change them).
+  const std::string run_id_;
+  const int32_t batch_size_groups_;
+  const int32_t max_staleness_;
+  const int32_t group_size_;
+  const RunTableOptions options_;
+  // Makes lease ids unique across tables and process restarts.
+  const std::string lease_id_prefix_;
+
+  mutable absl::Mutex mu_;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  RunConfig config_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<Sampler> sampler_ ABSL_GUARDED_BY(mu_);
+
+  // The gate.
+  int64_t policy_version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
+  // (expires_at, lease id): the next expiry in O(1).
+  std::set<std::pair<absl::Time, std::string>> lease_expiry_ ABSL_GUARDED_BY(mu_);
+  // Newest incarnation seen per worker_id.
+  absl::flat_hash_map<std::string, uint64_t> worker_incarnations_ ABSL_GUARDED_BY(mu_);
+  int64_t next_lease_number_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Duration admission_blocked_ ABSL_GUARDED_BY(mu_);
+
+  // The groups, by buffer_sequence (ascending = insertion order).
+  absl::btree_map<int64_t, Item> items_ ABSL_GUARDED_BY(mu_);
+  // (min_policy_version, buffer_sequence): stale eviction in O(evicted log n).
+  std::set<std::pair<int64_t, int64_t>> by_min_version_ ABSL_GUARDED_BY(mu_);
+  // Idempotency key -> buffer_sequence of every group ever stored.
+  absl::flat_hash_map<std::string, int64_t> stored_keys_ ABSL_GUARDED_BY(mu_);
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t buffer_version_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t size_trajectories_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t size_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Counters.
+  int64_t inserted_groups_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t duplicate_inserts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t rejected_stale_inserts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t invalid_inserts_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t retryable_insert_errors_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t sampled_groups_ ABSL_GUARDED_BY(mu_) = 0;
+  EvictionCounts evictions_ ABSL_GUARDED_BY(mu_);
+  StalenessHistogram sampled_group_staleness_ ABSL_GUARDED_BY(mu_);
+  StalenessHistogram sampled_token_staleness_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sluice::replay_buffer
+
+#endif  // SLUICE_REPLAY_BUFFER_RUN_TABLE_H_

@@ -25,10 +25,14 @@ int main(int argc, char** argv) {
       ->check(CLI::NonNegativeNumber);
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
-        const TorchThreads threads = ConfigureTorchThreads(torch_threads);
-        log::Info("torch threads", {{"intra_op", threads.intra_op}, {"inter_op", threads.inter_op}});
-    context.AddService(std::make_shared<trainer::TrainerServiceImpl>(),
-                       sluice::v1::TrainerService::service_full_name());
+    const TorchThreads threads = ConfigureTorchThreads(torch_threads);
+    const bool resident = KeepTensorMemoryResident();
+    log::Info("torch threads", {{"intra_op", threads.intra_op},
+                                {"inter_op", threads.inter_op},
+                                {"tensor_memory_resident", resident}});
+    auto service = std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry());
+    context.OnShutdown([service] { service->Shutdown(); });
+    context.AddService(service, sluice::v1::TrainerService::service_full_name());
     return absl::OkStatus();
   });
 }

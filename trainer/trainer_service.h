@@ -1,16 +1,62 @@
 #ifndef SLUICE_TRAINER_TRAINER_SERVICE_H_
 #define SLUICE_TRAINER_TRAINER_SERVICE_H_
 
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "sluice/v1/trainer.grpc.pb.h"
+#include "trainer/trainer.h"
+#include "trainer/weight_store.h"
+
+namespace prometheus {
+class Registry;
+}
 
 namespace sluice::trainer {
 
-// The gRPC edge of the trainer: converts between protos and the core
-// library's types and maps absl::Status to grpc::Status. It holds no logic of
-// its own. In this release every RPC of sluice.v1.TrainerService answers
-// UNIMPLEMENTED (see README, "What exists"); the issues that build the
-// trainer override them here.
-class TrainerServiceImpl final : public sluice::v1::TrainerService::Service {};
+struct TrainerMetrics;
+
+// The gRPC edge of the trainer: one run at a time (StartTraining starts a
+// TrainerRun on its own thread with gRPC clients for the run's buffer, reward
+// server and controller), the weight store behind GetLatestVersion /
+// WatchVersions / StreamWeights, and the trainer's Prometheus metrics.
+class TrainerServiceImpl final : public v1::TrainerService::Service {
+ public:
+  explicit TrainerServiceImpl(prometheus::Registry& registry);
+  ~TrainerServiceImpl() override;
+
+  // Stops the current run and wakes streams (server shutdown).
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  grpc::Status StartTraining(grpc::ServerContext* context, const v1::StartTrainingRequest* request,
+                             v1::StartTrainingResponse* response) override;
+  grpc::Status StopTraining(grpc::ServerContext* context, const v1::StopTrainingRequest* request,
+                            v1::StopTrainingResponse* response) override;
+  grpc::Status GetLatestVersion(grpc::ServerContext* context,
+                                const v1::GetLatestVersionRequest* request,
+                                v1::GetLatestVersionResponse* response) override;
+  grpc::Status WatchVersions(grpc::ServerContext* context, const v1::WatchVersionsRequest* request,
+                             grpc::ServerWriter<v1::VersionAnnouncement>* writer) override;
+  grpc::Status StreamWeights(grpc::ServerContext* context, const v1::StreamWeightsRequest* request,
+                             grpc::ServerWriter<v1::WeightsChunk>* writer) override;
+  grpc::Status GetTrainerStatus(grpc::ServerContext* context,
+                                const v1::GetTrainerStatusRequest* request,
+                                v1::GetTrainerStatusResponse* response) override;
+
+ private:
+  struct ActiveRun;
+  void StopActiveRun() ABSL_LOCKS_EXCLUDED(mu_);
+  v1::TrainerStatus CurrentStatus() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  WeightStore weights_;
+  std::unique_ptr<TrainerMetrics> metrics_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<ActiveRun> run_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 }  // namespace sluice::trainer
 

@@ -1,0 +1,75 @@
+#include "trainer/evaluator.h"
+
+#include <algorithm>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/model/generation.h"
+#include "common/status_macros.h"
+
+namespace sluice::trainer {
+
+absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
+                                        const task::CharTokenizer& tokenizer,
+                                        const std::vector<task::TaskItem>& items,
+                                        clients::RewardClient& reward, const EvalOptions& options) {
+  const absl::Time start = absl::Now();
+  // Non-owning: the caller's model outlives the call.
+  const model::PolicySnapshot policy{
+      std::shared_ptr<const model::Transformer>(&model, [](const model::Transformer*) {}), 0};
+  model::SamplingOptions sampling;
+  sampling.temperature = options.temperature;
+  sampling.top_p = options.top_p;
+  sampling.max_new_tokens = options.max_new_tokens;
+  sampling.stop_token_ids = {tokenizer.eos_id()};
+  sampling.seed = options.seed;
+
+  v1::EvalResult result;
+  result.set_phase(options.phase);
+  result.set_step(options.step);
+  double reward_sum = 0;
+  int correct = 0;
+  for (size_t begin = 0; begin < items.size(); begin += options.batch_rows) {
+    const size_t end = std::min(items.size(), begin + options.batch_rows);
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = begin; i < end; ++i) {
+      ASSIGN_OR_RETURN(auto ids, tokenizer.Encode(items[i].prompt));
+      prompts.push_back(std::move(ids));
+    }
+    ASSIGN_OR_RETURN(auto completions, model::Generate(policy, prompts, sampling));
+    v1::ScoreBatchRequest request;
+    for (const auto& verifier : options.composition) *request.add_composition() = verifier;
+    for (size_t i = begin; i < end; ++i) {
+      v1::ScoreItem* item = request.add_items();
+      item->set_item_id(items[i].prompt_id);
+      ASSIGN_OR_RETURN(std::string text, tokenizer.Decode(completions[i - begin].tokens));
+      item->set_response(text);
+      item->set_reference_answer(items[i].reference_answer);
+      item->set_prompt(items[i].prompt);
+      item->set_timeout_ms(options.item_timeout_ms);
+    }
+    ASSIGN_OR_RETURN(v1::ScoreBatchResponse scored,
+                     reward.ScoreBatch(request, absl::Seconds(60)));
+    if (scored.results_size() != request.items_size()) {
+      return absl::InternalError(absl::StrCat("reward server answered ", scored.results_size(),
+                                              " results for ", request.items_size(), " items"));
+    }
+    for (const auto& r : scored.results()) {
+      if (r.result().retryable()) {
+        return absl::UnavailableError(absl::StrCat("reward server could not score eval item ",
+                                                   r.item_id(), ": ", r.result().detail()));
+      }
+      reward_sum += r.result().reward();
+      if (r.result().reward() >= 1.0 - 1e-9) ++correct;
+    }
+  }
+  result.set_num_prompts(static_cast<int32_t>(items.size()));
+  result.set_num_correct(correct);
+  result.set_accuracy(items.empty() ? 0.0 : static_cast<double>(correct) / items.size());
+  result.set_reward_mean(items.empty() ? 0.0 : reward_sum / items.size());
+  result.set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+  return result;
+}
+
+}  // namespace sluice::trainer

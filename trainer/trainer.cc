@@ -1,0 +1,663 @@
+#include "trainer/trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "common/crc32c.h"
+#include "common/logging.h"
+#include "common/model/generation.h"
+#include "common/model/model_config.h"
+#include "common/model/transformer.h"
+#include "common/status_macros.h"
+#include "common/task/arithmetic.h"
+#include "common/task/char_tokenizer.h"
+#include "google/protobuf/util/time_util.h"
+#include "trainer/advantages.h"
+#include "trainer/evaluator.h"
+#include "trainer/policy_loss.h"
+
+namespace sluice::trainer {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+// The warm start checks its dev accuracy this often (and after its last step);
+// accuracy jumps sharply during SFT, so checks are frequent (each costs ~0.1 s).
+constexpr int64_t kWarmStartCheckEvery = 10;
+// Size of the dev split (taken from the head of the training pool; the
+// held-out eval split is never touched before "before").
+constexpr size_t kDevSplitSize = 200;
+constexpr int64_t kSampleTimeoutMs = 1000;
+
+double Now() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
+
+void SetLearningRate(torch::optim::AdamW& optimizer, double lr) {
+  for (auto& group : optimizer.param_groups()) {
+    static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+  }
+}
+
+WeightCapMode ToCapMode(v1::BehaviourWeightMode mode) {
+  switch (mode) {
+    case v1::BEHAVIOUR_WEIGHT_MODE_MASK:
+      return WeightCapMode::kMask;
+    case v1::BEHAVIOUR_WEIGHT_MODE_NONE:
+      return WeightCapMode::kNone;
+    default:
+      return WeightCapMode::kTruncate;
+  }
+}
+
+// Right-padded token rows and, per row, where its trained tokens start.
+struct PaddedBatch {
+  torch::Tensor inputs;   // [R, L-1]: the sequence minus its last token
+  torch::Tensor targets;  // [R, L-1]: the sequence shifted by one
+  torch::Tensor mask;     // [R, L-1]: 1 where the target is a trained token
+  int64_t real_tokens = 0;
+};
+
+// `rows[r]` = prefix ++ trained; the loss covers the `trained` part.
+PaddedBatch PadRows(const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& rows,
+                    int32_t pad_id) {
+  size_t longest = 0;
+  for (const auto& [prefix, trained] : rows) longest = std::max(longest, prefix.size() + trained.size());
+  const int64_t r_count = static_cast<int64_t>(rows.size());
+  const int64_t width = static_cast<int64_t>(longest) - 1;
+  std::vector<int64_t> inputs(r_count * width, pad_id);
+  std::vector<int64_t> targets(r_count * width, pad_id);
+  std::vector<float> mask(r_count * width, 0.0f);
+  PaddedBatch batch;
+  for (int64_t r = 0; r < r_count; ++r) {
+    std::vector<int32_t> seq = rows[r].first;
+    seq.insert(seq.end(), rows[r].second.begin(), rows[r].second.end());
+    batch.real_tokens += static_cast<int64_t>(seq.size());
+    const int64_t prefix = static_cast<int64_t>(rows[r].first.size());
+    for (int64_t t = 0; t + 1 < static_cast<int64_t>(seq.size()); ++t) {
+      inputs[r * width + t] = seq[t];
+      targets[r * width + t] = seq[t + 1];
+      if (t + 1 >= prefix) mask[r * width + t] = 1.0f;
+    }
+  }
+  auto opts = torch::TensorOptions().dtype(torch::kInt64);
+  batch.inputs = torch::from_blob(inputs.data(), {r_count, width}, opts).clone();
+  batch.targets = torch::from_blob(targets.data(), {r_count, width}, opts).clone();
+  batch.mask = torch::from_blob(mask.data(), {r_count, width}, torch::kFloat32).clone();
+  return batch;
+}
+
+// Scatters per-completion-token values (logprobs) into the [R, L-1] target
+// layout of PadRows: completion token j of row r sits at target index
+// prefix_r - 1 + j.
+torch::Tensor ScatterCompletionValues(const std::vector<std::vector<float>>& values,
+                                      const std::vector<int64_t>& prefix_lengths, int64_t width) {
+  const int64_t r_count = static_cast<int64_t>(values.size());
+  std::vector<float> out(r_count * width, 0.0f);
+  for (int64_t r = 0; r < r_count; ++r) {
+    for (size_t j = 0; j < values[r].size(); ++j) {
+      const int64_t t = prefix_lengths[r] - 1 + static_cast<int64_t>(j);
+      if (t < width) out[r * width + t] = values[r][j];
+    }
+  }
+  return torch::from_blob(out.data(), {r_count, width}, torch::kFloat32).clone();
+}
+
+}  // namespace
+
+class TrainerRun::Impl {
+ public:
+  Impl(std::string run_id, v1::RunSpec spec, TrainerRunDeps deps)
+      : run_id_(std::move(run_id)), spec_(std::move(spec)), deps_(std::move(deps)) {
+    status_.set_run_id(run_id_);
+    status_.set_state(v1::TRAINER_STATE_LOADING);
+    status_.set_policy_version(-1);
+  }
+
+  absl::Status Run() {
+    start_time_ = Now();
+    absl::Status status;
+    // LibTorch reports errors (bad shapes, out-of-range ids from a corrupt
+    // trajectory) as exceptions: they fail the run, never the process.
+    try {
+      status = RunInner();
+    } catch (const std::exception& e) {
+      std::string what = e.what();
+      status = absl::InternalError(absl::StrCat("LibTorch error: ", what.substr(0, what.find('\n'))));
+    }
+    if (status.ok()) {
+      SetState(v1::TRAINER_STATE_FINISHED);
+      Report(v1::TRAINER_STATE_FINISHED);
+      log::Info("run finished", {{"run_id", run_id_}, {"steps", step_}});
+    } else if (stop_.load()) {
+      status = absl::CancelledError(absl::StrCat("run ", run_id_, " was stopped"));
+      SetState(v1::TRAINER_STATE_IDLE);
+    } else {
+      {
+        absl::MutexLock lock(&mu_);
+        status_.set_last_error(std::string(status.message()));
+      }
+      SetState(v1::TRAINER_STATE_FAILED);
+      v1::ReportTrainerProgressRequest report = NewReport(v1::TRAINER_STATE_FAILED);
+      report.set_error(std::string(status.message()));
+      Send(report);
+      log::Error("run failed", {{"run_id", run_id_}, {"error", std::string(status.message())}});
+    }
+    return status;
+  }
+
+  void Stop() {
+    stop_.store(true);
+    if (deps_.buffer != nullptr) deps_.buffer->CancelSample();
+  }
+
+  v1::TrainerStatus Status() const {
+    absl::MutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  absl::Status RunInner() {
+    // Model, tokenizer, task: all deterministic in the run's seed.
+    if (spec_.model().source_case() != v1::ModelConfig::kBuiltin) {
+      return absl::InvalidArgumentError("model: only builtin models are supported in this release");
+    }
+    ASSIGN_OR_RETURN(model::ModelConfig config,
+                     model::BuiltinModelConfig(spec_.model().builtin(), tokenizer_.vocab_size()));
+    ASSIGN_OR_RETURN(model_, model::Transformer::Create(config, spec_.seed()));
+    log::Info("model ready", {{"run_id", run_id_},
+                              {"model", spec_.model().builtin()},
+                              {"parameters", config.ParameterCount()}});
+    if (spec_.task().source_case() != v1::TaskConfig::kArithmetic) {
+      return absl::InvalidArgumentError("task: only the arithmetic task is supported in this release");
+    }
+    const auto& a = spec_.task().arithmetic();
+    task::ArithmeticOptions options;
+    options.min_operand = a.min_operand();
+    options.max_operand = a.max_operand();
+    options.num_operands = a.num_operands();
+    options.operators.assign(a.operators().begin(), a.operators().end());
+    options.num_prompts = a.num_prompts();
+    options.eval_size = spec_.task().eval_split_size();
+    options.seed = spec_.seed();
+    ASSIGN_OR_RETURN(task_, task::ArithmeticTask::Generate(options));
+    eval_items_ = task_.eval;
+    if (spec_.eval().num_prompts() > 0 &&
+        static_cast<size_t>(spec_.eval().num_prompts()) < eval_items_.size()) {
+      eval_items_.resize(spec_.eval().num_prompts());
+    }
+    dev_items_.assign(task_.train.begin(),
+                      task_.train.begin() + std::min(kDevSplitSize, task_.train.size()));
+    for (const auto& item : task_.train) {
+      ASSIGN_OR_RETURN(auto prompt, tokenizer_.Encode(item.prompt));
+      ASSIGN_OR_RETURN(auto answer, tokenizer_.Encode(item.reference_answer));
+      answer.push_back(tokenizer_.eos_id());
+      sft_rows_.emplace_back(std::move(prompt), std::move(answer));
+    }
+    if (sft_rows_.empty()) return absl::InvalidArgumentError("task: the training pool is empty");
+    temperature_ = spec_.rollout().sampling().has_temperature()
+                       ? spec_.rollout().sampling().temperature()
+                       : 1.0;
+    if (temperature_ <= 0) temperature_ = 1.0;  // greedy rollouts record T = 1 log-probs
+    max_new_tokens_ = spec_.rollout().sampling().max_new_tokens() > 0
+                          ? spec_.rollout().sampling().max_new_tokens()
+                          : config.max_position_embeddings;
+
+    if (spec_.warm_start().sft_steps() > 0) RETURN_IF_ERROR(WarmStart());
+    RETURN_IF_ERROR(RunEval("before", 0));
+    RETURN_IF_ERROR(Publish(0));
+    return TrainRl();
+  }
+
+  // ---- warm start --------------------------------------------------------
+
+  absl::Status WarmStart() {
+    SetState(v1::TRAINER_STATE_WARM_START);
+    Report(v1::TRAINER_STATE_WARM_START);
+    const auto& ws = spec_.warm_start();
+    const int64_t max_steps = ws.sft_steps();
+    const int64_t batch_size = ws.batch_size() > 0
+                                   ? ws.batch_size()
+                                   : int64_t{spec_.algorithm().group_size()} *
+                                         spec_.algorithm().batch_size_groups();
+    const int64_t warmup = std::min<int64_t>(50, std::max<int64_t>(1, max_steps / 10));
+    torch::optim::AdamW optimizer(
+        model_->parameter_tensors(),
+        torch::optim::AdamWOptions(ws.learning_rate()).betas({0.9, 0.99}).weight_decay(0.0));
+    std::mt19937_64 rng(spec_.seed() ^ 0x5f7a11ULL);
+    std::uniform_int_distribution<size_t> pick(0, sft_rows_.size() - 1);
+    const double start = Now();
+    double accuracy = 0;
+    int64_t step = 0;
+    while (step < max_steps) {
+      if (stop_.load()) return absl::CancelledError("stopped");
+      std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rows;
+      rows.reserve(batch_size);
+      for (int64_t i = 0; i < batch_size; ++i) rows.push_back(sft_rows_[pick(rng)]);
+      PaddedBatch batch = PadRows(rows, tokenizer_.pad_id());
+      SetLearningRate(optimizer, ws.learning_rate() * std::min(1.0, double(step + 1) / warmup));
+      optimizer.zero_grad();
+      torch::Tensor logits = model_->Forward(batch.inputs);
+      torch::Tensor logp = model::TokenLogProbs(logits, batch.targets);
+      torch::Tensor loss = -(logp * batch.mask).sum() / batch.mask.sum().clamp_min(1.0);
+      loss.backward();
+      torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(), 1.0);
+      optimizer.step();
+      ++step;
+      {
+        absl::MutexLock lock(&mu_);
+        status_.set_warm_start_step(step);
+        status_.set_loss(loss.item<double>());
+      }
+      if (step % kWarmStartCheckEvery == 0 || step == max_steps) {
+        ASSIGN_OR_RETURN(v1::EvalResult dev, EvaluateOn(dev_items_, "warm_start", step));
+        accuracy = dev.accuracy();
+        log::Info("warm start", {{"run_id", run_id_},
+                                 {"step", step},
+                                 {"loss", loss.item<double>()},
+                                 {"dev_accuracy", accuracy}});
+        v1::ReportTrainerProgressRequest report = NewReport(v1::TRAINER_STATE_WARM_START);
+        *report.mutable_eval() = dev;
+        Send(report);
+        if (ws.target_accuracy() > 0 && accuracy >= ws.target_accuracy()) break;
+      }
+    }
+    log::Info("warm start done", {{"run_id", run_id_},
+                                  {"steps", step},
+                                  {"seconds", Now() - start},
+                                  {"dev_accuracy", accuracy}});
+    return absl::OkStatus();
+  }
+
+  // ---- evaluation --------------------------------------------------------
+
+  absl::StatusOr<v1::EvalResult> EvaluateOn(const std::vector<task::TaskItem>& items,
+                                            const std::string& phase, int64_t step) {
+    torch::NoGradGuard no_grad;
+    EvalOptions options;
+    options.phase = phase;
+    options.step = step;
+    const auto& sampling = spec_.eval().sampling();
+    options.temperature = sampling.has_temperature() ? sampling.temperature() : 0.0;
+    options.top_p = sampling.has_top_p() ? sampling.top_p() : 1.0;
+    options.max_new_tokens = sampling.max_new_tokens() > 0 ? sampling.max_new_tokens() : max_new_tokens_;
+    options.seed = spec_.seed() + static_cast<uint64_t>(step);
+    options.composition.assign(spec_.reward().verifiers().begin(), spec_.reward().verifiers().end());
+    options.item_timeout_ms = spec_.reward().item_timeout_ms();
+    auto result = Evaluate(*model_, tokenizer_, items, *deps_.reward, options);
+    if (!result.ok()) {
+      return absl::Status(result.status().code(),
+                          absl::StrCat(phase, " evaluation: ", result.status().message()));
+    }
+    if (deps_.on_eval) deps_.on_eval(*result);
+    return result;
+  }
+
+  absl::Status RunEval(const std::string& phase, int64_t step) {
+    SetState(v1::TRAINER_STATE_EVALUATING);
+    ASSIGN_OR_RETURN(v1::EvalResult result, EvaluateOn(eval_items_, phase, step));
+    log::Info("evaluation", {{"run_id", run_id_},
+                             {"phase", phase},
+                             {"step", step},
+                             {"accuracy", result.accuracy()},
+                             {"prompts", result.num_prompts()}});
+    v1::ReportTrainerProgressRequest report = NewReport(v1::TRAINER_STATE_EVALUATING);
+    *report.mutable_eval() = result;
+    Send(report);
+    return absl::OkStatus();
+  }
+
+  // ---- publishing --------------------------------------------------------
+
+  absl::Status Publish(int64_t version) {
+    auto published = std::make_shared<PublishedVersion>();
+    uint32_t checksum = 0;
+    int64_t total = 0;
+    for (const auto& [name, tensor] : model_->parameters()) {
+      std::string bytes = model::TensorBytes(tensor.detach());
+      v1::TensorSpec spec;
+      spec.set_name(name);
+      spec.set_dtype(v1::DTYPE_FLOAT32);
+      for (int64_t d : tensor.sizes()) spec.add_shape(d);
+      spec.set_size_bytes(static_cast<int64_t>(bytes.size()));
+      spec.set_crc32c(Crc32c(bytes));
+      checksum = Crc32c(bytes, checksum);
+      total += static_cast<int64_t>(bytes.size());
+      published->tensors.push_back(std::move(spec));
+      published->bytes.push_back(std::move(bytes));
+    }
+    auto& info = published->info;
+    info.set_run_id(run_id_);
+    info.set_version(version);
+    info.set_step(version);
+    *info.mutable_published_at() = TimeUtil::GetCurrentTime();
+    info.set_total_size_bytes(total);
+    info.set_tensor_count(static_cast<int32_t>(published->tensors.size()));
+    info.set_checksum(absl::StrFormat("crc32c:%08x", checksum));
+    deps_.weights->Publish(std::move(published));
+    {
+      absl::MutexLock lock(&mu_);
+      status_.set_policy_version(version);
+      *status_.mutable_last_published_at() = info.published_at();
+    }
+    // Weights first, then the buffer: a worker admitted at version v can
+    // always download v.
+    v1::UpdatePolicyVersionRequest update;
+    update.set_run_id(run_id_);
+    update.set_policy_version(version);
+    auto updated = deps_.buffer->UpdatePolicyVersion(update);
+    if (!updated.ok()) return updated.status();
+    return absl::OkStatus();
+  }
+
+  // ---- RL ----------------------------------------------------------------
+
+  absl::Status TrainRl() {
+    const auto& alg = spec_.algorithm();
+    torch::optim::AdamW optimizer(
+        model_->parameter_tensors(),
+        torch::optim::AdamWOptions(alg.learning_rate()).betas({0.9, 0.99}).weight_decay(alg.weight_decay()));
+    rl_start_ = Now();
+    const int minibatches = std::max(1, alg.minibatches_per_batch());
+    if (minibatches > 1 && alg.objective() != v1::OBJECTIVE_GRPO) {
+      // Later minibatches of a batch need the log-probs of the weights as
+      // they were before its first update: keep a copy of those weights.
+      ASSIGN_OR_RETURN(prox_model_, model::Transformer::Create(model_->config(), 0));
+    }
+    SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
+    Report(v1::TRAINER_STATE_WAITING_FOR_DATA);
+    while (step_ < alg.total_steps()) {
+      if (stop_.load()) return absl::CancelledError("stopped");
+      // 1. A batch of B groups, none staler than eta.
+      SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
+      const double wait_start = Now();
+      v1::SampleResponse batch;
+      while (true) {
+        if (stop_.load()) return absl::CancelledError("stopped");
+        v1::SampleRequest request;
+        request.set_run_id(run_id_);
+        request.set_batch_size_groups(alg.batch_size_groups());
+        request.set_max_staleness(alg.max_staleness());
+        request.set_trainer_policy_version(step_);
+        request.set_timeout_ms(kSampleTimeoutMs);
+        ASSIGN_OR_RETURN(batch, deps_.buffer->Sample(request));
+        if (!batch.timed_out() && batch.groups_size() == alg.batch_size_groups()) break;
+      }
+      const double wait_seconds = Now() - wait_start;
+      SetState(v1::TRAINER_STATE_TRAINING);
+      // 2. Split into minibatches by group; each is one optimizer step and
+      // one published version.
+      const int groups = batch.groups_size();
+      if (prox_model_ != nullptr) RETURN_IF_ERROR(prox_model_->LoadWeights(model_->parameters()));
+      for (int m = 0; m < minibatches && step_ < alg.total_steps(); ++m) {
+        const int begin = groups * m / minibatches;
+        const int end = groups * (m + 1) / minibatches;
+        ASSIGN_OR_RETURN(v1::TrainingStepMetrics metrics,
+                         TrainStep(batch, begin, end, optimizer, m == 0 ? wait_seconds : 0.0));
+        if (deps_.on_step) deps_.on_step(metrics);
+        v1::ReportTrainerProgressRequest report = NewReport(v1::TRAINER_STATE_TRAINING);
+        *report.mutable_step() = metrics;
+        Send(report);
+        const int64_t every = spec_.eval().every_n_steps();
+        if (every > 0 && step_ % every == 0 && step_ < alg.total_steps()) {
+          RETURN_IF_ERROR(RunEval("periodic", step_));
+          SetState(v1::TRAINER_STATE_TRAINING);
+        }
+      }
+    }
+    return RunEval("after", step_);
+  }
+
+  absl::StatusOr<v1::TrainingStepMetrics> TrainStep(const v1::SampleResponse& batch, int begin,
+                                                    int end, torch::optim::AdamW& optimizer,
+                                                    double wait_seconds) {
+    const auto& alg = spec_.algorithm();
+    const double compute_start = Now();
+    v1::TrainingStepMetrics metrics;
+    // Rewards, advantages, staleness over the minibatch's groups.
+    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rows;
+    std::vector<std::vector<float>> behaviour;
+    std::vector<std::vector<float>> advantage_rows;
+    std::vector<int64_t> prefix_lengths;
+    std::map<int64_t, int64_t> staleness_counts;
+    double reward_sum = 0;
+    int64_t trajectories = 0;
+    int64_t passed = 0;
+    int64_t staleness_sum = 0;
+    int64_t staleness_max = 0;
+    int64_t zero_advantage = 0;
+    int64_t completion_tokens = 0;
+    const bool normalize = !alg.has_normalize_advantage_by_std() || alg.normalize_advantage_by_std();
+    for (int g = begin; g < end; ++g) {
+      const v1::SampledGroup& sampled = batch.groups(g);
+      const int64_t staleness = sampled.staleness();
+      staleness_counts[staleness]++;
+      staleness_sum += staleness;
+      staleness_max = std::max(staleness_max, staleness);
+      std::vector<double> rewards;
+      for (const auto& t : sampled.group().trajectories()) {
+        rewards.push_back(t.reward());
+        reward_sum += t.reward();
+        passed += t.reward() >= 1.0 - 1e-9 ? 1 : 0;
+        ++trajectories;
+        completion_tokens += t.completion_token_ids_size();
+      }
+      if (IsUniform(rewards)) {
+        ++zero_advantage;
+        continue;
+      }
+      const std::vector<double> adv = GroupAdvantages(rewards, normalize, alg.advantage_eps());
+      int i = 0;
+      for (const auto& t : sampled.group().trajectories()) {
+        const double a = adv[i++];
+        if (t.finish_reason() == v1::FINISH_REASON_ABORTED || t.completion_token_ids_size() == 0) {
+          continue;  // excluded from the loss
+        }
+        // Every token carries the version that sampled it; versions never go
+        // down along a completion and none predates the group's minimum.
+        if (t.token_policy_versions_size() != t.completion_token_ids_size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "trajectory ", t.trajectory_id(), " has ", t.token_policy_versions_size(),
+              " token versions for ", t.completion_token_ids_size(), " tokens"));
+        }
+        for (int k = 0; k < t.token_policy_versions_size(); ++k) {
+          const int64_t v = t.token_policy_versions(k);
+          if (v < sampled.group().min_policy_version() || v > step_ ||
+              (k > 0 && v < t.token_policy_versions(k - 1))) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "trajectory ", t.trajectory_id(), ": token ", k, " has policy version ", v,
+                " (group min ", sampled.group().min_policy_version(), ", trainer at ", step_, ")"));
+          }
+        }
+        if (t.behaviour_logprobs_size() != t.completion_token_ids_size()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "trajectory ", t.trajectory_id(), " has ", t.behaviour_logprobs_size(),
+              " behaviour log-probs for ", t.completion_token_ids_size(), " tokens"));
+        }
+        rows.emplace_back(std::vector<int32_t>(t.prompt_token_ids().begin(), t.prompt_token_ids().end()),
+                          std::vector<int32_t>(t.completion_token_ids().begin(),
+                                               t.completion_token_ids().end()));
+        prefix_lengths.push_back(t.prompt_token_ids_size());
+        behaviour.emplace_back(t.behaviour_logprobs().begin(), t.behaviour_logprobs().end());
+        advantage_rows.emplace_back(t.completion_token_ids_size(), static_cast<float>(a));
+      }
+    }
+    const int64_t groups = end - begin;
+    double lr = alg.learning_rate();
+    if (alg.lr_warmup_steps() > 0) {
+      lr *= std::min(1.0, double(step_ + 1) / double(alg.lr_warmup_steps()));
+    }
+    double loss_value = 0;
+    double grad_norm = 0;
+    int64_t tokens_trained = 0;
+    if (!rows.empty()) {
+      PaddedBatch padded = PadRows(rows, tokenizer_.pad_id());
+      tokens_trained = padded.real_tokens;
+      const int64_t width = padded.inputs.size(1);
+      torch::Tensor behav = ScatterCompletionValues(behaviour, prefix_lengths, width);
+      torch::Tensor advantages = ScatterCompletionValues(advantage_rows, prefix_lengths, width);
+      SetLearningRate(optimizer, lr);
+      optimizer.zero_grad();
+      torch::Tensor logits = model_->Forward(padded.inputs);
+      torch::Tensor logp = model::TokenLogProbs(logits, padded.targets, temperature_);
+      // The proximal policy: the weights before this batch's first update.
+      // GRPO uses the behaviour policy instead. With one minibatch per batch
+      // the proximal weights are the current ones, so their log-probs are
+      // this forward pass's, detached (no second forward).
+      torch::Tensor prox;
+      if (alg.objective() == v1::OBJECTIVE_GRPO) {
+        prox = behav;
+      } else if (prox_model_ == nullptr) {
+        prox = logp.detach();
+      } else {
+        torch::NoGradGuard no_grad;
+        prox = model::TokenLogProbs(prox_model_->Forward(padded.inputs), padded.targets,
+                                    temperature_);
+      }
+      PolicyLossOptions loss_options;
+      loss_options.clip_eps_low = alg.clip_eps_low();
+      loss_options.clip_eps_high = alg.clip_eps_high() > 0 ? alg.clip_eps_high() : alg.clip_eps_low();
+      loss_options.behaviour_weight_cap = alg.behaviour_weight_cap();
+      loss_options.cap_mode = ToCapMode(alg.behaviour_weight_mode());
+      PolicyLoss loss = DecoupledPpoLoss(logp, prox, behav, advantages, padded.mask, loss_options);
+      loss.loss.backward();
+      const double clip = alg.has_grad_clip_norm() ? alg.grad_clip_norm() : 1.0;
+      grad_norm = clip > 0 ? torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(), clip)
+                           : torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(),
+                                                               std::numeric_limits<double>::infinity());
+      optimizer.step();
+      loss_value = loss.loss.item<double>();
+      {
+        torch::NoGradGuard no_grad;
+        const torch::Tensor entropy = model::Entropy(logits.detach(), temperature_);
+        metrics.set_entropy((entropy * padded.mask).sum().item<double>() /
+                            std::max(1.0, padded.mask.sum().item<double>()));
+      }
+      metrics.set_clip_fraction(loss.clip_fraction);
+      metrics.set_behaviour_weight_capped_fraction(loss.capped_fraction);
+      metrics.set_kl_to_behaviour(loss.kl_to_behaviour);
+    }
+    ++step_;
+    const double step_seconds = Now() - compute_start;
+    const double publish_start = Now();
+    RETURN_IF_ERROR(Publish(step_));
+    const double publish_seconds = Now() - publish_start;
+    tokens_trained_total_ += tokens_trained;
+
+    metrics.set_step(step_);
+    metrics.set_policy_version(step_);
+    metrics.set_elapsed_seconds(Now() - start_time_);
+    metrics.set_loss(loss_value);
+    metrics.set_reward_mean(trajectories > 0 ? reward_sum / trajectories : 0.0);
+    metrics.set_pass_rate(trajectories > 0 ? double(passed) / trajectories : 0.0);
+    metrics.set_grad_norm(grad_norm);
+    metrics.set_learning_rate(lr);
+    for (int64_t s = 0; s <= staleness_max; ++s) metrics.add_staleness_histogram(staleness_counts[s]);
+    metrics.set_staleness_mean(groups > 0 ? double(staleness_sum) / groups : 0.0);
+    metrics.set_staleness_max(staleness_max);
+    metrics.set_groups(groups);
+    metrics.set_groups_zero_advantage(zero_advantage);
+    metrics.set_completion_tokens(completion_tokens);
+    metrics.set_tokens_trained(tokens_trained);
+    metrics.set_trainer_tokens_per_second(step_seconds > 0 ? tokens_trained / step_seconds : 0.0);
+    metrics.set_trainer_wait_seconds(wait_seconds);
+    metrics.set_step_seconds(step_seconds);
+    metrics.set_publish_seconds(publish_seconds);
+    {
+      absl::MutexLock lock(&mu_);
+      status_.set_step(step_);
+      status_.set_loss(loss_value);
+      status_.set_learning_rate(lr);
+      status_.set_kl(metrics.kl_to_behaviour());
+      status_.set_entropy(metrics.entropy());
+      status_.set_clip_fraction(metrics.clip_fraction());
+      status_.set_grad_norm(grad_norm);
+      status_.set_reward_mean(metrics.reward_mean());
+      status_.set_staleness_mean(metrics.staleness_mean());
+      status_.set_trained_tokens_per_second(metrics.trainer_tokens_per_second());
+      busy_seconds_ += step_seconds + publish_seconds;
+      idle_seconds_ += wait_seconds;
+      status_.set_idle_fraction(idle_seconds_ / std::max(1e-9, busy_seconds_ + idle_seconds_));
+    }
+    return metrics;
+  }
+
+  // ---- reporting ---------------------------------------------------------
+
+  void SetState(v1::TrainerState state) {
+    absl::MutexLock lock(&mu_);
+    status_.set_state(state);
+  }
+
+  v1::ReportTrainerProgressRequest NewReport(v1::TrainerState state) {
+    v1::ReportTrainerProgressRequest report;
+    report.set_run_id(run_id_);
+    report.set_state(state);
+    absl::MutexLock lock(&mu_);
+    report.set_warm_start_step(status_.warm_start_step());
+    report.set_policy_version(status_.policy_version());
+    return report;
+  }
+
+  void Report(v1::TrainerState state) { Send(NewReport(state)); }
+
+  // Progress reports are best effort: a controller that is briefly away must
+  // not stop training (its health watchdog fails the run if it is gone), but
+  // a controller that says the run is over stops it.
+  void Send(const v1::ReportTrainerProgressRequest& report) {
+    if (deps_.controller == nullptr) return;
+    auto response = deps_.controller->ReportTrainerProgress(report);
+    if (!response.ok()) {
+      log::Warning("could not report progress to the controller",
+                   {{"run_id", run_id_}, {"error", std::string(response.status().message())}});
+      return;
+    }
+    if (response->stop() && report.state() != v1::TRAINER_STATE_FINISHED &&
+        report.state() != v1::TRAINER_STATE_FAILED) {
+      log::Info("controller asked to stop the run", {{"run_id", run_id_}});
+      Stop();
+    }
+  }
+
+  const std::string run_id_;
+  const v1::RunSpec spec_;
+  TrainerRunDeps deps_;
+  std::atomic<bool> stop_{false};
+  task::CharTokenizer tokenizer_;
+  std::unique_ptr<model::Transformer> model_;
+  std::unique_ptr<model::Transformer> prox_model_;  // decoupled PPO, > 1 minibatch
+  task::ArithmeticTask task_;
+  std::vector<task::TaskItem> eval_items_;
+  std::vector<task::TaskItem> dev_items_;
+  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> sft_rows_;
+  double temperature_ = 1.0;
+  int64_t max_new_tokens_ = 16;
+  int64_t step_ = 0;
+  int64_t tokens_trained_total_ = 0;
+  double start_time_ = 0;
+  double rl_start_ = 0;
+
+  mutable absl::Mutex mu_;
+  v1::TrainerStatus status_ ABSL_GUARDED_BY(mu_);
+  double busy_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+  double idle_seconds_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TrainerRun::TrainerRun(std::string run_id, v1::RunSpec spec, TrainerRunDeps deps)
+    : run_id_(run_id), impl_(std::make_unique<Impl>(std::move(run_id), std::move(spec), std::move(deps))) {}
+
+TrainerRun::~TrainerRun() = default;
+
+absl::Status TrainerRun::Run() { return impl_->Run(); }
+void TrainerRun::Stop() { impl_->Stop(); }
+v1::TrainerStatus TrainerRun::Status() const { return impl_->Status(); }
+
+}  // namespace sluice::trainer

@@ -1,0 +1,65 @@
+#ifndef SLUICE_TRAINER_TRAINER_H_
+#define SLUICE_TRAINER_TRAINER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "services/clients/clients.h"
+#include "sluice/v1/controller.pb.h"
+#include "sluice/v1/trainer.pb.h"
+#include "trainer/weight_store.h"
+
+namespace sluice::trainer {
+
+struct TrainerRunDeps {
+  clients::ReplayBufferClient* buffer = nullptr;
+  clients::RewardClient* reward = nullptr;
+  clients::ControllerClient* controller = nullptr;  // may be null (tests)
+  WeightStore* weights = nullptr;
+  // Called after every RL step and evaluation (for the service's metrics).
+  std::function<void(const v1::TrainingStepMetrics&)> on_step;
+  std::function<void(const v1::EvalResult&)> on_eval;
+};
+
+// One run on the trainer, from model creation to the final evaluation (see
+// docs/run-lifecycle.md, steps 3, 4, 6 and 7):
+//
+//   build model (seeded) -> warm start (SFT until the dev accuracy reaches the
+//   target or the step cap) -> held-out eval "before" -> publish version 0 ->
+//   for each step: Sample B groups (staleness <= eta) -> GRPO advantages ->
+//   decoupled PPO loss (proximal log-probs recomputed before the update) ->
+//   AdamW with gradient clipping -> publish version v+1 -> tell the buffer ->
+//   report the step -> ... -> held-out eval "after".
+//
+// Everything it needs from other services comes through TrainerRunDeps, so
+// the whole loop runs in tests against fakes. Run() blocks (the service runs
+// it on its own thread); Stop() from any thread makes it return CANCELLED at
+// the next step boundary or blocked sample. Status() is thread-safe.
+class TrainerRun {
+ public:
+  TrainerRun(std::string run_id, v1::RunSpec spec, TrainerRunDeps deps);
+  ~TrainerRun();
+
+  // Returns OK when all steps and the final evaluation are done, CANCELLED
+  // after Stop(), or the error that ended the run (already reported to the
+  // controller as TRAINER_STATE_FAILED).
+  absl::Status Run();
+  void Stop();
+
+  v1::TrainerStatus Status() const;
+  const std::string& run_id() const { return run_id_; }
+
+ private:
+  class Impl;
+  const std::string run_id_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::trainer
+
+#endif  // SLUICE_TRAINER_TRAINER_H_

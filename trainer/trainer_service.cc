@@ -1,0 +1,305 @@
+#include "trainer/trainer_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
+#include "common/logging.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "services/clients/clients.h"
+#include "services/runtime/grpc_status.h"
+
+namespace sluice::trainer {
+
+using runtime::ToGrpcStatus;
+
+struct TrainerMetrics {
+  explicit TrainerMetrics(prometheus::Registry& registry)
+      : step(prometheus::BuildGauge()
+                 .Name("sluice_trainer_step")
+                 .Help("RL optimizer steps completed in the current run")
+                 .Register(registry)
+                 .Add({})),
+        policy_version(prometheus::BuildGauge()
+                           .Name("sluice_trainer_policy_version")
+                           .Help("Latest policy version published")
+                           .Register(registry)
+                           .Add({})),
+        loss(prometheus::BuildGauge()
+                 .Name("sluice_trainer_loss")
+                 .Help("Policy loss of the latest step")
+                 .Register(registry)
+                 .Add({})),
+        reward_mean(prometheus::BuildGauge()
+                        .Name("sluice_trainer_reward_mean")
+                        .Help("Mean training reward of the latest batch")
+                        .Register(registry)
+                        .Add({})),
+        staleness_max(prometheus::BuildGauge()
+                          .Name("sluice_trainer_batch_staleness_max")
+                          .Help("Maximum group staleness (versions) in the latest batch")
+                          .Register(registry)
+                          .Add({})),
+        eval_accuracy(prometheus::BuildGauge()
+                          .Name("sluice_trainer_eval_accuracy")
+                          .Help("Accuracy of the latest held-out evaluation")
+                          .Register(registry)
+                          .Add({})),
+        tokens_trained(prometheus::BuildCounter()
+                           .Name("sluice_trainer_tokens_trained_total")
+                           .Help("Token positions trained on in RL steps")
+                           .Register(registry)
+                           .Add({})),
+        wait_seconds(prometheus::BuildCounter()
+                         .Name("sluice_trainer_wait_seconds_total")
+                         .Help("Seconds spent waiting for batches from the replay buffer")
+                         .Register(registry)
+                         .Add({})),
+        step_seconds(prometheus::BuildHistogram()
+                         .Name("sluice_trainer_step_seconds")
+                         .Help("Compute time of one RL step")
+                         .Register(registry)
+                         .Add({}, prometheus::Histogram::BucketBoundaries{
+                                      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})) {}
+
+  void OnStep(const v1::TrainingStepMetrics& m) {
+    step.Set(static_cast<double>(m.step()));
+    policy_version.Set(static_cast<double>(m.policy_version()));
+    loss.Set(m.loss());
+    reward_mean.Set(m.reward_mean());
+    staleness_max.Set(static_cast<double>(m.staleness_max()));
+    tokens_trained.Increment(static_cast<double>(m.tokens_trained()));
+    wait_seconds.Increment(m.trainer_wait_seconds());
+    step_seconds.Observe(m.step_seconds());
+  }
+
+  prometheus::Gauge& step;
+  prometheus::Gauge& policy_version;
+  prometheus::Gauge& loss;
+  prometheus::Gauge& reward_mean;
+  prometheus::Gauge& staleness_max;
+  prometheus::Gauge& eval_accuracy;
+  prometheus::Counter& tokens_trained;
+  prometheus::Counter& wait_seconds;
+  prometheus::Histogram& step_seconds;
+};
+
+struct TrainerServiceImpl::ActiveRun {
+  std::string run_id;
+  std::unique_ptr<clients::ReplayBufferClient> buffer;
+  std::unique_ptr<clients::RewardClient> reward;
+  std::unique_ptr<clients::ControllerClient> controller;
+  std::unique_ptr<TrainerRun> run;
+  std::thread thread;
+};
+
+TrainerServiceImpl::TrainerServiceImpl(prometheus::Registry& registry)
+    : metrics_(std::make_unique<TrainerMetrics>(registry)) {}
+
+TrainerServiceImpl::~TrainerServiceImpl() { Shutdown(); }
+
+void TrainerServiceImpl::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+  }
+  weights_.Close();
+  StopActiveRun();
+}
+
+void TrainerServiceImpl::StopActiveRun() {
+  std::shared_ptr<ActiveRun> run;
+  {
+    absl::MutexLock lock(&mu_);
+    run = std::move(run_);
+  }
+  if (run == nullptr) return;
+  run->run->Stop();
+  if (run->thread.joinable()) run->thread.join();
+}
+
+v1::TrainerStatus TrainerServiceImpl::CurrentStatus() const {
+  absl::MutexLock lock(&mu_);
+  if (run_ == nullptr) {
+    v1::TrainerStatus status;
+    status.set_state(v1::TRAINER_STATE_IDLE);
+    return status;
+  }
+  return run_->run->Status();
+}
+
+grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
+                                               const v1::StartTrainingRequest* request,
+                                               v1::StartTrainingResponse* response) {
+  if (request->run_id().empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "run_id: required"};
+  }
+  const auto& endpoints = request->endpoints();
+  if (endpoints.replay_buffer_address().empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "endpoints.replay_buffer_address: required"};
+  }
+  if (endpoints.reward_server_address().empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "endpoints.reward_server_address: required"};
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "trainer is shutting down"};
+    if (run_ != nullptr) {
+      if (run_->run_id == request->run_id()) {
+        *response->mutable_status() = run_->run->Status();
+        return grpc::Status::OK;
+      }
+      const v1::TrainerState state = run_->run->Status().state();
+      if (state != v1::TRAINER_STATE_FINISHED && state != v1::TRAINER_STATE_FAILED &&
+          state != v1::TRAINER_STATE_IDLE) {
+        return {grpc::StatusCode::FAILED_PRECONDITION,
+                absl::StrCat("trainer is busy with run ", run_->run_id,
+                             "; stop it first (StopTraining)")};
+      }
+    }
+  }
+  StopActiveRun();  // a finished or failed previous run: join its thread
+
+  auto active = std::make_shared<ActiveRun>();
+  active->run_id = request->run_id();
+  active->buffer = clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
+  active->reward = clients::NewGrpcRewardClient(endpoints.reward_server_address());
+  if (!endpoints.controller_address().empty()) {
+    active->controller = clients::NewGrpcControllerClient(endpoints.controller_address());
+  }
+  weights_.Reset(request->run_id());
+  TrainerRunDeps deps;
+  deps.buffer = active->buffer.get();
+  deps.reward = active->reward.get();
+  deps.controller = active->controller.get();
+  deps.weights = &weights_;
+  TrainerMetrics* metrics = metrics_.get();
+  deps.on_step = [metrics](const v1::TrainingStepMetrics& m) { metrics->OnStep(m); };
+  deps.on_eval = [metrics](const v1::EvalResult& e) {
+    if (e.phase() != "warm_start") metrics->eval_accuracy.Set(e.accuracy());
+  };
+  active->run = std::make_unique<TrainerRun>(request->run_id(), request->spec(), std::move(deps));
+  TrainerRun* run = active->run.get();
+  active->thread = std::thread([run] { run->Run().IgnoreError(); });
+  log::Info("training started", {{"run_id", request->run_id()}});
+  *response->mutable_status() = run->Status();
+  absl::MutexLock lock(&mu_);
+  run_ = std::move(active);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerServiceImpl::StopTraining(grpc::ServerContext*,
+                                              const v1::StopTrainingRequest* request,
+                                              v1::StopTrainingResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_ != nullptr && !request->run_id().empty() && request->run_id() != run_->run_id) {
+      return {grpc::StatusCode::NOT_FOUND,
+              absl::StrCat("run ", request->run_id(), " is not this trainer's run (", run_->run_id, ")")};
+    }
+  }
+  StopActiveRun();
+  response->mutable_status()->set_state(v1::TRAINER_STATE_IDLE);
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerServiceImpl::GetLatestVersion(grpc::ServerContext*,
+                                                  const v1::GetLatestVersionRequest* request,
+                                                  v1::GetLatestVersionResponse* response) {
+  auto latest = weights_.Latest(request->run_id());
+  if (!latest.ok()) return ToGrpcStatus(latest.status());
+  *response->mutable_version() = (*latest)->info;
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerServiceImpl::WatchVersions(grpc::ServerContext* context,
+                                               const v1::WatchVersionsRequest* request,
+                                               grpc::ServerWriter<v1::VersionAnnouncement>* writer) {
+  int64_t after = request->has_after_version() ? request->after_version() : -1;
+  if (!request->has_after_version()) {
+    // Announce the current latest at once, if any.
+    auto latest = weights_.Latest(request->run_id());
+    if (latest.ok()) {
+      v1::VersionAnnouncement announcement;
+      *announcement.mutable_version() = (*latest)->info;
+      if (!writer->Write(announcement)) return grpc::Status::OK;
+      after = (*latest)->info.version();
+    }
+  }
+  while (!context->IsCancelled()) {
+    // Short waits so a cancelled client is noticed promptly.
+    auto next = weights_.WaitForNewer(request->run_id(), after, absl::Now() + absl::Milliseconds(500));
+    if (absl::IsDeadlineExceeded(next.status())) continue;
+    if (!next.ok()) return ToGrpcStatus(next.status());
+    v1::VersionAnnouncement announcement;
+    *announcement.mutable_version() = (*next)->info;
+    if (!writer->Write(announcement)) break;
+    after = (*next)->info.version();
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
+                                               const v1::StreamWeightsRequest* request,
+                                               grpc::ServerWriter<v1::WeightsChunk>* writer) {
+  auto found = request->has_version() ? weights_.Get(request->run_id(), request->version())
+                                      : weights_.Latest(request->run_id());
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  const std::shared_ptr<const PublishedVersion> version = *found;  // pinned for the stream
+  const int64_t chunk_size =
+      std::clamp<int64_t>(request->chunk_size_bytes() > 0 ? request->chunk_size_bytes() : (1 << 20),
+                          64 << 10, 16 << 20);
+  std::vector<size_t> selected;
+  if (request->tensor_names().empty()) {
+    for (size_t i = 0; i < version->tensors.size(); ++i) selected.push_back(i);
+  } else {
+    for (const auto& name : request->tensor_names()) {
+      auto it = std::find_if(version->tensors.begin(), version->tensors.end(),
+                             [&](const v1::TensorSpec& t) { return t.name() == name; });
+      if (it == version->tensors.end()) {
+        return {grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("tensor_names: unknown tensor ", name)};
+      }
+      selected.push_back(static_cast<size_t>(it - version->tensors.begin()));
+    }
+  }
+  v1::WeightsChunk first;
+  first.set_version(version->info.version());
+  *first.mutable_manifest()->mutable_version() = version->info;
+  for (size_t i : selected) *first.mutable_manifest()->add_tensors() = version->tensors[i];
+  if (!writer->Write(first)) return grpc::Status::OK;
+  for (size_t i : selected) {
+    const v1::TensorSpec& spec = version->tensors[i];
+    const std::string& bytes = version->bytes[i];
+    int64_t offset = 0;
+    do {
+      if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "client cancelled"};
+      const int64_t n = std::min<int64_t>(chunk_size, static_cast<int64_t>(bytes.size()) - offset);
+      v1::WeightsChunk chunk;
+      chunk.set_version(version->info.version());
+      chunk.set_tensor_name(spec.name());
+      chunk.set_dtype(spec.dtype());
+      *chunk.mutable_shape() = spec.shape();
+      chunk.set_tensor_size_bytes(spec.size_bytes());
+      chunk.set_offset_bytes(offset);
+      chunk.set_data(bytes.data() + offset, n);
+      chunk.set_is_last_chunk_of_tensor(offset + n == static_cast<int64_t>(bytes.size()));
+      chunk.set_crc32c(Crc32c(chunk.data()));
+      if (!writer->Write(chunk)) return grpc::Status::OK;
+      offset += n;
+    } while (offset < static_cast<int64_t>(bytes.size()));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerServiceImpl::GetTrainerStatus(grpc::ServerContext*,
+                                                  const v1::GetTrainerStatusRequest*,
+                                                  v1::GetTrainerStatusResponse* response) {
+  *response->mutable_status() = CurrentStatus();
+  return grpc::Status::OK;
+}
+
+}  // namespace sluice::trainer

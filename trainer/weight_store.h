@@ -1,0 +1,72 @@
+#ifndef SLUICE_TRAINER_WEIGHT_STORE_H_
+#define SLUICE_TRAINER_WEIGHT_STORE_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "sluice/v1/common.pb.h"
+
+namespace sluice::trainer {
+
+// One published weight version: its metadata, the tensor specs in manifest
+// order and each tensor's bytes. Immutable once published, so a weight stream
+// can pin it (shared_ptr) while the trainer moves on.
+struct PublishedVersion {
+  v1::PolicyVersionInfo info;
+  std::vector<v1::TensorSpec> tensors;
+  std::vector<std::string> bytes;  // parallel to tensors
+};
+
+// The versions a trainer serves to rollout workers for its current run.
+// Keeps the newest `retain` versions (older ones answer NOT_FOUND; workers
+// ask for the latest). Thread-safe.
+class WeightStore {
+ public:
+  explicit WeightStore(int retain = 4) : retain_(retain) {}
+
+  // Makes `version` the latest (versions must increase) and wakes watchers.
+  void Publish(std::shared_ptr<const PublishedVersion> version) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Forgets everything (a new run starts); watchers of the old run wake up
+  // and get NOT_FOUND / CANCELLED.
+  void Reset(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The latest version, or NOT_FOUND naming the run when none is published.
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> Latest(const std::string& run_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A retained version; NOT_FOUND when unknown or no longer retained.
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> Get(const std::string& run_id,
+                                                              int64_t version) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until a version newer than `after_version` exists (returns the
+  // latest), `deadline` passes (DEADLINE_EXCEEDED), or Close()/Reset() is
+  // called (CANCELLED).
+  absl::StatusOr<std::shared_ptr<const PublishedVersion>> WaitForNewer(
+      const std::string& run_id, int64_t after_version, absl::Time deadline) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Wakes every waiter for good (server shutdown).
+  void Close() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  bool RunMatches(const std::string& run_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const int retain_;
+  mutable absl::Mutex mu_;
+  std::string run_id_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<const PublishedVersion>> versions_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // bumped by Reset
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace sluice::trainer
+
+#endif  // SLUICE_TRAINER_WEIGHT_STORE_H_

@@ -1,5 +1,10 @@
 // sluice-rollout-worker: see rollout_worker_service.h and README.md.
+#include <unistd.h>
+
 #include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 
 #include "CLI/CLI.hpp"
 #include "common/logging.h"
@@ -23,12 +28,25 @@ int main(int argc, char** argv) {
                   "each takes a fixed share (0 keeps LibTorch's default)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  std::string worker_id;
+  main.app().add_option("--worker-id", worker_id,
+                        "Name of this worker in leases and trajectories (default: <host>-<pid>)");
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
-        const TorchThreads threads = ConfigureTorchThreads(torch_threads);
-        log::Info("torch threads", {{"intra_op", threads.intra_op}, {"inter_op", threads.inter_op}});
-    context.AddService(std::make_shared<rollout_worker::RolloutWorkerServiceImpl>(),
-                       sluice::v1::RolloutWorkerService::service_full_name());
+    const TorchThreads threads = ConfigureTorchThreads(torch_threads);
+    const bool resident = KeepTensorMemoryResident();
+    log::Info("torch threads", {{"intra_op", threads.intra_op},
+                                {"inter_op", threads.inter_op},
+                                {"tensor_memory_resident", resident}});
+    if (worker_id.empty()) {
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      worker_id = absl::StrCat(host, "-", getpid());
+    }
+    auto service = std::make_shared<rollout_worker::RolloutWorkerServiceImpl>(
+        context.metrics_registry(), worker_id);
+    context.OnShutdown([service] { service->Shutdown(); });
+    context.AddService(service, sluice::v1::RolloutWorkerService::service_full_name());
     return absl::OkStatus();
   });
 }

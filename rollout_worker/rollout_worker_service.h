@@ -1,16 +1,57 @@
 #ifndef SLUICE_ROLLOUT_WORKER_ROLLOUT_WORKER_SERVICE_H_
 #define SLUICE_ROLLOUT_WORKER_ROLLOUT_WORKER_SERVICE_H_
 
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "rollout_worker/rollout_run.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
+
+namespace prometheus {
+class Registry;
+}
 
 namespace sluice::rollout_worker {
 
-// The gRPC edge of the rollout worker: converts between protos and the core
-// library's types and maps absl::Status to grpc::Status. It holds no logic of
-// its own. In this release every RPC of sluice.v1.RolloutWorkerService answers
-// UNIMPLEMENTED (see README, "What exists"); the issues that build the
-// rollout worker override them here.
-class RolloutWorkerServiceImpl final : public sluice::v1::RolloutWorkerService::Service {};
+struct RolloutMetrics;
+
+// The gRPC edge of the rollout worker: StartRollouts starts a RolloutRun on
+// its own thread with gRPC clients for the run's trainer, buffer, controller
+// and reward server; StopRollouts stops it (drain or abort); the worker's
+// Prometheus metrics. One run at a time in this release.
+class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service {
+ public:
+  RolloutWorkerServiceImpl(prometheus::Registry& registry, std::string worker_id);
+  ~RolloutWorkerServiceImpl() override;
+
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  grpc::Status StartRollouts(grpc::ServerContext* context, const v1::StartRolloutsRequest* request,
+                             v1::StartRolloutsResponse* response) override;
+  grpc::Status StopRollouts(grpc::ServerContext* context, const v1::StopRolloutsRequest* request,
+                            v1::StopRolloutsResponse* response) override;
+  grpc::Status GetWorkerStatus(grpc::ServerContext* context,
+                               const v1::GetWorkerStatusRequest* request,
+                               v1::GetWorkerStatusResponse* response) override;
+
+ private:
+  struct ActiveRun;
+  v1::RolloutWorkerStatus CurrentStatus() const ABSL_LOCKS_EXCLUDED(mu_);
+  v1::RolloutWorkerStatus CurrentStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StopActiveRun(bool abort) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string worker_id_;
+  const uint64_t incarnation_;
+  const absl::Time started_at_;
+  std::unique_ptr<RolloutMetrics> metrics_;
+  mutable absl::Mutex mu_;
+  std::shared_ptr<ActiveRun> run_ ABSL_GUARDED_BY(mu_);
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 }  // namespace sluice::rollout_worker
 

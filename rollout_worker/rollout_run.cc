@@ -1,0 +1,524 @@
+#include "rollout_worker/rollout_run.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/hash/hash.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "common/model/generation.h"
+#include "common/model/model_config.h"
+#include "common/model/transformer.h"
+#include "common/status_macros.h"
+#include "common/task/char_tokenizer.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace sluice::rollout_worker {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+constexpr int64_t kAcquireWaitMs = 1000;
+constexpr int kScoreAttempts = 3;
+constexpr int kInsertAttempts = 5;
+
+v1::FinishReason ToFinishReason(model::Finish finish) {
+  switch (finish) {
+    case model::Finish::kStop:
+      return v1::FINISH_REASON_STOP;
+    case model::Finish::kLength:
+      return v1::FINISH_REASON_LENGTH;
+    case model::Finish::kAborted:
+      return v1::FINISH_REASON_ABORTED;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+}  // namespace
+
+class RolloutRun::Impl {
+ public:
+  Impl(std::string run_id, v1::RunSpec spec, RolloutRunDeps deps)
+      : run_id_(std::move(run_id)), spec_(std::move(spec)), deps_(std::move(deps)) {
+    status_.set_run_id(run_id_);
+    status_.set_policy_version(-1);
+  }
+
+  ~Impl() {
+    Stop(/*abort=*/true);
+    if (follower_.joinable()) follower_.join();
+  }
+
+  absl::Status Run() {
+    ASSIGN_OR_RETURN(config_, model::BuiltinModelConfig(spec_.model().builtin(), tokenizer_.vocab_size()));
+    follower_ = std::thread([this] { FollowWeights(); });
+    absl::Status status = Loop();
+    Stop(/*abort=*/false);
+    if (follower_.joinable()) follower_.join();
+    if (!status.ok()) {
+      log::Error("rollouts failed", {{"run_id", run_id_}, {"error", std::string(status.message())}});
+    }
+    return status;
+  }
+
+  void Stop(bool abort) {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    if (abort) aborting_ = true;
+  }
+
+  v1::RolloutRunStatus Status() const {
+    absl::MutexLock lock(&mu_);
+    v1::RolloutRunStatus status = status_;
+    status.set_draining(stopping_);
+    status.set_policy_version(latest_.model ? latest_.version : -1);
+    return status;
+  }
+
+ private:
+  bool stopping() const {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  }
+  bool aborting() const {
+    absl::MutexLock lock(&mu_);
+    return aborting_;
+  }
+  // Sleeps up to `d`, waking early when the run stops.
+  void Pause(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  }
+
+  // ---- weights -----------------------------------------------------------
+
+  void FollowWeights() {
+    int64_t have = -1;
+    while (!stopping()) {
+      auto announced = deps_.trainer->WaitForVersionAfter(run_id_, have, absl::Milliseconds(500));
+      if (!announced.ok()) {
+        if (!absl::IsDeadlineExceeded(announced.status())) Pause(absl::Milliseconds(200));
+        continue;
+      }
+      const absl::Time start = absl::Now();
+      // Ask for the latest, not the announced one: a slow worker skips
+      // versions rather than falling further behind.
+      auto fetched = deps_.trainer->FetchWeights(run_id_, /*version=*/-1);
+      if (!fetched.ok()) {
+        log::Warning("weight download failed", {{"run_id", run_id_},
+                                                {"error", std::string(fetched.status().message())}});
+        Pause(absl::Milliseconds(200));
+        continue;
+      }
+      auto model = BuildModel(*fetched);
+      if (!model.ok()) {
+        log::Error("received weights do not fit the model",
+                   {{"run_id", run_id_}, {"error", std::string(model.status().message())}});
+        Pause(absl::Seconds(1));
+        continue;
+      }
+      const int64_t version = fetched->manifest.version().version();
+      const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+      {
+        absl::MutexLock lock(&mu_);
+        latest_ = model::PolicySnapshot{std::move(*model), version};
+        status_.set_weight_syncs(status_.weight_syncs() + 1);
+        status_.set_last_weight_sync_ms(static_cast<int64_t>(seconds * 1000));
+      }
+      have = version;
+      if (deps_.on_weights_loaded) deps_.on_weights_loaded(version, seconds);
+    }
+  }
+
+  absl::StatusOr<std::shared_ptr<const model::Transformer>> BuildModel(
+      const clients::FetchedWeights& fetched) {
+    torch::NoGradGuard no_grad;
+    std::vector<model::NamedTensor> tensors;
+    for (int i = 0; i < fetched.manifest.tensors_size(); ++i) {
+      const v1::TensorSpec& spec = fetched.manifest.tensors(i);
+      if (spec.dtype() != v1::DTYPE_FLOAT32) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", spec.name(), ": dtype ", v1::DType_Name(spec.dtype()),
+                         " is not supported (float32 only in this release)"));
+      }
+      ASSIGN_OR_RETURN(torch::Tensor t,
+                       model::Float32TensorFromBytes(
+                           std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
+                           fetched.tensor_bytes[i]));
+      tensors.push_back({spec.name(), std::move(t)});
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model,
+                     model::Transformer::Create(config_, /*seed=*/0));
+    RETURN_IF_ERROR(model->LoadWeights(tensors));
+    return std::shared_ptr<const model::Transformer>(std::move(model));
+  }
+
+  model::PolicySnapshot Latest() const {
+    absl::MutexLock lock(&mu_);
+    return latest_;
+  }
+
+  // Blocks until the worker holds weights of at least `version`; false if the
+  // run stops first.
+  bool AwaitVersion(int64_t version) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || (latest_.model != nullptr && latest_.version >= version);
+    };
+    mu_.Await(absl::Condition(&ready));
+    return !stopping_;
+  }
+
+  // ---- generation loop ---------------------------------------------------
+
+  absl::Status Loop() {
+    const int group_size = spec_.algorithm().group_size();
+    const int max_groups = spec_.rollout().max_concurrent_groups_per_worker() > 0
+                               ? spec_.rollout().max_concurrent_groups_per_worker()
+                               : spec_.algorithm().batch_size_groups();
+    while (!stopping()) {
+      // 1. Admission: slots under the staleness gate.
+      v1::AcquireGenerationSlotsRequest acquire;
+      acquire.set_run_id(run_id_);
+      acquire.set_worker_id(deps_.worker_id);
+      acquire.set_worker_incarnation(deps_.incarnation);
+      acquire.set_num_groups(max_groups);
+      acquire.set_wait_timeout_ms(kAcquireWaitMs);
+      auto slots = deps_.buffer->AcquireGenerationSlots(acquire);
+      if (!slots.ok()) {
+        log::Warning("could not acquire generation slots",
+                     {{"run_id", run_id_}, {"error", std::string(slots.status().message())}});
+        Pause(absl::Milliseconds(500));
+        continue;
+      }
+      if (slots->granted() == 0) continue;
+      std::vector<std::string> leases(slots->lease_ids().begin(), slots->lease_ids().end());
+      // 2. Weights at least as new as the version the slots were granted at.
+      if (!AwaitVersion(slots->policy_version())) {
+        Release(leases, "worker stopping");
+        break;
+      }
+      // 3. Prompts.
+      v1::LeasePromptsRequest lease;
+      lease.set_run_id(run_id_);
+      lease.set_worker_id(deps_.worker_id);
+      lease.set_worker_incarnation(deps_.incarnation);
+      lease.set_max_prompts(static_cast<int32_t>(leases.size()));
+      auto prompts = deps_.controller->LeasePrompts(lease);
+      if (!prompts.ok()) {
+        Release(leases, "controller unavailable");
+        log::Warning("could not lease prompts",
+                     {{"run_id", run_id_}, {"error", std::string(prompts.status().message())}});
+        Pause(absl::Milliseconds(500));
+        continue;
+      }
+      if (prompts->run_done()) {
+        Release(leases, "run done");
+        log::Info("controller says the run is done", {{"run_id", run_id_}});
+        return absl::OkStatus();
+      }
+      if (prompts->prompts_size() == 0) {
+        Release(leases, "no prompts");
+        Pause(absl::Milliseconds(std::max<int64_t>(50, prompts->retry_after_ms())));
+        continue;
+      }
+      if (prompts->prompts_size() < static_cast<int>(leases.size())) {
+        Release(std::vector<std::string>(leases.begin() + prompts->prompts_size(), leases.end()),
+                "fewer prompts than slots");
+        leases.resize(prompts->prompts_size());
+      }
+      // 4-6. Generate, score, insert, report.
+      RETURN_IF_ERROR(GenerateGroups(*prompts, leases, group_size));
+    }
+    return absl::OkStatus();
+  }
+
+  void Release(const std::vector<std::string>& leases, const std::string& reason) {
+    if (leases.empty()) return;
+    v1::ReleaseGenerationSlotsRequest release;
+    release.set_run_id(run_id_);
+    release.set_worker_id(deps_.worker_id);
+    release.set_worker_incarnation(deps_.incarnation);
+    for (const auto& id : leases) release.add_lease_ids(id);
+    release.set_reason(reason);
+    auto released = deps_.buffer->ReleaseGenerationSlots(release);
+    if (!released.ok()) {
+      log::Warning("could not release slots (they expire on their own)",
+                   {{"run_id", run_id_}, {"error", std::string(released.status().message())}});
+    }
+  }
+
+  absl::Status GenerateGroups(const v1::LeasePromptsResponse& leased,
+                              const std::vector<std::string>& slot_leases, int group_size) {
+    const auto& sampling_spec = spec_.rollout().sampling();
+    model::SamplingOptions sampling;
+    sampling.temperature = sampling_spec.has_temperature() ? sampling_spec.temperature() : 1.0;
+    sampling.top_p = sampling_spec.has_top_p() ? sampling_spec.top_p() : 1.0;
+    sampling.top_k = sampling_spec.top_k();
+    sampling.max_new_tokens =
+        sampling_spec.max_new_tokens() > 0 ? sampling_spec.max_new_tokens() : config_.max_position_embeddings;
+    sampling.stop_token_ids.assign(sampling_spec.stop_token_ids().begin(),
+                                   sampling_spec.stop_token_ids().end());
+    if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = {tokenizer_.eos_id()};
+    ++batch_counter_;
+    sampling.seed = sampling_spec.has_seed()
+                        ? sampling_spec.seed() + batch_counter_
+                        : absl::HashOf(spec_.seed(), deps_.worker_id, deps_.incarnation, batch_counter_);
+
+    std::vector<std::vector<int32_t>> rows;
+    for (const v1::Prompt& prompt : leased.prompts()) {
+      std::vector<int32_t> ids(prompt.token_ids().begin(), prompt.token_ids().end());
+      if (ids.empty()) {
+        ASSIGN_OR_RETURN(ids, tokenizer_.Encode(prompt.text()));
+      }
+      for (int g = 0; g < group_size; ++g) rows.push_back(ids);
+    }
+
+    const auto started_at = TimeUtil::GetCurrentTime();
+    const absl::Time start = absl::Now();
+    model::GenerationHooks hooks;
+    hooks.current_policy = [this] { return Latest(); };
+    hooks.should_abort = [this] { return aborting(); };
+    const model::PolicySnapshot initial = Latest();
+    ASSIGN_OR_RETURN(std::vector<model::Completion> completions,
+                     model::Generate(initial, rows, sampling, hooks));
+    const double generation_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    const auto finished_at = TimeUtil::GetCurrentTime();
+    int64_t tokens = 0;
+    int64_t swaps = 0;
+    for (const auto& c : completions) {
+      tokens += static_cast<int64_t>(c.tokens.size());
+      swaps += c.weight_swaps;
+    }
+    if (deps_.on_batch_generated) deps_.on_batch_generated(tokens, generation_seconds);
+    if (swaps > 0 && deps_.on_mid_generation_swaps) deps_.on_mid_generation_swaps(swaps);
+    {
+      absl::MutexLock lock(&mu_);
+      status_.set_tokens_generated(status_.tokens_generated() + tokens);
+    }
+    tokens_since_report_ += tokens;
+
+    std::vector<std::string> abandoned;
+    if (aborting()) {
+      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
+      Release(slot_leases, "aborted");
+      Report({}, abandoned, 0);
+      return absl::OkStatus();
+    }
+
+    // Score every completion on the reward server.
+    std::vector<std::string> texts(completions.size());
+    for (size_t i = 0; i < completions.size(); ++i) {
+      ASSIGN_OR_RETURN(texts[i], tokenizer_.Decode(completions[i].tokens));
+    }
+    v1::ScoreBatchRequest score;
+    for (const auto& v : spec_.reward().verifiers()) *score.add_composition() = v;
+    for (size_t i = 0; i < completions.size(); ++i) {
+      const v1::Prompt& prompt = leased.prompts(static_cast<int>(i) / group_size);
+      v1::ScoreItem* item = score.add_items();
+      item->set_item_id(absl::StrCat(i));
+      item->set_verifier(prompt.verifier());
+      item->set_response(texts[i]);
+      item->set_reference_answer(prompt.reference_answer());
+      item->set_prompt(prompt.text());
+      item->set_timeout_ms(spec_.reward().item_timeout_ms());
+      *item->mutable_metadata() = prompt.metadata();
+    }
+    const absl::Time score_start = absl::Now();
+    absl::StatusOr<v1::ScoreBatchResponse> scored;
+    for (int attempt = 0; attempt < kScoreAttempts; ++attempt) {
+      scored = deps_.reward->ScoreBatch(score, absl::Seconds(60));
+      if (scored.ok() || stopping()) break;
+      Pause(absl::Milliseconds(200 << attempt));
+    }
+    if (!scored.ok()) {
+      Release(slot_leases, "reward server unavailable");
+      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
+      Report({}, abandoned, 0);
+      return absl::Status(scored.status().code(),
+                          absl::StrCat("scoring rollouts: ", scored.status().message()));
+    }
+    const int64_t reward_ms = absl::ToInt64Milliseconds(absl::Now() - score_start);
+    if (scored->results_size() != score.items_size()) {
+      return absl::InternalError(absl::StrCat("reward server returned ", scored->results_size(),
+                                              " results for ", score.items_size(), " items"));
+    }
+
+    // Build and insert the groups.
+    v1::InsertGroupsRequest insert;
+    std::vector<std::string> completed;
+    for (int p = 0; p < leased.prompts_size(); ++p) {
+      const v1::Prompt& prompt = leased.prompts(p);
+      bool retryable_failure = false;
+      v1::Group group;
+      group.set_group_id(absl::StrCat(prompt.prompt_id(), "@", deps_.worker_id, ".",
+                                      deps_.incarnation, ".", batch_counter_));
+      group.set_prompt_id(prompt.prompt_id());
+      group.set_run_id(run_id_);
+      group.set_idempotency_key(absl::StrCat(run_id_, "/", group.group_id()));
+      group.set_slot_lease_id(slot_leases[p]);
+      int64_t min_version = INT64_MAX;
+      int64_t max_version = -1;
+      for (int g = 0; g < group_size; ++g) {
+        const size_t i = static_cast<size_t>(p) * group_size + g;
+        const model::Completion& c = completions[i];
+        const v1::VerifierResult& verdict = scored->results(static_cast<int>(i)).result();
+        if (verdict.retryable()) retryable_failure = true;
+        v1::Trajectory* t = group.add_trajectories();
+        t->set_trajectory_id(absl::StrCat(group.group_id(), "/", g));
+        t->set_prompt_id(prompt.prompt_id());
+        t->set_group_id(group.group_id());
+        t->set_sample_index(g);
+        for (int32_t id : rows[i]) t->add_prompt_token_ids(id);
+        for (int32_t id : c.tokens) t->add_completion_token_ids(id);
+        for (float lp : c.logprobs) t->add_behaviour_logprobs(lp);
+        for (int64_t v : c.versions) {
+          t->add_token_policy_versions(v);
+          min_version = std::min(min_version, v);
+          max_version = std::max(max_version, v);
+        }
+        t->set_finish_reason(ToFinishReason(c.finish));
+        t->set_reward(verdict.reward());
+        *t->mutable_verifier() = verdict;
+        t->set_completion_text(texts[i]);
+        t->set_rollout_worker_id(deps_.worker_id);
+        t->set_worker_incarnation(deps_.incarnation);
+        v1::GenerationInfo* info = t->mutable_generation();
+        auto* s = info->mutable_sampling();
+        s->set_temperature(static_cast<float>(sampling.temperature));
+        s->set_top_p(static_cast<float>(sampling.top_p));
+        s->set_top_k(static_cast<int32_t>(sampling.top_k));
+        s->set_max_new_tokens(static_cast<int32_t>(sampling.max_new_tokens));
+        s->set_seed(sampling.seed);
+        *info->mutable_started_at() = started_at;
+        *info->mutable_finished_at() = finished_at;
+        info->set_generation_time_ms(static_cast<int64_t>(generation_seconds * 1000));
+        info->set_weight_swaps(c.weight_swaps);
+        info->set_reward_time_ms(reward_ms);
+      }
+      if (retryable_failure) {
+        // The reward server could not score part of the group: training on
+        // a made-up 0 would be wrong, so the prompt goes back to the pool.
+        abandoned.push_back(prompt.prompt_id());
+        Release({slot_leases[p]}, "reward not available");
+        continue;
+      }
+      group.set_min_policy_version(min_version == INT64_MAX ? initial.version : min_version);
+      group.set_max_policy_version(max_version < 0 ? initial.version : max_version);
+      *group.mutable_created_at() = TimeUtil::GetCurrentTime();
+      *insert.add_groups() = std::move(group);
+      completed.push_back(prompt.prompt_id());
+    }
+    int64_t inserted = 0;
+    if (insert.groups_size() > 0) {
+      ASSIGN_OR_RETURN(inserted, Insert(insert, &completed, &abandoned));
+    }
+    if (deps_.on_groups_inserted && inserted > 0) deps_.on_groups_inserted(inserted);
+    Report(completed, abandoned, inserted);
+    return absl::OkStatus();
+  }
+
+  // Inserts with retries of retryable results; moves prompts of groups the
+  // buffer refused for good from `completed` to `abandoned`.
+  absl::StatusOr<int64_t> Insert(v1::InsertGroupsRequest request, std::vector<std::string>* completed,
+                                 std::vector<std::string>* abandoned) {
+    int64_t stored = 0;
+    for (int attempt = 0; attempt < kInsertAttempts && request.groups_size() > 0; ++attempt) {
+      auto response = deps_.buffer->InsertGroups(request);
+      if (!response.ok()) {
+        if (stopping()) break;
+        log::Warning("insert failed; retrying", {{"run_id", run_id_},
+                                                 {"error", std::string(response.status().message())}});
+        Pause(absl::Milliseconds(200 << attempt));
+        continue;  // same idempotency keys: a retry cannot duplicate
+      }
+      v1::InsertGroupsRequest retry;
+      for (int i = 0; i < response->results_size() && i < request.groups_size(); ++i) {
+        const auto& result = response->results(i);
+        switch (result.status()) {
+          case v1::INSERT_STATUS_STORED:
+          case v1::INSERT_STATUS_DUPLICATE:
+            ++stored;
+            break;
+          case v1::INSERT_STATUS_RETRYABLE_ERROR:
+            *retry.add_groups() = request.groups(i);
+            break;
+          default: {
+            log::Warning("buffer refused a group",
+                         {{"run_id", run_id_},
+                          {"group", request.groups(i).group_id()},
+                          {"status", v1::InsertStatus_Name(result.status())},
+                          {"message", result.message()}});
+            const std::string& prompt_id = request.groups(i).prompt_id();
+            completed->erase(std::remove(completed->begin(), completed->end(), prompt_id),
+                             completed->end());
+            abandoned->push_back(prompt_id);
+            absl::MutexLock lock(&mu_);
+            status_.set_groups_dropped(status_.groups_dropped() + 1);
+          }
+        }
+      }
+      request = std::move(retry);
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      status_.set_groups_inserted(status_.groups_inserted() + stored);
+    }
+    return stored;
+  }
+
+  void Report(const std::vector<std::string>& completed, const std::vector<std::string>& abandoned,
+              int64_t groups_inserted) {
+    v1::ReportRolloutProgressRequest report;
+    report.set_run_id(run_id_);
+    report.set_worker_id(deps_.worker_id);
+    report.set_worker_incarnation(deps_.incarnation);
+    for (const auto& id : completed) report.add_completed_prompt_ids(id);
+    for (const auto& id : abandoned) report.add_abandoned_prompt_ids(id);
+    report.set_tokens_generated(tokens_since_report_);
+    report.set_groups_inserted(groups_inserted);
+    report.set_policy_version(Latest().version);
+    auto response = deps_.controller->ReportRolloutProgress(report);
+    if (!response.ok()) {
+      log::Warning("could not report progress", {{"run_id", run_id_},
+                                                 {"error", std::string(response.status().message())}});
+      return;
+    }
+    tokens_since_report_ = 0;
+    if (response->run_done()) {
+      log::Info("controller says the run is done", {{"run_id", run_id_}});
+      Stop(/*abort=*/false);
+    }
+  }
+
+  const std::string run_id_;
+  const v1::RunSpec spec_;
+  RolloutRunDeps deps_;
+  task::CharTokenizer tokenizer_;
+  model::ModelConfig config_;
+  std::thread follower_;
+  uint64_t batch_counter_ = 0;
+  int64_t tokens_since_report_ = 0;
+
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborting_ ABSL_GUARDED_BY(mu_) = false;
+  model::PolicySnapshot latest_ ABSL_GUARDED_BY(mu_);
+  v1::RolloutRunStatus status_ ABSL_GUARDED_BY(mu_);
+};
+
+RolloutRun::RolloutRun(std::string run_id, v1::RunSpec spec, RolloutRunDeps deps)
+    : impl_(std::make_unique<Impl>(std::move(run_id), std::move(spec), std::move(deps))) {}
+RolloutRun::~RolloutRun() = default;
+absl::Status RolloutRun::Run() { return impl_->Run(); }
+void RolloutRun::Stop(bool abort) { impl_->Stop(abort); }
+v1::RolloutRunStatus RolloutRun::Status() const { return impl_->Status(); }
+
+}  // namespace sluice::rollout_worker

@@ -1,0 +1,286 @@
+#include "rollout_worker/rollout_run.h"
+
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/model/model_config.h"
+#include "common/model/transformer.h"
+#include "common/task/char_tokenizer.h"
+#include "gtest/gtest.h"
+
+namespace sluice::rollout_worker {
+namespace {
+
+// Publishes versions on demand and serves them like StreamWeights would.
+class FakeTrainer : public clients::TrainerClient {
+ public:
+  FakeTrainer() {
+    task::CharTokenizer tokenizer;
+    config_ = *model::BuiltinModelConfig("micro", tokenizer.vocab_size());
+  }
+  void Publish(int64_t version) {
+    auto model = *model::Transformer::Create(config_, 100 + version);
+    clients::FetchedWeights fetched;
+    fetched.manifest.mutable_version()->set_version(version);
+    for (const auto& [name, tensor] : model->parameters()) {
+      v1::TensorSpec* spec = fetched.manifest.add_tensors();
+      spec->set_name(name);
+      spec->set_dtype(v1::DTYPE_FLOAT32);
+      for (int64_t d : tensor.sizes()) spec->add_shape(d);
+      fetched.tensor_bytes.push_back(model::TensorBytes(tensor.detach()));
+      spec->set_size_bytes(fetched.tensor_bytes.back().size());
+    }
+    absl::MutexLock lock(&mu_);
+    latest_ = std::move(fetched);
+    has_ = true;
+  }
+  absl::StatusOr<v1::PolicyVersionInfo> GetLatestVersion(const std::string&) override {
+    absl::MutexLock lock(&mu_);
+    if (!has_) return absl::NotFoundError("nothing published");
+    return latest_.manifest.version();
+  }
+  absl::StatusOr<v1::PolicyVersionInfo> WaitForVersionAfter(const std::string&, int64_t after,
+                                                            absl::Duration timeout) override {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return has_ && latest_.manifest.version().version() > after;
+    };
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), timeout)) {
+      return absl::DeadlineExceededError("no new version");
+    }
+    return latest_.manifest.version();
+  }
+  absl::StatusOr<clients::FetchedWeights> FetchWeights(const std::string&, int64_t) override {
+    absl::MutexLock lock(&mu_);
+    if (!has_) return absl::NotFoundError("nothing published");
+    return latest_;
+  }
+
+ private:
+  model::ModelConfig config_;
+  absl::Mutex mu_;
+  bool has_ ABSL_GUARDED_BY(mu_) = false;
+  clients::FetchedWeights latest_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeBuffer : public clients::ReplayBufferClient {
+ public:
+  explicit FakeBuffer(int64_t grant_version) : grant_version_(grant_version) {}
+  absl::StatusOr<v1::AcquireGenerationSlotsResponse> AcquireGenerationSlots(
+      const v1::AcquireGenerationSlotsRequest& request) override {
+    v1::AcquireGenerationSlotsResponse response;
+    response.set_granted(request.num_groups());
+    for (int i = 0; i < request.num_groups(); ++i) response.add_lease_ids(absl::StrCat("lease-", next_++));
+    response.set_policy_version(grant_version_);
+    return response;
+  }
+  absl::StatusOr<v1::ReleaseGenerationSlotsResponse> ReleaseGenerationSlots(
+      const v1::ReleaseGenerationSlotsRequest& request) override {
+    absl::MutexLock lock(&mu);
+    released += request.lease_ids_size();
+    return v1::ReleaseGenerationSlotsResponse();
+  }
+  absl::StatusOr<v1::InsertGroupsResponse> InsertGroups(const v1::InsertGroupsRequest& request) override {
+    absl::MutexLock lock(&mu);
+    v1::InsertGroupsResponse response;
+    for (const auto& g : request.groups()) {
+      groups.push_back(g);
+      auto* r = response.add_results();
+      r->set_idempotency_key(g.idempotency_key());
+      r->set_status(v1::INSERT_STATUS_STORED);
+    }
+    return response;
+  }
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::StatusOr<v1::UpdatePolicyVersionResponse> UpdatePolicyVersion(
+      const v1::UpdatePolicyVersionRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::StatusOr<v1::GetStatsResponse> GetStats(const v1::GetStatsRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  void CancelSample() override {}
+
+  absl::Mutex mu;
+  std::vector<v1::Group> groups ABSL_GUARDED_BY(mu);
+  int released ABSL_GUARDED_BY(mu) = 0;
+
+ private:
+  const int64_t grant_version_;
+  int next_ = 0;
+};
+
+// Hands out "d+d=" prompts; says the run is done after `batches` leases.
+class FakeController : public clients::ControllerClient {
+ public:
+  explicit FakeController(int batches) : batches_(batches) {}
+  absl::StatusOr<v1::LeasePromptsResponse> LeasePrompts(const v1::LeasePromptsRequest& request) override {
+    absl::MutexLock lock(&mu);
+    v1::LeasePromptsResponse response;
+    if (leases++ >= batches_) {
+      response.set_run_done(true);
+      return response;
+    }
+    for (int i = 0; i < request.max_prompts(); ++i) {
+      v1::Prompt* p = response.add_prompts();
+      const int a = (leases * 3 + i) % 10;
+      p->set_prompt_id(absl::StrCat("p", leases, "-", i));
+      p->set_text(absl::StrCat(a, "+1="));
+      p->set_reference_answer(absl::StrCat(a + 1));
+    }
+    response.set_lease_id(absl::StrCat("L", leases));
+    return response;
+  }
+  absl::StatusOr<v1::ReportRolloutProgressResponse> ReportRolloutProgress(
+      const v1::ReportRolloutProgressRequest& request) override {
+    absl::MutexLock lock(&mu);
+    completed += request.completed_prompt_ids_size();
+    tokens += request.tokens_generated();
+    return v1::ReportRolloutProgressResponse();
+  }
+  absl::StatusOr<v1::ReportTrainerProgressResponse> ReportTrainerProgress(
+      const v1::ReportTrainerProgressRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::Mutex mu;
+  int leases ABSL_GUARDED_BY(mu) = 0;
+  int completed ABSL_GUARDED_BY(mu) = 0;
+  int64_t tokens ABSL_GUARDED_BY(mu) = 0;
+
+ private:
+  const int batches_;
+};
+
+class FakeReward : public clients::RewardClient {
+ public:
+  absl::StatusOr<v1::ScoreBatchResponse> ScoreBatch(const v1::ScoreBatchRequest& request,
+                                                    absl::Duration) override {
+    v1::ScoreBatchResponse response;
+    for (const auto& item : request.items()) {
+      auto* r = response.add_results();
+      r->set_item_id(item.item_id());
+      r->mutable_result()->set_reward(item.response() == item.reference_answer() ? 1.0 : 0.0);
+      r->mutable_result()->set_verifier_name("fake-math");
+      r->mutable_result()->set_extracted_answer(item.response());
+    }
+    absl::MutexLock lock(&mu);
+    items += request.items_size();
+    return response;
+  }
+  absl::Mutex mu;
+  int items ABSL_GUARDED_BY(mu) = 0;
+};
+
+v1::RunSpec Spec() {
+  v1::RunSpec spec;
+  spec.set_seed(3);
+  spec.mutable_model()->set_builtin("micro");
+  spec.mutable_algorithm()->set_group_size(4);
+  spec.mutable_algorithm()->set_batch_size_groups(3);
+  spec.mutable_rollout()->mutable_sampling()->set_temperature(1.0);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(5);
+  spec.mutable_reward()->add_verifiers()->set_name("math");
+  return spec;
+}
+
+TEST(RolloutRunTest, GeneratesScoresAndInsertsWholeGroups) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(/*grant_version=*/0);
+  FakeController controller(/*batches=*/2);
+  FakeReward reward;
+  RolloutRun run("run-1", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 42});
+  ASSERT_TRUE(run.Run().ok());
+
+  absl::MutexLock lock(&buffer.mu);
+  ASSERT_EQ(buffer.groups.size(), 6u);  // 2 batches x B = 3 prompts
+  std::set<std::string> keys, leases;
+  int64_t tokens = 0;
+  for (const auto& g : buffer.groups) {
+    EXPECT_EQ(g.run_id(), "run-1");
+    EXPECT_EQ(g.trajectories_size(), 4);
+    EXPECT_EQ(g.idempotency_key(), "run-1/" + g.group_id());
+    keys.insert(g.idempotency_key());
+    leases.insert(g.slot_lease_id());
+    EXPECT_EQ(g.min_policy_version(), 0);
+    for (const auto& t : g.trajectories()) {
+      ASSERT_GT(t.completion_token_ids_size(), 0);
+      EXPECT_LE(t.completion_token_ids_size(), 5);
+      EXPECT_EQ(t.behaviour_logprobs_size(), t.completion_token_ids_size());
+      EXPECT_EQ(t.token_policy_versions_size(), t.completion_token_ids_size());
+      for (float lp : t.behaviour_logprobs()) EXPECT_LE(lp, 0.0f);
+      EXPECT_EQ(t.verifier().verifier_name(), "fake-math");
+      EXPECT_EQ(t.rollout_worker_id(), "w1");
+      EXPECT_EQ(t.worker_incarnation(), 42u);
+      EXPECT_NE(t.finish_reason(), v1::FINISH_REASON_UNSPECIFIED);
+      tokens += t.completion_token_ids_size();
+    }
+  }
+  EXPECT_EQ(keys.size(), 6u);
+  EXPECT_EQ(leases.size(), 6u);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 6);
+  EXPECT_EQ(controller.tokens, tokens);
+  absl::MutexLock lock3(&reward.mu);
+  EXPECT_EQ(reward.items, 24);
+}
+
+TEST(RolloutRunTest, WaitsForWeightsAsNewAsTheAdmissionVersion) {
+  // The buffer admits at version 1 while the trainer still serves 0: the
+  // worker must not generate until it holds version 1.
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(/*grant_version=*/1);
+  FakeController controller(/*batches=*/1);
+  FakeReward reward;
+  RolloutRun run("run-2", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  absl::Notification done;
+  std::thread thread([&] {
+    EXPECT_TRUE(run.Run().ok());
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  {
+    absl::MutexLock lock(&controller.mu);
+    EXPECT_EQ(controller.leases, 0);  // still waiting for weights, no prompts leased
+  }
+  trainer.Publish(1);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  thread.join();
+  absl::MutexLock lock(&buffer.mu);
+  ASSERT_EQ(buffer.groups.size(), 3u);
+  for (const auto& g : buffer.groups) {
+    EXPECT_EQ(g.min_policy_version(), 1);
+    for (const auto& t : g.trajectories()) {
+      for (int64_t v : t.token_policy_versions()) EXPECT_EQ(v, 1);
+    }
+  }
+}
+
+TEST(RolloutRunTest, StopReturnsPromptlyWhileWaitingForWeights) {
+  FakeTrainer trainer;  // publishes nothing
+  FakeBuffer buffer(0);
+  FakeController controller(5);
+  FakeReward reward;
+  RolloutRun run("run-3", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  absl::Notification done;
+  std::thread thread([&] {
+    EXPECT_TRUE(run.Run().ok());
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  run.Stop(/*abort=*/true);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  thread.join();
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_TRUE(buffer.groups.empty());
+  EXPECT_GT(buffer.released, 0);  // the slots it held went back
+}
+
+}  // namespace
+}  // namespace sluice::rollout_worker

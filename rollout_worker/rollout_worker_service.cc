@@ -1,0 +1,256 @@
+#include "rollout_worker/rollout_worker_service.h"
+
+#include <atomic>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "google/protobuf/util/time_util.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+#include "services/clients/clients.h"
+
+namespace sluice::rollout_worker {
+
+struct RolloutMetrics {
+  explicit RolloutMetrics(prometheus::Registry& registry)
+      : tokens(prometheus::BuildCounter()
+                   .Name("sluice_rollout_tokens_generated_total")
+                   .Help("Completion tokens generated")
+                   .Register(registry)
+                   .Add({})),
+        groups(prometheus::BuildCounter()
+                   .Name("sluice_rollout_groups_inserted_total")
+                   .Help("Groups stored in the replay buffer")
+                   .Register(registry)
+                   .Add({})),
+        weight_syncs(prometheus::BuildCounter()
+                         .Name("sluice_rollout_weight_syncs_total")
+                         .Help("Weight versions downloaded from the trainer")
+                         .Register(registry)
+                         .Add({})),
+        mid_generation_swaps(prometheus::BuildCounter()
+                                 .Name("sluice_rollout_mid_generation_swaps_total")
+                                 .Help("Completions whose decoding switched to newer weights")
+                                 .Register(registry)
+                                 .Add({})),
+        policy_version(prometheus::BuildGauge()
+                           .Name("sluice_rollout_policy_version")
+                           .Help("Policy version the worker generates with")
+                           .Register(registry)
+                           .Add({})),
+        tokens_per_second(prometheus::BuildGauge()
+                              .Name("sluice_rollout_tokens_per_second")
+                              .Help("Decoding throughput of the latest batch")
+                              .Register(registry)
+                              .Add({})),
+        batch_seconds(prometheus::BuildHistogram()
+                          .Name("sluice_rollout_generation_seconds")
+                          .Help("Wall time to generate one batch of groups")
+                          .Register(registry)
+                          .Add({}, prometheus::Histogram::BucketBoundaries{
+                                       0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30})),
+        weight_sync_seconds(prometheus::BuildHistogram()
+                                .Name("sluice_rollout_weight_sync_seconds")
+                                .Help("Time to download and load one weight version")
+                                .Register(registry)
+                                .Add({}, prometheus::Histogram::BucketBoundaries{
+                                             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5})) {}
+
+  prometheus::Counter& tokens;
+  prometheus::Counter& groups;
+  prometheus::Counter& weight_syncs;
+  prometheus::Counter& mid_generation_swaps;
+  prometheus::Gauge& policy_version;
+  prometheus::Gauge& tokens_per_second;
+  prometheus::Histogram& batch_seconds;
+  prometheus::Histogram& weight_sync_seconds;
+  std::atomic<double> recent_tokens_per_second{0};
+};
+
+struct RolloutWorkerServiceImpl::ActiveRun {
+  std::string run_id;
+  std::unique_ptr<clients::TrainerClient> trainer;
+  std::unique_ptr<clients::ReplayBufferClient> buffer;
+  std::unique_ptr<clients::ControllerClient> controller;
+  std::unique_ptr<clients::RewardClient> reward;
+  std::unique_ptr<RolloutRun> run;
+  std::thread thread;
+  std::atomic<bool> finished{false};
+  absl::Mutex mu;
+  std::string last_error ABSL_GUARDED_BY(mu);
+};
+
+namespace {
+uint64_t NewIncarnation() {
+  return static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ (static_cast<uint64_t>(getpid()) << 48);
+}
+}  // namespace
+
+RolloutWorkerServiceImpl::RolloutWorkerServiceImpl(prometheus::Registry& registry,
+                                                   std::string worker_id)
+    : worker_id_(std::move(worker_id)),
+      incarnation_(NewIncarnation()),
+      started_at_(absl::Now()),
+      metrics_(std::make_unique<RolloutMetrics>(registry)) {}
+
+RolloutWorkerServiceImpl::~RolloutWorkerServiceImpl() { Shutdown(); }
+
+void RolloutWorkerServiceImpl::Shutdown() {
+  {
+    absl::MutexLock lock(&mu_);
+    shutting_down_ = true;
+  }
+  StopActiveRun(/*abort=*/true);
+}
+
+void RolloutWorkerServiceImpl::StopActiveRun(bool abort) {
+  std::shared_ptr<ActiveRun> run;
+  {
+    absl::MutexLock lock(&mu_);
+    run = std::move(run_);
+  }
+  if (run == nullptr) return;
+  run->run->Stop(abort);
+  if (run->thread.joinable()) run->thread.join();
+}
+
+grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
+                                                     const v1::StartRolloutsRequest* request,
+                                                     v1::StartRolloutsResponse* response) {
+  const auto& endpoints = request->endpoints();
+  if (request->run_id().empty()) return {grpc::StatusCode::INVALID_ARGUMENT, "run_id: required"};
+  for (const auto& [field, value] :
+       {std::pair<const char*, const std::string*>{"trainer_address", &endpoints.trainer_address()},
+        {"replay_buffer_address", &endpoints.replay_buffer_address()},
+        {"controller_address", &endpoints.controller_address()},
+        {"reward_server_address", &endpoints.reward_server_address()}}) {
+    if (value->empty()) {
+      return {grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("endpoints.", field, ": required")};
+    }
+  }
+  if (request->spec().model().source_case() != v1::ModelConfig::kBuiltin) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            "spec.model: only builtin models are supported in this release"};
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "worker is shutting down"};
+    if (run_ != nullptr && !run_->finished.load()) {
+      if (run_->run_id == request->run_id()) {
+        *response->mutable_status() = CurrentStatusLocked();
+        return grpc::Status::OK;
+      }
+      return {grpc::StatusCode::FAILED_PRECONDITION,
+              absl::StrCat("worker is busy with run ", run_->run_id, "; stop it first")};
+    }
+  }
+  StopActiveRun(/*abort=*/true);  // join a finished previous run
+
+  auto active = std::make_shared<ActiveRun>();
+  active->run_id = request->run_id();
+  active->trainer = clients::NewGrpcTrainerClient(endpoints.trainer_address());
+  active->buffer = clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
+  active->controller = clients::NewGrpcControllerClient(endpoints.controller_address());
+  active->reward = clients::NewGrpcRewardClient(endpoints.reward_server_address());
+  RolloutRunDeps deps;
+  deps.trainer = active->trainer.get();
+  deps.buffer = active->buffer.get();
+  deps.controller = active->controller.get();
+  deps.reward = active->reward.get();
+  deps.worker_id = worker_id_;
+  deps.incarnation = incarnation_;
+  RolloutMetrics* m = metrics_.get();
+  deps.on_batch_generated = [m](int64_t tokens, double seconds) {
+    m->tokens.Increment(static_cast<double>(tokens));
+    m->batch_seconds.Observe(seconds);
+    const double rate = seconds > 0 ? tokens / seconds : 0.0;
+    m->tokens_per_second.Set(rate);
+    m->recent_tokens_per_second.store(rate);
+  };
+  deps.on_groups_inserted = [m](int64_t groups) { m->groups.Increment(static_cast<double>(groups)); };
+  deps.on_weights_loaded = [m](int64_t version, double seconds) {
+    m->weight_syncs.Increment();
+    m->policy_version.Set(static_cast<double>(version));
+    m->weight_sync_seconds.Observe(seconds);
+  };
+  deps.on_mid_generation_swaps = [m](int64_t swaps) {
+    m->mid_generation_swaps.Increment(static_cast<double>(swaps));
+  };
+  active->run = std::make_unique<RolloutRun>(request->run_id(), request->spec(), std::move(deps));
+  ActiveRun* raw = active.get();
+  active->thread = std::thread([raw] {
+    absl::Status status = raw->run->Run();
+    if (!status.ok()) {
+      absl::MutexLock lock(&raw->mu);
+      raw->last_error = std::string(status.message());
+    }
+    raw->finished.store(true);
+  });
+  log::Info("rollouts started", {{"run_id", request->run_id()}, {"worker_id", worker_id_}});
+  absl::MutexLock lock(&mu_);
+  run_ = std::move(active);
+  *response->mutable_status() = CurrentStatusLocked();
+  return grpc::Status::OK;
+}
+
+grpc::Status RolloutWorkerServiceImpl::StopRollouts(grpc::ServerContext*,
+                                                    const v1::StopRolloutsRequest* request,
+                                                    v1::StopRolloutsResponse* response) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_ != nullptr && !request->run_id().empty() && request->run_id() != run_->run_id) {
+      return {grpc::StatusCode::NOT_FOUND,
+              absl::StrCat("run ", request->run_id(), " is not running on this worker")};
+    }
+  }
+  StopActiveRun(request->mode() != v1::STOP_MODE_DRAIN);
+  response->set_stopped(true);
+  *response->mutable_status() = CurrentStatus();
+  return grpc::Status::OK;
+}
+
+grpc::Status RolloutWorkerServiceImpl::GetWorkerStatus(grpc::ServerContext*,
+                                                       const v1::GetWorkerStatusRequest*,
+                                                       v1::GetWorkerStatusResponse* response) {
+  *response->mutable_status() = CurrentStatus();
+  return grpc::Status::OK;
+}
+
+v1::RolloutWorkerStatus RolloutWorkerServiceImpl::CurrentStatus() const {
+  absl::MutexLock lock(&mu_);
+  return CurrentStatusLocked();
+}
+
+v1::RolloutWorkerStatus RolloutWorkerServiceImpl::CurrentStatusLocked() const {
+  v1::RolloutWorkerStatus status;
+  status.set_worker_id(worker_id_);
+  status.set_incarnation(incarnation_);
+  status.set_device("cpu");
+  *status.mutable_started_at() =
+      google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(started_at_));
+  status.set_tokens_per_second(metrics_->recent_tokens_per_second.load());
+  if (run_ == nullptr) {
+    status.set_state(v1::ROLLOUT_WORKER_STATE_IDLE);
+    return status;
+  }
+  const v1::RolloutRunStatus run = run_->run->Status();
+  *status.add_runs() = run;
+  status.set_current_policy_version(run.policy_version());
+  {
+    absl::MutexLock lock(&run_->mu);
+    status.set_last_error(run_->last_error);
+  }
+  if (run_->finished.load()) {
+    status.set_state(status.last_error().empty() ? v1::ROLLOUT_WORKER_STATE_IDLE
+                                                 : v1::ROLLOUT_WORKER_STATE_FAILED);
+  } else {
+    status.set_state(run.draining() ? v1::ROLLOUT_WORKER_STATE_DRAINING
+                                    : v1::ROLLOUT_WORKER_STATE_RUNNING);
+  }
+  return status;
+}
+
+}  // namespace sluice::rollout_worker

@@ -1,23 +1,105 @@
-// sluice-controller: see controller_service.h and README.md.
+// sluice-controller: see controller_service.h, run_registry.h and
+// docs/run-lifecycle.md.
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "services/controller/controller_metrics.h"
 #include "services/controller/controller_service.h"
+#include "services/controller/grpc_clients.h"
+#include "services/controller/run_registry.h"
+#include "services/runtime/server_options.h"
 #include "services/runtime/service_main.h"
+
+namespace {
+
+// How the other services reach a controller listening on `listen_address`
+// and bound to `port`: loopback for wildcard and loopback hosts, else the
+// host itself.
+std::string DefaultAdvertiseAddress(const std::string& listen_address, int port) {
+  absl::StatusOr<sluice::runtime::HostPort> listen =
+      sluice::runtime::ParseHostPort(listen_address, "listen_address");
+  const std::string host = listen.ok() ? listen->host : "0.0.0.0";
+  if (host == "0.0.0.0" || host == "[::]" || host == "localhost" || host == "127.0.0.1") {
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using sluice::runtime::ServiceContext;
+  namespace controller = sluice::controller;
   sluice::runtime::ServiceMain main({
       .component = "controller",
       .binary = "sluice-controller",
-      .description = "Sluice controller: accepts runs (SubmitRun, GetRun, WatchRun, CancelRun, ListRuns), validates run specs, drives warm start, RL and evaluation, and leases prompts to rollout workers.",
+      .description = "Sluice controller: accepts runs (SubmitRun, GetRun, WatchRun, CancelRun, "
+                     "ListRuns), validates run specs, drives warm start, RL and evaluation, and "
+                     "leases prompts to rollout workers.",
       .default_port = 50051,
       .default_metrics_port = 9091,
   });
-  return main.Run(argc, argv, [&](ServiceContext& context) {
-    using namespace sluice;
-    context.AddService(std::make_shared<controller::ControllerServiceImpl>(),
-                       sluice::v1::ControllerService::service_full_name());
+  controller::RunRegistryOptions registry_options;
+  controller::ServiceAddresses addresses;
+  std::string advertise_address;
+  CLI::App& app = main.app();
+  app.add_option("--runs-dir", registry_options.runs_dir,
+                 "where each run's files go (<runs-dir>/<run-id>/spec.json, metrics.jsonl, "
+                 "evals.jsonl, summary.json)")
+      ->capture_default_str();
+  app.add_option("--trainer-address", addresses.trainer, "trainer HOST:PORT")
+      ->type_name("HOST:PORT");
+  app.add_option("--replay-buffer-address", addresses.replay_buffer, "replay buffer HOST:PORT")
+      ->type_name("HOST:PORT");
+  app.add_option("--reward-server-address", addresses.reward_server, "reward server HOST:PORT")
+      ->type_name("HOST:PORT");
+  app.add_option("--rollout-worker-addresses", addresses.rollout_workers,
+                 "rollout workers, comma-separated HOST:PORT list")
+      ->delimiter(',')
+      ->type_name("HOST:PORT,...");
+  app.add_option("--advertise-address", advertise_address,
+                 "how the other services reach this controller; default 127.0.0.1:<bound port> "
+                 "when listening on a wildcard or loopback address, else the listen host")
+      ->type_name("HOST:PORT");
+
+  // Outlive the server: WatchRun handlers and driver threads use them until
+  // the server has stopped.
+  std::unique_ptr<controller::ControllerMetrics> metrics;
+  std::unique_ptr<controller::RunRegistry> registry;
+  std::shared_ptr<controller::ControllerServiceImpl> service;
+  const int code = main.Run(argc, argv, [&](ServiceContext& context) {
+    metrics = std::make_unique<controller::ControllerMetrics>(context.metrics_registry());
+    registry = std::make_unique<controller::RunRegistry>(
+        registry_options, controller::MakeGrpcServiceClients(addresses), metrics.get());
+    service = std::make_shared<controller::ControllerServiceImpl>(registry.get());
+    context.AddService(service, sluice::v1::ControllerService::service_full_name());
+    const std::string listen_address = context.options().listen_address;
+    context.OnStarted([&, listen_address](int port) {
+      const std::string address = advertise_address.empty()
+                                      ? DefaultAdvertiseAddress(listen_address, port)
+                                      : advertise_address;
+      registry->SetControllerAddress(address);
+      sluice::log::Info(
+          "controller ready",
+          {{"advertise_address", address},
+           {"runs_dir", registry_options.runs_dir},
+           {"trainer", addresses.trainer.empty() ? "-" : addresses.trainer},
+           {"replay_buffer", addresses.replay_buffer.empty() ? "-" : addresses.replay_buffer},
+           {"reward_server", addresses.reward_server.empty() ? "-" : addresses.reward_server},
+           {"rollout_workers", static_cast<int64_t>(addresses.rollout_workers.size())}});
+    });
+    // Fail the active runs (their watchers end with that snapshot), then let
+    // their threads stop the trainer and workers before the server drains:
+    // nothing of a run outlives the server and its metrics registry.
+    context.OnShutdown([&] {
+      service->BeginShutdown();
+      registry->Shutdown();
+    });
     return absl::OkStatus();
   });
+  return code;
 }

@@ -187,6 +187,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus("", true);
   for (const auto& [service, name] : context.services()) health->SetServingStatus(name, true);
+  for (const auto& callback : context.started_callbacks()) callback(grpc_port);
 
   const std::string dial_host = DialHost(listen.host);
   const std::string grpc_address = absl::StrCat(dial_host, ":", grpc_port);

@@ -57,8 +57,18 @@ class ServiceContext {
     shutdown_callbacks_.push_back(std::move(callback));
   }
 
+  // Runs once the gRPC server is up and SERVING, before the ready fd is
+  // written, with the port it bound (what --listen-address port 0 picked):
+  // the place for a service that must tell others its own address.
+  void OnStarted(std::function<void(int bound_port)> callback) {
+    started_callbacks_.push_back(std::move(callback));
+  }
+
   const std::vector<std::pair<std::shared_ptr<grpc::Service>, std::string>>& services() const {
     return services_;
+  }
+  const std::vector<std::function<void(int)>>& started_callbacks() const {
+    return started_callbacks_;
   }
   const std::vector<std::function<void()>>& shutdown_callbacks() const {
     return shutdown_callbacks_;
@@ -69,6 +79,7 @@ class ServiceContext {
   prometheus::Registry& registry_;
   std::vector<std::pair<std::shared_ptr<grpc::Service>, std::string>> services_;
   std::vector<std::function<void()>> shutdown_callbacks_;
+  std::vector<std::function<void(int)>> started_callbacks_;
 };
 
 // The main() of every Sluice service: flags and YAML config, validation,

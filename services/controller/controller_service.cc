@@ -1,0 +1,136 @@
+#include "services/controller/controller_service.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/runtime/grpc_status.h"
+
+namespace sluice::controller {
+namespace {
+
+using runtime::ToGrpcStatus;
+
+constexpr int64_t kDefaultWatchIntervalMs = 1000;
+
+}  // namespace
+
+ControllerServiceImpl::ControllerServiceImpl(RunRegistry* registry,
+                                             absl::Duration watch_poll_interval)
+    : registry_(registry), watch_poll_interval_(watch_poll_interval) {}
+
+void ControllerServiceImpl::BeginShutdown() {
+  // Runs first: a watcher that sees the flag then also sees its run FAILED
+  // and ends with that snapshot.
+  registry_->BeginShutdown();
+  shutting_down_ = true;
+}
+
+grpc::Status ControllerServiceImpl::SubmitRun(grpc::ServerContext*,
+                                              const v1::SubmitRunRequest* request,
+                                              v1::SubmitRunResponse* response) {
+  absl::StatusOr<v1::Run> run = registry_->Submit(*request);
+  if (!run.ok()) return ToGrpcStatus(run.status());
+  *response->mutable_run() = std::move(*run);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::GetRun(grpc::ServerContext*, const v1::GetRunRequest* request,
+                                           v1::GetRunResponse* response) {
+  absl::StatusOr<v1::Run> run = registry_->Get(request->run_id());
+  if (!run.ok()) return ToGrpcStatus(run.status());
+  *response->mutable_run() = std::move(*run);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::WatchRun(grpc::ServerContext* context,
+                                             const v1::WatchRunRequest* request,
+                                             grpc::ServerWriter<v1::RunUpdate>* writer) {
+  if (request->min_interval_ms() < 0) {
+    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+        "min_interval_ms: must be >= 0 (0 = default 1000), got ", request->min_interval_ms())));
+  }
+  absl::StatusOr<std::shared_ptr<RunDriver>> found = registry_->Find(request->run_id());
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  const std::shared_ptr<RunDriver> driver = std::move(*found);
+  const absl::Duration min_interval = absl::Milliseconds(
+      request->min_interval_ms() == 0 ? kDefaultWatchIntervalMs : request->min_interval_ms());
+
+  int64_t sequence = 0;
+  // Set once shutdown was seen before taking a snapshot: that snapshot is the
+  // last (runs are failed before the flag is set, so it is normally terminal).
+  bool shutdown_seen = false;
+  while (true) {
+    RunDriver::Snapshot snapshot = driver->Get();
+    const v1::RunState state = snapshot.run.state();
+    v1::RunUpdate update;
+    *update.mutable_run() = std::move(snapshot.run);
+    update.set_sequence(sequence++);
+    if (!writer->Write(update)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
+    }
+    if (IsTerminal(state)) return grpc::Status::OK;
+    if (shutdown_seen) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the controller is shutting down");
+    }
+    const absl::Time sent_at = absl::Now();
+    // Poll in short slices so that a departed client or a shutdown is noticed.
+    while (!driver->AwaitUpdate(snapshot.generation, state, sent_at + min_interval,
+                                absl::Now() + watch_poll_interval_)) {
+      if (context->IsCancelled()) {
+        return grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away");
+      }
+      if (shutting_down_) break;
+    }
+    shutdown_seen = shutting_down_;
+  }
+}
+
+grpc::Status ControllerServiceImpl::CancelRun(grpc::ServerContext*,
+                                              const v1::CancelRunRequest* request,
+                                              v1::CancelRunResponse* response) {
+  absl::StatusOr<v1::Run> run = registry_->Cancel(request->run_id(), request->reason());
+  if (!run.ok()) return ToGrpcStatus(run.status());
+  *response->mutable_run() = std::move(*run);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::ListRuns(grpc::ServerContext*,
+                                             const v1::ListRunsRequest* request,
+                                             v1::ListRunsResponse* response) {
+  absl::StatusOr<v1::ListRunsResponse> runs = registry_->List(*request);
+  if (!runs.ok()) return ToGrpcStatus(runs.status());
+  *response = std::move(*runs);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::LeasePrompts(grpc::ServerContext*,
+                                                 const v1::LeasePromptsRequest* request,
+                                                 v1::LeasePromptsResponse* response) {
+  absl::StatusOr<v1::LeasePromptsResponse> leased = registry_->LeasePrompts(*request);
+  if (!leased.ok()) return ToGrpcStatus(leased.status());
+  *response = std::move(*leased);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::ReportRolloutProgress(
+    grpc::ServerContext*, const v1::ReportRolloutProgressRequest* request,
+    v1::ReportRolloutProgressResponse* response) {
+  absl::StatusOr<v1::ReportRolloutProgressResponse> reported =
+      registry_->ReportRolloutProgress(*request);
+  if (!reported.ok()) return ToGrpcStatus(reported.status());
+  *response = std::move(*reported);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::ReportTrainerProgress(
+    grpc::ServerContext*, const v1::ReportTrainerProgressRequest* request,
+    v1::ReportTrainerProgressResponse* response) {
+  absl::StatusOr<v1::ReportTrainerProgressResponse> reported =
+      registry_->ReportTrainerProgress(*request);
+  if (!reported.ok()) return ToGrpcStatus(reported.status());
+  *response = std::move(*reported);
+  return grpc::Status::OK;
+}
+
+}  // namespace sluice::controller

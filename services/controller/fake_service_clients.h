@@ -1,0 +1,171 @@
+#ifndef SLUICE_SERVICES_CONTROLLER_FAKE_SERVICE_CLIENTS_H_
+#define SLUICE_SERVICES_CONTROLLER_FAKE_SERVICE_CLIENTS_H_
+
+// Test doubles of the services a controller drives (service_clients.h):
+// they record the last request of each kind, signal the first call through
+// an absl::Notification, and answer OK unless told otherwise. Test-only.
+
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "services/controller/service_clients.h"
+
+namespace sluice::controller::testing {
+
+class FakeClock {
+ public:
+  absl::Time Now() const {
+    absl::MutexLock lock(&mu_);
+    return now_;
+  }
+  void Advance(absl::Duration d) {
+    absl::MutexLock lock(&mu_);
+    now_ += d;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1767225600);  // 2026-01-01
+};
+
+class FakeTrainer : public TrainerClient {
+ public:
+  const std::string& address() const override { return address_; }
+  absl::Status StartTraining(const v1::StartTrainingRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    start_ = request;
+    if (!started.HasBeenNotified()) started.Notify();
+    return start_status_;
+  }
+  absl::Status StopTraining(const v1::StopTrainingRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    stop_ = request;
+    if (!stopped.HasBeenNotified()) stopped.Notify();
+    return absl::OkStatus();
+  }
+  void FailStart(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    start_status_ = std::move(status);
+  }
+  v1::StartTrainingRequest start_request() const {
+    absl::MutexLock lock(&mu_);
+    return start_;
+  }
+  v1::StopTrainingRequest stop_request() const {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  }
+
+  absl::Notification started;
+  absl::Notification stopped;
+
+ private:
+  const std::string address_ = "trainer:1";
+  mutable absl::Mutex mu_;
+  absl::Status start_status_ ABSL_GUARDED_BY(mu_);
+  v1::StartTrainingRequest start_ ABSL_GUARDED_BY(mu_);
+  v1::StopTrainingRequest stop_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeWorker : public RolloutWorkerClient {
+ public:
+  const std::string& address() const override { return address_; }
+  absl::Status StartRollouts(const v1::StartRolloutsRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    start_ = request;
+    if (!started.HasBeenNotified()) started.Notify();
+    return absl::OkStatus();
+  }
+  absl::Status StopRollouts(const v1::StopRolloutsRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    stop_ = request;
+    if (!stopped.HasBeenNotified()) stopped.Notify();
+    return absl::OkStatus();
+  }
+  v1::StartRolloutsRequest start_request() const {
+    absl::MutexLock lock(&mu_);
+    return start_;
+  }
+  v1::StopRolloutsRequest stop_request() const {
+    absl::MutexLock lock(&mu_);
+    return stop_;
+  }
+
+  absl::Notification started;
+  absl::Notification stopped;
+
+ private:
+  const std::string address_ = "worker:1";
+  mutable absl::Mutex mu_;
+  v1::StartRolloutsRequest start_ ABSL_GUARDED_BY(mu_);
+  v1::StopRolloutsRequest stop_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeBuffer : public ReplayBufferClient {
+ public:
+  const std::string& address() const override { return address_; }
+  absl::Status ConfigureRun(const v1::ConfigureRunRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    configure_ = request;
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) override {
+    v1::BufferStats stats;
+    stats.set_run_id(run_id);
+    v1::EvictionCount* stale = stats.add_evictions();
+    stale->set_reason(v1::EVICTION_REASON_STALE);
+    stale->set_groups(3);
+    v1::EvictionCount* sampled = stats.add_evictions();
+    sampled->set_reason(v1::EVICTION_REASON_MAX_TIMES_SAMPLED);
+    sampled->set_groups(6);
+    return stats;
+  }
+  v1::ConfigureRunRequest configure_request() const {
+    absl::MutexLock lock(&mu_);
+    return configure_;
+  }
+
+ private:
+  const std::string address_ = "buffer:1";
+  mutable absl::Mutex mu_;
+  v1::ConfigureRunRequest configure_ ABSL_GUARDED_BY(mu_);
+};
+
+// Healthy unless told otherwise; counts checks per address.
+class FakeHealth : public HealthChecker {
+ public:
+  absl::Status Check(const std::string& address) override {
+    absl::MutexLock lock(&mu_);
+    const int call = ++calls_[address];
+    auto it = failures_.find(address);
+    if (it == failures_.end()) return absl::OkStatus();
+    if (it->second.first < 0 || call <= it->second.first) return it->second.second;
+    return absl::OkStatus();
+  }
+  // The first `times` checks of `address` fail (-1: all of them).
+  void Fail(const std::string& address, int times, absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    failures_[address] = {times, std::move(status)};
+  }
+  bool AwaitCalls(const std::string& address, int calls, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return calls_[address] >= calls;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, int> calls_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::pair<int, absl::Status>> failures_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sluice::controller::testing
+
+#endif  // SLUICE_SERVICES_CONTROLLER_FAKE_SERVICE_CLIENTS_H_

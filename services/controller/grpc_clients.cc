@@ -1,0 +1,167 @@
+#include "services/controller/grpc_clients.h"
+
+#include <chrono>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "services/runtime/grpc_status.h"
+#include "sluice/v1/replay_buffer.grpc.pb.h"
+#include "sluice/v1/rollout_worker.grpc.pb.h"
+#include "sluice/v1/trainer.grpc.pb.h"
+
+namespace sluice::controller {
+namespace {
+
+std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+}
+
+class GrpcTrainerClient final : public TrainerClient {
+ public:
+  GrpcTrainerClient(std::string address, absl::Duration timeout)
+      : address_(std::move(address)),
+        timeout_(timeout),
+        stub_(v1::TrainerService::NewStub(Channel(address_))) {}
+  const std::string& address() const override { return address_; }
+  absl::Status StartTraining(const v1::StartTrainingRequest& request) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::StartTrainingResponse response;
+    return runtime::FromGrpcStatus(stub_->StartTraining(&context, request, &response));
+  }
+  absl::Status StopTraining(const v1::StopTrainingRequest& request) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::StopTrainingResponse response;
+    return runtime::FromGrpcStatus(stub_->StopTraining(&context, request, &response));
+  }
+
+ private:
+  const std::string address_;
+  const absl::Duration timeout_;
+  const std::unique_ptr<v1::TrainerService::Stub> stub_;
+};
+
+class GrpcRolloutWorkerClient final : public RolloutWorkerClient {
+ public:
+  GrpcRolloutWorkerClient(std::string address, absl::Duration timeout)
+      : address_(std::move(address)),
+        timeout_(timeout),
+        stub_(v1::RolloutWorkerService::NewStub(Channel(address_))) {}
+  const std::string& address() const override { return address_; }
+  absl::Status StartRollouts(const v1::StartRolloutsRequest& request) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::StartRolloutsResponse response;
+    return runtime::FromGrpcStatus(stub_->StartRollouts(&context, request, &response));
+  }
+  absl::Status StopRollouts(const v1::StopRolloutsRequest& request) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_ + absl::Milliseconds(request.timeout_ms()));
+    v1::StopRolloutsResponse response;
+    return runtime::FromGrpcStatus(stub_->StopRollouts(&context, request, &response));
+  }
+
+ private:
+  const std::string address_;
+  const absl::Duration timeout_;
+  const std::unique_ptr<v1::RolloutWorkerService::Stub> stub_;
+};
+
+class GrpcReplayBufferClient final : public ReplayBufferClient {
+ public:
+  GrpcReplayBufferClient(std::string address, absl::Duration timeout)
+      : address_(std::move(address)),
+        timeout_(timeout),
+        stub_(v1::ReplayBufferService::NewStub(Channel(address_))) {}
+  const std::string& address() const override { return address_; }
+  absl::Status ConfigureRun(const v1::ConfigureRunRequest& request) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::ConfigureRunResponse response;
+    return runtime::FromGrpcStatus(stub_->ConfigureRun(&context, request, &response));
+  }
+  absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::GetStatsRequest request;
+    request.set_run_id(run_id);
+    v1::GetStatsResponse response;
+    const grpc::Status status = stub_->GetStats(&context, request, &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    return std::move(*response.mutable_stats());
+  }
+
+ private:
+  const std::string address_;
+  const absl::Duration timeout_;
+  const std::unique_ptr<v1::ReplayBufferService::Stub> stub_;
+};
+
+// Keeps one channel per address: a check every second must not open a new
+// connection every second.
+class GrpcHealthChecker final : public HealthChecker {
+ public:
+  explicit GrpcHealthChecker(absl::Duration timeout) : timeout_(timeout) {}
+  absl::Status Check(const std::string& address) override {
+    grpc::health::v1::Health::Stub* stub = StubFor(address);
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    grpc::health::v1::HealthCheckRequest request;
+    grpc::health::v1::HealthCheckResponse response;
+    const grpc::Status status = stub->Check(&context, request, &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+      return absl::UnavailableError(absl::StrCat(
+          "health is ",
+          grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  grpc::health::v1::Health::Stub* StubFor(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    std::unique_ptr<grpc::health::v1::Health::Stub>& stub = stubs_[address];
+    if (stub == nullptr) stub = grpc::health::v1::Health::NewStub(Channel(address));
+    return stub.get();
+  }
+
+  const absl::Duration timeout_;
+  absl::Mutex mu_;
+  // Never erased, so the raw pointers handed out stay valid.
+  absl::flat_hash_map<std::string, std::unique_ptr<grpc::health::v1::Health::Stub>> stubs_
+      ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+ServiceClients MakeGrpcServiceClients(const ServiceAddresses& addresses,
+                                      absl::Duration call_timeout, absl::Duration health_timeout) {
+  ServiceClients clients;
+  if (!addresses.trainer.empty()) {
+    clients.trainer = std::make_shared<GrpcTrainerClient>(addresses.trainer, call_timeout);
+  }
+  if (!addresses.replay_buffer.empty()) {
+    clients.replay_buffer =
+        std::make_shared<GrpcReplayBufferClient>(addresses.replay_buffer, call_timeout);
+  }
+  for (const std::string& address : addresses.rollout_workers) {
+    if (address.empty()) continue;
+    clients.rollout_workers.push_back(
+        std::make_shared<GrpcRolloutWorkerClient>(address, call_timeout));
+  }
+  clients.reward_server_address = addresses.reward_server;
+  clients.health = std::make_shared<GrpcHealthChecker>(health_timeout);
+  return clients;
+}
+
+}  // namespace sluice::controller

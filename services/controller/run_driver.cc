@@ -1,0 +1,649 @@
+#include "services/controller/run_driver.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "services/controller/run_spec.h"
+
+namespace sluice::controller {
+namespace {
+
+constexpr int kFinalRewardSteps = 10;
+
+double Seconds(absl::Duration duration) { return absl::ToDoubleSeconds(duration); }
+
+// "trainer (127.0.0.1:5) is unreachable: ..." for transport failures, else
+// "trainer (127.0.0.1:5) refused StartTraining: ...".
+std::string CallFailure(absl::string_view service, absl::string_view address,
+                        absl::string_view method, const absl::Status& status) {
+  if (status.code() == absl::StatusCode::kUnavailable ||
+      status.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::StrCat(service, " (", address, ") is unreachable: ", status.message());
+  }
+  std::string failure = absl::StrCat(service, " (", address, ") refused ", method, ": ",
+                                     absl::StatusCodeToString(status.code()));
+  if (!status.message().empty()) absl::StrAppend(&failure, ": ", status.message());
+  return failure;
+}
+
+}  // namespace
+
+void SetTimestamp(absl::Time time, google::protobuf::Timestamp* timestamp) {
+  const int64_t nanos = absl::ToUnixNanos(time);
+  int64_t seconds = nanos / 1000000000;
+  int64_t remainder = nanos % 1000000000;
+  if (remainder < 0) {
+    remainder += 1000000000;
+    --seconds;
+  }
+  timestamp->set_seconds(seconds);
+  timestamp->set_nanos(static_cast<int32_t>(remainder));
+}
+
+bool IsTerminal(v1::RunState state) {
+  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED ||
+         state == v1::RUN_STATE_CANCELLED;
+}
+
+RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
+                     v1::ServiceEndpoints endpoints, RunDriverOptions options,
+                     RunObserver* observer)
+    : run_id_(run.run_id()),
+      spec_(run.spec()),
+      files_(std::move(files)),
+      clients_(std::move(clients)),
+      endpoints_(std::move(endpoints)),
+      options_(std::move(options)),
+      observer_(observer) {
+  const size_t wanted = static_cast<size_t>(std::max(1, spec_.rollout().num_workers()));
+  for (size_t i = 0; i < clients_.rollout_workers.size() && i < wanted; ++i) {
+    workers_.push_back(clients_.rollout_workers[i]);
+  }
+  if (clients_.trainer) health_targets_.push_back({"trainer", clients_.trainer->address()});
+  if (clients_.replay_buffer) {
+    health_targets_.push_back({"replay_buffer", clients_.replay_buffer->address()});
+  }
+  if (!clients_.reward_server_address.empty()) {
+    health_targets_.push_back({"reward_server", clients_.reward_server_address});
+  }
+  for (const auto& worker : workers_) {
+    health_targets_.push_back({"rollout_worker", worker->address()});
+  }
+
+  absl::MutexLock lock(&mu_);
+  run_ = std::move(run);
+  run_.set_state(v1::RUN_STATE_PENDING);
+  created_at_ = absl::FromUnixSeconds(run_.created_at().seconds()) +
+                absl::Nanoseconds(run_.created_at().nanos());
+  *run_.mutable_updated_at() = run_.created_at();
+  v1::RunProgress& progress = *run_.mutable_progress();
+  progress.set_total_steps(spec_.algorithm().total_steps());
+  progress.set_phase("starting services");
+  v1::RunSummary& summary = *run_.mutable_summary();
+  summary.set_run_id(run_id_);
+  summary.set_state(v1::RunState_Name(v1::RUN_STATE_PENDING));
+  summary.set_eta(spec_.algorithm().max_staleness());
+}
+
+RunDriver::~RunDriver() { Shutdown("the controller shut down while the run was active"); }
+
+void RunDriver::Start() {
+  thread_ = std::thread([this] { Main(); });
+}
+
+absl::Time RunDriver::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+
+bool RunDriver::Terminal() const {
+  absl::MutexLock lock(&mu_);
+  return IsTerminal(run_.state());
+}
+
+bool RunDriver::WakeDriver() const { return IsTerminal(run_.state()) || finish_requested_; }
+
+void RunDriver::Main() {
+  if (StartServices()) Watch();
+  bool succeeded = false;
+  {
+    absl::MutexLock lock(&mu_);
+    succeeded = run_.state() == v1::RUN_STATE_SUCCEEDED;
+  }
+  if (!succeeded) StopServices();
+  absl::MutexLock lock(&mu_);
+  thread_exited_ = true;
+}
+
+bool RunDriver::StartServices() {
+  absl::StatusOr<std::vector<v1::Prompt>> prompts =
+      options_.prompt_source ? options_.prompt_source(spec_) : BuildTrainingPrompts(spec_);
+  if (prompts.ok() && prompts->empty()) {
+    prompts = absl::FailedPreconditionError("the task has no training prompts");
+  }
+  if (!prompts.ok()) {
+    Fail(absl::StrCat("task: ", prompts.status().message()));
+    return false;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    feed_ = std::make_shared<PromptFeed>(std::move(*prompts), spec_.seed(), options_.lease_ttl);
+  }
+
+  if (Terminal()) return false;
+  v1::ConfigureRunRequest configure;
+  configure.set_run_id(run_id_);
+  *configure.mutable_config() = spec_.buffer();
+  configure.set_batch_size_groups(spec_.algorithm().batch_size_groups());
+  configure.set_max_staleness(spec_.algorithm().max_staleness());
+  configure.set_group_size(spec_.algorithm().group_size());
+  configure.set_initial_policy_version(0);
+  if (absl::Status status = clients_.replay_buffer->ConfigureRun(configure); !status.ok()) {
+    Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
+    return false;
+  }
+
+  if (Terminal()) return false;
+  v1::StartTrainingRequest start_training;
+  start_training.set_run_id(run_id_);
+  *start_training.mutable_spec() = spec_;
+  *start_training.mutable_endpoints() = endpoints_;
+  trainer_started_ = true;  // Even a failed call may have started it.
+  if (absl::Status status = clients_.trainer->StartTraining(start_training); !status.ok()) {
+    Fail(CallFailure("trainer", clients_.trainer->address(), "StartTraining", status));
+    return false;
+  }
+
+  v1::StartRolloutsRequest start_rollouts;
+  start_rollouts.set_run_id(run_id_);
+  *start_rollouts.mutable_spec() = spec_;
+  *start_rollouts.mutable_endpoints() = endpoints_;
+  for (const auto& worker : workers_) {
+    if (Terminal()) return false;
+    ++workers_started_;
+    if (absl::Status status = worker->StartRollouts(start_rollouts); !status.ok()) {
+      Fail(CallFailure("rollout_worker", worker->address(), "StartRollouts", status));
+      return false;
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (run_.state() == v1::RUN_STATE_PENDING && run_.progress().phase() == "starting services") {
+    run_.mutable_progress()->set_phase("loading model");
+    TouchLocked();
+  }
+  return !IsTerminal(run_.state());
+}
+
+void RunDriver::Watch() {
+  absl::Time next_check = absl::Now() + options_.health_check_interval;
+  while (true) {
+    bool terminal = false;
+    bool finish = false;
+    {
+      absl::MutexLock lock(&mu_);
+      mu_.AwaitWithDeadline(absl::Condition(this, &RunDriver::WakeDriver), next_check);
+      terminal = IsTerminal(run_.state());
+      finish = finish_requested_;
+    }
+    if (terminal) return;
+    if (finish) {
+      Finish();
+      return;
+    }
+    if (absl::Now() >= next_check) {
+      CheckHealth();
+      RefreshBufferStats();
+      next_check = absl::Now() + options_.health_check_interval;
+    }
+  }
+}
+
+void RunDriver::CheckHealth() {
+  if (!clients_.health) return;
+  for (HealthTarget& target : health_targets_) {
+    if (Terminal()) return;
+    const absl::Status status = clients_.health->Check(target.address);
+    if (status.ok()) {
+      target.consecutive_failures = 0;
+      continue;
+    }
+    ++target.consecutive_failures;
+    log::Warning("health check failed", {{"run_id", run_id_},
+                                         {"service", target.name},
+                                         {"address", target.address},
+                                         {"consecutive_failures", target.consecutive_failures},
+                                         {"error", std::string(status.message())}});
+    if (target.consecutive_failures >= options_.health_check_failures) {
+      Fail(absl::StrCat(target.name, " (", target.address, ") is unreachable: ", status.message()));
+      return;
+    }
+  }
+}
+
+void RunDriver::RefreshBufferStats() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_.state() != v1::RUN_STATE_TRAINING && run_.state() != v1::RUN_STATE_EVALUATING) return;
+  }
+  absl::StatusOr<v1::BufferStats> stats = clients_.replay_buffer->GetStats(run_id_);
+  if (!stats.ok()) return;  // Not fatal; the health check judges reachability.
+  int64_t evicted = 0;
+  for (const v1::EvictionCount& count : stats->evictions()) {
+    if (count.reason() == v1::EVICTION_REASON_STALE ||
+        count.reason() == v1::EVICTION_REASON_CAPACITY) {
+      evicted += count.groups();
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  if (IsTerminal(run_.state()) || run_.progress().groups_evicted() == evicted) return;
+  run_.mutable_progress()->set_groups_evicted(evicted);
+  TouchLocked();
+}
+
+void RunDriver::Finish() {
+  std::shared_ptr<PromptFeed> feed;
+  {
+    absl::MutexLock lock(&mu_);
+    feed = feed_;
+  }
+  if (feed) feed->MarkDone();
+  v1::StopRolloutsRequest stop;
+  stop.set_run_id(run_id_);
+  stop.set_mode(v1::STOP_MODE_ABORT);
+  for (const auto& worker : workers_) {
+    if (absl::Status status = worker->StopRollouts(stop); !status.ok()) {
+      log::Warning(
+          "cannot stop rollouts",
+          {{"run_id", run_id_}, {"address", worker->address()}, {"error", status.ToString()}});
+    }
+  }
+  absl::StatusOr<v1::BufferStats> stats = clients_.replay_buffer->GetStats(run_id_);
+  if (!stats.ok()) {
+    log::Warning("cannot read replay buffer statistics",
+                 {{"run_id", run_id_}, {"error", stats.status().ToString()}});
+  }
+  absl::MutexLock lock(&mu_);
+  if (stats.ok()) {
+    int64_t stale = 0;
+    int64_t evicted = 0;
+    for (const v1::EvictionCount& count : stats->evictions()) {
+      if (count.reason() == v1::EVICTION_REASON_STALE) stale += count.groups();
+      if (count.reason() == v1::EVICTION_REASON_STALE ||
+          count.reason() == v1::EVICTION_REASON_CAPACITY) {
+        evicted += count.groups();
+      }
+    }
+    run_.mutable_summary()->set_groups_evicted_stale(stale);
+    run_.mutable_progress()->set_groups_evicted(evicted);
+  }
+  TransitionLocked(v1::RUN_STATE_SUCCEEDED, "");
+}
+
+void RunDriver::StopServices() {
+  v1::StopRolloutsRequest stop_rollouts;
+  stop_rollouts.set_run_id(run_id_);
+  stop_rollouts.set_mode(v1::STOP_MODE_ABORT);
+  for (size_t i = 0; i < workers_started_ && i < workers_.size(); ++i) {
+    if (absl::Status status = workers_[i]->StopRollouts(stop_rollouts); !status.ok()) {
+      log::Warning(
+          "cannot stop rollouts",
+          {{"run_id", run_id_}, {"address", workers_[i]->address()}, {"error", status.ToString()}});
+    }
+  }
+  if (trainer_started_) {
+    v1::StopTrainingRequest stop_training;
+    stop_training.set_run_id(run_id_);
+    stop_training.set_checkpoint(!spec_.checkpoint().dir().empty());
+    if (absl::Status status = clients_.trainer->StopTraining(stop_training); !status.ok()) {
+      log::Warning("cannot stop training", {{"run_id", run_id_},
+                                            {"address", clients_.trainer->address()},
+                                            {"error", status.ToString()}});
+    }
+  }
+}
+
+void RunDriver::Fail(const std::string& message) {
+  absl::MutexLock lock(&mu_);
+  if (TransitionLocked(v1::RUN_STATE_FAILED, message)) {
+    log::Error("run failed", {{"run_id", run_id_}, {"error", message}});
+  }
+}
+
+v1::Run RunDriver::Cancel(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  if (TransitionLocked(v1::RUN_STATE_CANCELLED, reason.empty() ? "cancelled by user" : reason)) {
+    log::Info("run cancelled", {{"run_id", run_id_}, {"reason", run_.error_message()}});
+  }
+  v1::Run run = run_;
+  FillLiveFiguresLocked(&run, Now());
+  return run;
+}
+
+void RunDriver::BeginShutdown(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  TransitionLocked(v1::RUN_STATE_FAILED, reason);
+  shut_down_ = true;
+}
+
+void RunDriver::Shutdown(const std::string& reason) {
+  BeginShutdown(reason);
+  if (thread_.joinable()) thread_.join();
+}
+
+bool RunDriver::WaitUntilStopped(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  return mu_.AwaitWithTimeout(absl::Condition(&thread_exited_), timeout);
+}
+
+bool RunDriver::TransitionLocked(v1::RunState state, const std::string& error) {
+  if (IsTerminal(run_.state())) return false;
+  const absl::Time now = Now();
+  if (run_.state() == v1::RUN_STATE_PENDING && state != v1::RUN_STATE_PENDING) {
+    left_pending_at_ = now;
+  }
+  if (state == v1::RUN_STATE_WARM_START && run_.state() != v1::RUN_STATE_WARM_START) {
+    warm_start_started_at_ = now;
+  }
+  if (state == v1::RUN_STATE_TRAINING && rl_started_at_ == absl::InfinitePast()) {
+    rl_started_at_ = now;
+  }
+  run_.set_state(state);
+  v1::RunSummary& summary = *run_.mutable_summary();
+  summary.set_state(v1::RunState_Name(state));
+  if (IsTerminal(state)) {
+    finished_at_ = now;
+    SetTimestamp(now, run_.mutable_finished_at());
+    run_.set_error_message(error);
+    summary.set_error_message(error);
+    summary.set_wall_seconds(Seconds(now - created_at_));
+    v1::RunProgress& progress = *run_.mutable_progress();
+    if (left_pending_at_ != absl::InfinitePast()) {
+      progress.set_elapsed_seconds(Seconds(now - left_pending_at_));
+    }
+    progress.set_generated_tokens_per_second(0);
+    progress.set_phase(state == v1::RUN_STATE_SUCCEEDED ? "done"
+                       : state == v1::RUN_STATE_FAILED  ? "failed"
+                                                        : "cancelled");
+    if (feed_) feed_->MarkDone();
+    if (absl::Status written = files_.WriteSummary(summary); !written.ok()) {
+      log::Warning("cannot write summary.json",
+                   {{"run_id", run_id_}, {"error", std::string(written.message())}});
+    }
+  }
+  log::Info("run state", {{"run_id", run_id_}, {"state", v1::RunState_Name(state)}});
+  TouchLocked();
+  return true;
+}
+
+void RunDriver::TouchLocked() {
+  ++generation_;
+  SetTimestamp(Now(), run_.mutable_updated_at());
+  if (observer_ != nullptr) observer_->OnRunUpdated(run_);
+}
+
+double RunDriver::TokensPerSecondLocked(absl::Time now) const {
+  const absl::Time since = now - options_.throughput_window;
+  int64_t tokens = 0;
+  for (const auto& [time, count] : token_reports_) {
+    if (time > since && time <= now) tokens += count;
+  }
+  const double window = Seconds(options_.throughput_window);
+  return window > 0 ? static_cast<double>(tokens) / window : 0;
+}
+
+void RunDriver::FillLiveFiguresLocked(v1::Run* run, absl::Time now) const {
+  if (IsTerminal(run->state())) return;  // Frozen at the transition.
+  v1::RunProgress& progress = *run->mutable_progress();
+  progress.set_generated_tokens_per_second(TokensPerSecondLocked(now));
+  if (left_pending_at_ != absl::InfinitePast()) {
+    progress.set_elapsed_seconds(Seconds(now - left_pending_at_));
+  }
+  run->mutable_summary()->set_wall_seconds(Seconds(now - created_at_));
+}
+
+RunDriver::Snapshot RunDriver::Get() const {
+  absl::MutexLock lock(&mu_);
+  Snapshot snapshot{run_, generation_};
+  FillLiveFiguresLocked(&snapshot.run, Now());
+  return snapshot;
+}
+
+bool RunDriver::AwaitUpdate(int64_t seen_generation, v1::RunState seen_state,
+                            absl::Time progress_not_before, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  const auto state_changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return run_.state() != seen_state || shut_down_;
+  };
+  const auto anything_changed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_changed() || generation_ != seen_generation;
+  };
+  // Progress is coalesced until progress_not_before; a state change is not.
+  if (absl::Now() < progress_not_before &&
+      mu_.AwaitWithDeadline(absl::Condition(&state_changed),
+                            std::min(progress_not_before, deadline))) {
+    return true;
+  }
+  if (absl::Now() >= deadline) return state_changed();
+  return mu_.AwaitWithDeadline(absl::Condition(&anything_changed), deadline);
+}
+
+v1::LeasePromptsResponse RunDriver::LeasePrompts(const v1::LeasePromptsRequest& request) {
+  v1::LeasePromptsResponse response;
+  std::shared_ptr<PromptFeed> feed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (IsTerminal(run_.state())) {
+      response.set_run_done(true);
+      return response;
+    }
+    if (run_.state() == v1::RUN_STATE_TRAINING) feed = feed_;
+  }
+  if (feed == nullptr) {
+    response.set_retry_after_ms(absl::ToInt64Milliseconds(options_.lease_retry_after));
+    return response;
+  }
+  const absl::Time now = Now();
+  feed->ObserveWorker(request.worker_id(), request.worker_incarnation());
+  PromptLease lease =
+      feed->Lease(request.worker_id(), request.worker_incarnation(), request.max_prompts(), now);
+  if (lease.prompts.empty()) {
+    if (feed->done()) {
+      response.set_run_done(true);
+    } else {
+      response.set_retry_after_ms(absl::ToInt64Milliseconds(options_.lease_retry_after));
+    }
+    return response;
+  }
+  for (v1::Prompt& prompt : lease.prompts) *response.add_prompts() = std::move(prompt);
+  response.set_lease_id(lease.lease_id);
+  SetTimestamp(lease.expires_at, response.mutable_lease_expires_at());
+  response.set_lease_ttl_ms(absl::ToInt64Milliseconds(feed->lease_ttl()));
+  return response;
+}
+
+v1::ReportRolloutProgressResponse RunDriver::ReportRolloutProgress(
+    const v1::ReportRolloutProgressRequest& request) {
+  v1::ReportRolloutProgressResponse response;
+  const absl::Time now = Now();
+  absl::MutexLock lock(&mu_);
+  if (IsTerminal(run_.state())) {
+    response.set_run_done(true);
+    return response;
+  }
+  if (feed_) {
+    feed_->ObserveWorker(request.worker_id(), request.worker_incarnation());
+    const std::vector<std::string> completed(request.completed_prompt_ids().begin(),
+                                             request.completed_prompt_ids().end());
+    feed_->Complete(completed);
+    const std::vector<std::string> abandoned(request.abandoned_prompt_ids().begin(),
+                                             request.abandoned_prompt_ids().end());
+    feed_->Abandon(abandoned);
+    absl::Time expires_at = now + feed_->lease_ttl();
+    for (const std::string& lease_id : request.renew_lease_ids()) {
+      absl::StatusOr<absl::Time> renewed = feed_->Renew(lease_id, now);
+      if (renewed.ok()) expires_at = *renewed;
+    }
+    SetTimestamp(expires_at, response.mutable_lease_expires_at());
+    response.set_lease_ttl_ms(absl::ToInt64Milliseconds(feed_->lease_ttl()));
+    response.set_run_done(feed_->done());
+  }
+  const int64_t tokens = std::max<int64_t>(0, request.tokens_generated());
+  const int64_t groups = std::max<int64_t>(0, request.groups_inserted());
+  if (tokens > 0 || groups > 0) {
+    if (tokens > 0) {
+      token_reports_.emplace_back(now, tokens);
+      while (!token_reports_.empty() &&
+             token_reports_.front().first <= now - options_.throughput_window) {
+        token_reports_.pop_front();
+      }
+    }
+    v1::RunSummary& summary = *run_.mutable_summary();
+    summary.set_tokens_generated(summary.tokens_generated() + tokens);
+    summary.set_groups_generated(summary.groups_generated() + groups);
+    run_.mutable_progress()->set_groups_generated(summary.groups_generated());
+    TouchLocked();
+  }
+  return response;
+}
+
+void RunDriver::NotePolicyVersionLocked(int64_t version) {
+  if (version <= max_policy_version_) return;
+  max_policy_version_ = version;
+  run_.mutable_progress()->set_policy_version(version);
+  run_.mutable_summary()->set_weight_versions(version + 1);
+}
+
+void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
+  v1::RunSummary& summary = *run_.mutable_summary();
+  v1::RunProgress& progress = *run_.mutable_progress();
+  *summary.add_evals() = eval;
+  progress.set_latest_eval_accuracy(eval.accuracy());
+  progress.set_latest_eval_step(eval.step());
+  if (eval.phase() == "before") summary.set_eval_before(eval.accuracy());
+  if (eval.phase() == "after") summary.set_eval_after(eval.accuracy());
+  if (eval.phase() == "warm_start") summary.set_warm_start_accuracy(eval.accuracy());
+  if (absl::Status written = files_.AppendEval(eval); !written.ok()) {
+    log::Warning("cannot append to evals.jsonl",
+                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
+  }
+}
+
+void RunDriver::ApplyStepLocked(v1::TrainingStepMetrics step) {
+  if (step.step() <= last_step_) return;  // A repeated report.
+  const absl::Time now = Now();
+  last_step_ = step.step();
+  step.set_rollout_tokens_per_second(TokensPerSecondLocked(now));
+  NotePolicyVersionLocked(step.policy_version());
+
+  v1::RunProgress& progress = *run_.mutable_progress();
+  progress.set_step(step.step());
+  progress.set_reward_mean(step.reward_mean());
+  progress.set_pass_rate(step.pass_rate());
+  progress.set_staleness_mean(step.staleness_mean());
+  progress.set_staleness_max(step.staleness_max());
+  progress.set_trained_tokens_per_second(step.trainer_tokens_per_second());
+  progress.set_loss(step.loss());
+
+  v1::RunSummary& summary = *run_.mutable_summary();
+  summary.set_steps(step.step());
+  summary.set_groups_trained(summary.groups_trained() + step.groups());
+  summary.set_tokens_trained(summary.tokens_trained() + step.tokens_trained());
+  summary.set_max_staleness(std::max(summary.max_staleness(), step.staleness_max()));
+  progress.set_groups_trained(summary.groups_trained());
+  recent_step_rewards_.push_back(step.reward_mean());
+  while (recent_step_rewards_.size() > kFinalRewardSteps) recent_step_rewards_.pop_front();
+  summary.set_final_reward_mean(
+      std::accumulate(recent_step_rewards_.begin(), recent_step_rewards_.end(), 0.0) /
+      static_cast<double>(recent_step_rewards_.size()));
+  if (rl_started_at_ != absl::InfinitePast()) {
+    summary.set_rl_seconds(Seconds(now - rl_started_at_));
+  }
+  if (absl::Status written = files_.AppendMetrics(step); !written.ok()) {
+    log::Warning("cannot append to metrics.jsonl",
+                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
+  }
+}
+
+void RunDriver::ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest& request) {
+  v1::RunProgress& progress = *run_.mutable_progress();
+  const v1::RunState state = run_.state();
+  const bool before_rl = state == v1::RUN_STATE_PENDING || state == v1::RUN_STATE_WARM_START;
+  switch (request.state()) {
+    case v1::TRAINER_STATE_LOADING:
+      progress.set_phase("loading model");
+      break;
+    case v1::TRAINER_STATE_WARM_START:
+      if (state == v1::RUN_STATE_PENDING) TransitionLocked(v1::RUN_STATE_WARM_START, "");
+      progress.set_phase(absl::StrCat("warm start ", progress.warm_start_step(), "/",
+                                      spec_.warm_start().sft_steps()));
+      break;
+    case v1::TRAINER_STATE_EVALUATING:
+      if (request.eval().phase() == "after" ||
+          (state == v1::RUN_STATE_TRAINING && progress.step() >= progress.total_steps())) {
+        if (state != v1::RUN_STATE_EVALUATING) TransitionLocked(v1::RUN_STATE_EVALUATING, "");
+        progress.set_phase("final evaluation");
+      } else if (before_rl) {
+        progress.set_phase(request.eval().phase() == "warm_start"
+                               ? absl::StrCat("warm start eval @ ", request.eval().step())
+                               : "evaluation before RL");
+      } else if (state == v1::RUN_STATE_TRAINING) {
+        progress.set_phase(absl::StrCat("eval @ step ", progress.step()));
+      }
+      break;
+    case v1::TRAINER_STATE_WAITING_FOR_DATA:
+    case v1::TRAINER_STATE_TRAINING:
+      if (before_rl) TransitionLocked(v1::RUN_STATE_TRAINING, "");
+      if (run_.state() == v1::RUN_STATE_TRAINING) {
+        progress.set_phase(request.state() == v1::TRAINER_STATE_TRAINING ? "training"
+                           : progress.step() == 0 ? "waiting for the first batch"
+                                                  : "waiting for data");
+      }
+      break;
+    case v1::TRAINER_STATE_CHECKPOINTING:
+      progress.set_phase("checkpointing");
+      break;
+    case v1::TRAINER_STATE_FINISHED:
+      finish_requested_ = true;
+      progress.set_phase("finishing");
+      break;
+    case v1::TRAINER_STATE_FAILED:
+      TransitionLocked(
+          v1::RUN_STATE_FAILED,
+          absl::StrCat("trainer: ", request.error().empty() ? "failed without an error message"
+                                                            : request.error()));
+      break;
+    default:
+      break;
+  }
+}
+
+v1::ReportTrainerProgressResponse RunDriver::ReportTrainerProgress(
+    const v1::ReportTrainerProgressRequest& request) {
+  v1::ReportTrainerProgressResponse response;
+  absl::MutexLock lock(&mu_);
+  if (IsTerminal(run_.state())) {
+    response.set_stop(true);
+    return response;
+  }
+  const absl::Time now = Now();
+  if (request.policy_version() >= 0) NotePolicyVersionLocked(request.policy_version());
+  if (request.warm_start_step() > run_.progress().warm_start_step()) {
+    run_.mutable_progress()->set_warm_start_step(request.warm_start_step());
+    run_.mutable_summary()->set_warm_start_steps(request.warm_start_step());
+  }
+  if (request.has_eval()) ApplyEvalLocked(request.eval());
+  if (request.has_step()) ApplyStepLocked(request.step());
+  ApplyTrainerStateLocked(request);
+  // Warm start lasts until its last step or dev evaluation was reported.
+  const bool warm_start_report =
+      request.state() == v1::TRAINER_STATE_WARM_START || request.eval().phase() == "warm_start";
+  if (run_.state() == v1::RUN_STATE_WARM_START && warm_start_report &&
+      warm_start_started_at_ != absl::InfinitePast()) {
+    run_.mutable_summary()->set_warm_start_seconds(Seconds(now - warm_start_started_at_));
+  }
+  TouchLocked();
+  response.set_stop(IsTerminal(run_.state()));
+  return response;
+}
+
+}  // namespace sluice::controller

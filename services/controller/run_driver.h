@@ -1,0 +1,208 @@
+#ifndef SLUICE_SERVICES_CONTROLLER_RUN_DRIVER_H_
+#define SLUICE_SERVICES_CONTROLLER_RUN_DRIVER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "services/controller/prompt_feed.h"
+#include "services/controller/run_files.h"
+#include "services/controller/service_clients.h"
+#include "sluice/v1/controller.pb.h"
+
+namespace sluice::controller {
+
+// Timing and plumbing of run drivers. The defaults are the production ones;
+// tests shorten the intervals and inject the clock and the prompt source.
+struct RunDriverOptions {
+  // How long a prompt lease lasts without a renewal.
+  absl::Duration lease_ttl = PromptFeed::kDefaultLeaseTtl;
+  // LeasePrompts before the run is TRAINING answers "retry after this".
+  absl::Duration lease_retry_after = absl::Milliseconds(200);
+  // Health of every service of an active run is checked this often...
+  absl::Duration health_check_interval = absl::Seconds(1);
+  // ...and this many consecutive failures of one service fail the run.
+  int health_check_failures = 3;
+  // Window of worker token reports behind the generation throughput.
+  absl::Duration throughput_window = absl::Seconds(5);
+  // Time stamps and durations of run figures (not the waits above, which
+  // use the real clock). Null = absl::Now.
+  std::function<absl::Time()> clock;
+  // The run's training prompts in task order. Null = BuildTrainingPrompts.
+  std::function<absl::StatusOr<std::vector<v1::Prompt>>(const v1::RunSpec&)> prompt_source;
+};
+
+// Told about every change of every run (metrics).
+class RunObserver {
+ public:
+  virtual ~RunObserver() = default;
+  // Called under the run's lock after each change: keep it short and call
+  // nothing of the controller from it.
+  virtual void OnRunUpdated(const v1::Run& run) = 0;
+};
+
+// One run, from PENDING to a terminal state, and its own thread.
+//
+//   PENDING -> WARM_START -> TRAINING -> EVALUATING -> SUCCEEDED
+//      any active state -> FAILED (a service failed or is unreachable)
+//      any active state -> CANCELLED (CancelRun)
+//
+// The thread configures the replay buffer, starts the trainer and the
+// rollout workers (docs/run-lifecycle.md, step 2), then watches the health of
+// every service of the run until the run ends; on the trainer's FINISHED it
+// stops the workers, reads the buffer's statistics and marks the run
+// SUCCEEDED; on FAILED or CANCELLED it stops the workers and the trainer.
+// Everything else arrives through the RPC handlers below (the trainer's and
+// the workers' reports), which only update state under the lock and never
+// call another service.
+//
+// Files under <runs-dir>/<run-id>/: metrics.jsonl gets one line per step,
+// evals.jsonl one per evaluation, summary.json is written whenever the run
+// reaches a terminal state. (spec.json is written by the registry.)
+//
+// Thread-safe.
+class RunDriver {
+ public:
+  // `run` carries run_id, the resolved spec and created_at.
+  RunDriver(v1::Run run, RunFiles files, ServiceClients clients, v1::ServiceEndpoints endpoints,
+            RunDriverOptions options, RunObserver* observer);
+  // Shuts the run down (FAILED) if still active and joins the thread.
+  ~RunDriver();
+
+  RunDriver(const RunDriver&) = delete;
+  RunDriver& operator=(const RunDriver&) = delete;
+
+  // Starts the driver thread. Call once.
+  void Start();
+
+  const std::string& run_id() const { return run_id_; }
+
+  // The run as of now (throughput and elapsed times computed now), and the
+  // change counter it corresponds to.
+  struct Snapshot {
+    v1::Run run;
+    int64_t generation = 0;
+  };
+  Snapshot Get() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until there is something new to show a watcher: the state differs
+  // from `seen_state` (returns at once), or the change counter differs from
+  // `seen_generation` and it is `progress_not_before` or later. Returns true
+  // then, false at `deadline`. Returns true at once once the driver is shut
+  // down. Real clock.
+  bool AwaitUpdate(int64_t seen_generation, v1::RunState seen_state, absl::Time progress_not_before,
+                   absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Marks the run CANCELLED (Run.error_message = `reason`, or "cancelled by
+  // user") and has the thread stop the trainer and the workers. A run that is
+  // already terminal is left as it is. Returns the run after the call.
+  v1::Run Cancel(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Controller shutdown: marks an active run FAILED with `reason`, wakes
+  // watchers, and returns once the thread has stopped the services and
+  // exited.
+  void Shutdown(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // The first half of Shutdown: FAILED and watchers woken; does not wait.
+  void BeginShutdown(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True once the thread has exited (the run is terminal and its services
+  // were told to stop), waiting at most `timeout`.
+  bool WaitUntilStopped(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The RPC handlers of the run's services. Non-blocking (never call out).
+  v1::LeasePromptsResponse LeasePrompts(const v1::LeasePromptsRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ReportRolloutProgressResponse ReportRolloutProgress(
+      const v1::ReportRolloutProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ReportTrainerProgressResponse ReportTrainerProgress(
+      const v1::ReportTrainerProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct HealthTarget {
+    std::string name;  // "trainer", "replay_buffer", "reward_server", "rollout_worker"
+    std::string address;
+    int consecutive_failures = 0;
+  };
+
+  void Main();
+  // Step 2 of the lifecycle; false when the run ended meanwhile.
+  bool StartServices();
+  // Health checks until the run is terminal or the trainer finished.
+  void Watch();
+  void CheckHealth();
+  void RefreshBufferStats();
+  // The trainer said FINISHED: stop workers, read the buffer, SUCCEEDED.
+  void Finish();
+  // After FAILED / CANCELLED: stop whatever was started.
+  void StopServices();
+
+  absl::Time Now() const;
+  bool Terminal() const ABSL_LOCKS_EXCLUDED(mu_);
+  bool WakeDriver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fails an active run; no-op when terminal.
+  void Fail(const std::string& message) ABSL_LOCKS_EXCLUDED(mu_);
+  // Moves to `state`, with the bookkeeping of terminal states (summary.json,
+  // no more prompts). False (and nothing changes) when already terminal.
+  bool TransitionLocked(v1::RunState state, const std::string& error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records a change: counter, updated_at, observer.
+  void TouchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyEvalLocked(const v1::EvalResult& eval) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyStepLocked(v1::TrainingStepMetrics step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotePolicyVersionLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double TokensPerSecondLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillLiveFiguresLocked(v1::Run* run, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string run_id_;
+  const v1::RunSpec spec_;
+  const RunFiles files_;
+  const ServiceClients clients_;
+  const v1::ServiceEndpoints endpoints_;
+  const RunDriverOptions options_;
+  RunObserver* const observer_;
+  // The rollout workers this run uses (the first rollout.num_workers).
+  std::vector<std::shared_ptr<RolloutWorkerClient>> workers_;
+  // Only the driver thread touches these.
+  std::vector<HealthTarget> health_targets_;
+  bool trainer_started_ = false;
+  size_t workers_started_ = 0;
+
+  mutable absl::Mutex mu_;
+  v1::Run run_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<PromptFeed> feed_ ABSL_GUARDED_BY(mu_);
+  bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool thread_exited_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time created_at_ ABSL_GUARDED_BY(mu_);
+  absl::Time left_pending_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time warm_start_started_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time rl_started_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t max_policy_version_ ABSL_GUARDED_BY(mu_) = -1;
+  std::deque<double> recent_step_rewards_ ABSL_GUARDED_BY(mu_);  // Last 10 steps.
+  std::deque<std::pair<absl::Time, int64_t>> token_reports_ ABSL_GUARDED_BY(mu_);
+
+  std::thread thread_;
+};
+
+// SUCCEEDED, FAILED or CANCELLED.
+bool IsTerminal(v1::RunState state);
+
+void SetTimestamp(absl::Time time, google::protobuf::Timestamp* timestamp);
+
+}  // namespace sluice::controller
+
+#endif  // SLUICE_SERVICES_CONTROLLER_RUN_DRIVER_H_

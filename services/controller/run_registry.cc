@@ -1,0 +1,248 @@
+#include "services/controller/run_registry.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "services/controller/run_spec.h"
+
+namespace sluice::controller {
+namespace {
+
+constexpr int kDefaultPageSize = 50;
+constexpr int kMaxPageSize = 1000;
+
+}  // namespace
+
+RunRegistry::RunRegistry(RunRegistryOptions options, ServiceClients clients, RunObserver* observer)
+    : options_(std::move(options)),
+      clients_(std::move(clients)),
+      observer_(observer),
+      random_(std::random_device{}()) {}
+
+RunRegistry::~RunRegistry() { Shutdown(); }
+
+void RunRegistry::SetControllerAddress(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  controller_address_ = address;
+}
+
+absl::Status RunRegistry::CheckServicesConfigured(const v1::RunSpec& spec) const {
+  std::vector<std::string> missing;
+  if (clients_.trainer == nullptr) missing.push_back("--trainer-address");
+  if (clients_.replay_buffer == nullptr) missing.push_back("--replay-buffer-address");
+  if (clients_.reward_server_address.empty()) missing.push_back("--reward-server-address");
+  if (clients_.rollout_workers.empty()) missing.push_back("--rollout-worker-addresses");
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the controller cannot run anything yet: it was started without ",
+                     absl::StrJoin(missing, ", "),
+                     " (restart sluice-controller with the missing flag(s), or use `sluice up`)"));
+  }
+  const size_t wanted = static_cast<size_t>(spec.rollout().num_workers());
+  if (wanted > clients_.rollout_workers.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rollout.num_workers: the run asks for ", wanted,
+                     " rollout workers but the controller "
+                     "knows ",
+                     clients_.rollout_workers.size(), " (--rollout-worker-addresses)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string RunRegistry::NewRunIdLocked() {
+  const absl::Time now = options_.driver.clock ? options_.driver.clock() : absl::Now();
+  const std::string stamp = absl::FormatTime("%Y%m%d-%H%M%S", now, absl::UTCTimeZone());
+  while (true) {
+    char suffix[8];
+    std::snprintf(suffix, sizeof(suffix), "%04x", static_cast<unsigned>(random_() & 0xffff));
+    std::string id = absl::StrCat("run-", stamp, "-", suffix);
+    std::error_code ignored;
+    if (!by_id_.contains(id) &&
+        !std::filesystem::exists(std::filesystem::path(options_.runs_dir) / id, ignored)) {
+      return id;
+    }
+  }
+}
+
+absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request) {
+  v1::RunSpec spec = ResolveDefaults(request.spec());
+  if (absl::Status valid = ValidateRunSpec(spec); !valid.ok()) return valid;
+  if (request.validate_only()) {
+    v1::Run run;
+    *run.mutable_spec() = std::move(spec);
+    return run;
+  }
+  if (absl::Status configured = CheckServicesConfigured(spec); !configured.ok()) {
+    return configured;
+  }
+
+  absl::MutexLock lock(&mu_);
+  if (shut_down_) return absl::UnavailableError("the controller is shutting down");
+  if (!request.request_id().empty()) {
+    if (auto it = by_request_id_.find(request.request_id()); it != by_request_id_.end()) {
+      return by_id_.at(it->second)->Get().run;
+    }
+  }
+  const std::string run_id = NewRunIdLocked();
+  absl::StatusOr<RunFiles> files = RunFiles::Create(options_.runs_dir, run_id);
+  if (!files.ok()) return files.status();
+  if (absl::Status written = files->WriteSpec(spec); !written.ok()) return written;
+
+  v1::Run run;
+  run.set_run_id(run_id);
+  *run.mutable_spec() = std::move(spec);
+  const absl::Time now = options_.driver.clock ? options_.driver.clock() : absl::Now();
+  SetTimestamp(now, run.mutable_created_at());
+
+  v1::ServiceEndpoints endpoints;
+  endpoints.set_controller_address(controller_address_);
+  endpoints.set_reward_server_address(clients_.reward_server_address);
+  endpoints.set_replay_buffer_address(clients_.replay_buffer->address());
+  endpoints.set_trainer_address(clients_.trainer->address());
+
+  auto driver = std::make_shared<RunDriver>(std::move(run), std::move(*files), clients_,
+                                            std::move(endpoints), options_.driver, observer_);
+  runs_.push_back(driver);
+  by_id_[run_id] = driver;
+  if (!request.request_id().empty()) by_request_id_[request.request_id()] = run_id;
+  log::Info("run submitted", {{"run_id", run_id},
+                              {"name", driver->Get().run.spec().name()},
+                              {"runs_dir", options_.runs_dir}});
+  driver->Start();
+  return driver->Get().run;
+}
+
+absl::StatusOr<std::shared_ptr<RunDriver>> RunRegistry::Find(const std::string& run_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(run_id);
+  if (it == by_id_.end()) {
+    return absl::NotFoundError(absl::StrCat("no run with id \"", run_id, "\""));
+  }
+  return it->second;
+}
+
+absl::StatusOr<v1::Run> RunRegistry::Get(const std::string& run_id) const {
+  absl::StatusOr<std::shared_ptr<RunDriver>> driver = Find(run_id);
+  if (!driver.ok()) return driver.status();
+  return (*driver)->Get().run;
+}
+
+absl::StatusOr<v1::Run> RunRegistry::Cancel(const std::string& run_id, const std::string& reason) {
+  absl::StatusOr<std::shared_ptr<RunDriver>> driver = Find(run_id);
+  if (!driver.ok()) return driver.status();
+  return (*driver)->Cancel(reason);
+}
+
+absl::StatusOr<v1::ListRunsResponse> RunRegistry::List(const v1::ListRunsRequest& request) const {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be >= 0 (0 = default 50), got ", request.page_size()));
+  }
+  const int page_size =
+      request.page_size() == 0 ? kDefaultPageSize : std::min(request.page_size(), kMaxPageSize);
+  std::vector<std::shared_ptr<RunDriver>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    runs = runs_;
+  }
+  // Newest first: reverse creation order. The token is the id of the last
+  // run of the previous page, so pages stay stable while runs are added.
+  size_t start = 0;
+  std::reverse(runs.begin(), runs.end());
+  if (!request.page_token().empty()) {
+    auto it = std::find_if(runs.begin(), runs.end(), [&](const auto& driver) {
+      return driver->run_id() == request.page_token();
+    });
+    if (it == runs.end()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("page_token: \"", request.page_token(), "\" is not a token of this list"));
+    }
+    start = static_cast<size_t>(it - runs.begin()) + 1;
+  }
+  v1::ListRunsResponse response;
+  for (size_t i = start; i < runs.size(); ++i) {
+    v1::Run run = runs[i]->Get().run;
+    if (!request.states().empty() && std::find(request.states().begin(), request.states().end(),
+                                               run.state()) == request.states().end()) {
+      continue;
+    }
+    if (response.runs_size() == page_size) {
+      response.set_next_page_token(response.runs(page_size - 1).run_id());
+      break;
+    }
+    *response.add_runs() = std::move(run);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::LeasePromptsResponse> RunRegistry::LeasePrompts(
+    const v1::LeasePromptsRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: must be set");
+  if (request.max_prompts() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_prompts: must be > 0, got ", request.max_prompts()));
+  }
+  absl::StatusOr<std::shared_ptr<RunDriver>> driver = Find(request.run_id());
+  if (!driver.ok()) {
+    v1::LeasePromptsResponse done;
+    done.set_run_done(true);
+    return done;
+  }
+  return (*driver)->LeasePrompts(request);
+}
+
+absl::StatusOr<v1::ReportRolloutProgressResponse> RunRegistry::ReportRolloutProgress(
+    const v1::ReportRolloutProgressRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: must be set");
+  absl::StatusOr<std::shared_ptr<RunDriver>> driver = Find(request.run_id());
+  if (!driver.ok()) {
+    v1::ReportRolloutProgressResponse done;
+    done.set_run_done(true);
+    return done;
+  }
+  return (*driver)->ReportRolloutProgress(request);
+}
+
+absl::StatusOr<v1::ReportTrainerProgressResponse> RunRegistry::ReportTrainerProgress(
+    const v1::ReportTrainerProgressRequest& request) {
+  absl::StatusOr<std::shared_ptr<RunDriver>> driver = Find(request.run_id());
+  if (!driver.ok()) {
+    v1::ReportTrainerProgressResponse stop;
+    stop.set_stop(true);
+    return stop;
+  }
+  return (*driver)->ReportTrainerProgress(request);
+}
+
+namespace {
+constexpr char kShutdownReason[] = "the controller shut down while the run was active";
+}  // namespace
+
+void RunRegistry::BeginShutdown() {
+  std::vector<std::shared_ptr<RunDriver>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    runs = runs_;
+  }
+  for (const auto& driver : runs) driver->BeginShutdown(kShutdownReason);
+}
+
+void RunRegistry::Shutdown() {
+  // Fail them all first so that every watcher wakes at once, then join the
+  // threads, which stop the runs' services meanwhile.
+  BeginShutdown();
+  std::vector<std::shared_ptr<RunDriver>> runs;
+  {
+    absl::MutexLock lock(&mu_);
+    runs = runs_;
+  }
+  for (const auto& driver : runs) driver->Shutdown(kShutdownReason);
+}
+
+}  // namespace sluice::controller

@@ -1,0 +1,499 @@
+// The run state machine end to end against fake services: what the
+// controller calls, what it records, and the files it leaves.
+#include "services/controller/run_registry.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "services/controller/fake_service_clients.h"
+
+namespace sluice::controller {
+namespace {
+
+using testing::FakeBuffer;
+using testing::FakeClock;
+using testing::FakeHealth;
+using testing::FakeTrainer;
+using testing::FakeWorker;
+
+using ::testing::HasSubstr;
+
+constexpr absl::Duration kWait = absl::Seconds(10);
+
+std::vector<v1::Prompt> Pool(int n) {
+  std::vector<v1::Prompt> prompts;
+  for (int i = 0; i < n; ++i) {
+    v1::Prompt& prompt = prompts.emplace_back();
+    prompt.set_prompt_id(absl::StrCat("arith-", i));
+    prompt.set_text(absl::StrCat(i, "+1="));
+    prompt.set_reference_answer(absl::StrCat(i + 1));
+  }
+  return prompts;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  for (absl::string_view line : absl::StrSplit(ReadFile(path), '\n', absl::SkipEmpty())) {
+    lines.push_back(nlohmann::json::parse(line));
+  }
+  return lines;
+}
+
+v1::RunSpec SmallSpec() {
+  v1::RunSpec spec;
+  spec.set_name("small");
+  spec.mutable_task()->mutable_arithmetic();
+  spec.mutable_algorithm()->set_group_size(4);
+  spec.mutable_algorithm()->set_batch_size_groups(2);
+  spec.mutable_algorithm()->set_max_staleness(2);
+  spec.mutable_algorithm()->set_total_steps(3);
+  spec.mutable_warm_start()->set_sft_steps(10);
+  return spec;
+}
+
+class RunRegistryTest : public ::testing::Test {
+ protected:
+  RunRegistryTest() {
+    runs_dir_ = ::testing::TempDir() + "/runs-" +
+                ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(runs_dir_);
+  }
+
+  void MakeRegistry(bool with_services = true) {
+    RunRegistryOptions options;
+    options.runs_dir = runs_dir_;
+    options.driver.health_check_interval = absl::Milliseconds(2);
+    options.driver.clock = [this] { return clock_.Now(); };
+    options.driver.prompt_source = [](const v1::RunSpec&) { return Pool(20); };
+    ServiceClients clients;
+    if (with_services) {
+      clients.trainer = trainer_;
+      clients.replay_buffer = buffer_;
+      clients.rollout_workers = {worker_};
+      clients.reward_server_address = "reward:1";
+      clients.health = health_;
+    }
+    registry_ = std::make_unique<RunRegistry>(options, clients);
+    registry_->SetControllerAddress("controller:1");
+  }
+
+  std::string Submit(const v1::RunSpec& spec) {
+    v1::SubmitRunRequest request;
+    *request.mutable_spec() = spec;
+    absl::StatusOr<v1::Run> run = registry_->Submit(request);
+    EXPECT_TRUE(run.ok()) << run.status();
+    return run.ok() ? run->run_id() : "";
+  }
+
+  // Waits until the driver has started the services (and said so).
+  void AwaitServicesStarted(const std::string& run_id) {
+    ASSERT_TRUE(worker_->started.WaitForNotificationWithTimeout(kWait));
+    std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+    const absl::Time deadline = absl::Now() + kWait;
+    RunDriver::Snapshot snapshot = driver->Get();
+    while (snapshot.run.progress().phase() != "loading model" && absl::Now() < deadline) {
+      driver->AwaitUpdate(snapshot.generation, snapshot.run.state(), absl::InfinitePast(),
+                          deadline);
+      snapshot = driver->Get();
+    }
+    ASSERT_EQ(snapshot.run.progress().phase(), "loading model");
+  }
+
+  // Waits until the run is in `state`; returns the run then.
+  v1::Run AwaitState(const std::string& run_id, v1::RunState state) {
+    std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+    const absl::Time deadline = absl::Now() + kWait;
+    RunDriver::Snapshot snapshot = driver->Get();
+    while (snapshot.run.state() != state && absl::Now() < deadline) {
+      driver->AwaitUpdate(snapshot.generation, snapshot.run.state(), absl::InfinitePast(),
+                          deadline);
+      snapshot = driver->Get();
+    }
+    EXPECT_EQ(v1::RunState_Name(snapshot.run.state()), v1::RunState_Name(state))
+        << snapshot.run.error_message();
+    return snapshot.run;
+  }
+
+  v1::ReportTrainerProgressResponse Report(
+      const std::string& run_id, v1::TrainerState state,
+      std::function<void(v1::ReportTrainerProgressRequest&)> fill = nullptr) {
+    v1::ReportTrainerProgressRequest request;
+    request.set_run_id(run_id);
+    request.set_state(state);
+    request.set_policy_version(-1);
+    if (fill) fill(request);
+    absl::StatusOr<v1::ReportTrainerProgressResponse> response =
+        registry_->ReportTrainerProgress(request);
+    EXPECT_TRUE(response.ok());
+    return *response;
+  }
+
+  v1::LeasePromptsResponse Lease(const std::string& run_id, int max_prompts) {
+    v1::LeasePromptsRequest request;
+    request.set_run_id(run_id);
+    request.set_worker_id("worker-a");
+    request.set_worker_incarnation(1);
+    request.set_max_prompts(max_prompts);
+    return *registry_->LeasePrompts(request);
+  }
+
+  static v1::EvalResult Eval(const std::string& phase, int64_t step, double accuracy) {
+    v1::EvalResult eval;
+    eval.set_phase(phase);
+    eval.set_step(step);
+    eval.set_num_prompts(100);
+    eval.set_num_correct(static_cast<int>(accuracy * 100));
+    eval.set_accuracy(accuracy);
+    return eval;
+  }
+
+  std::string runs_dir_;
+  FakeClock clock_;
+  std::shared_ptr<FakeTrainer> trainer_ = std::make_shared<FakeTrainer>();
+  std::shared_ptr<FakeWorker> worker_ = std::make_shared<FakeWorker>();
+  std::shared_ptr<FakeBuffer> buffer_ = std::make_shared<FakeBuffer>();
+  std::shared_ptr<FakeHealth> health_ = std::make_shared<FakeHealth>();
+  std::unique_ptr<RunRegistry> registry_;
+};
+
+TEST_F(RunRegistryTest, WarmStartTrainingFinishedWritesSummaryAndMetrics) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  EXPECT_THAT(run_id, ::testing::MatchesRegex("run-20260101-000000-[0-9a-f]{4}"));
+  AwaitServicesStarted(run_id);
+
+  // Step 2 of the lifecycle, with the resolved spec and everyone's address.
+  const v1::ConfigureRunRequest configure = buffer_->configure_request();
+  EXPECT_EQ(configure.run_id(), run_id);
+  EXPECT_EQ(configure.batch_size_groups(), 2);
+  EXPECT_EQ(configure.max_staleness(), 2);
+  EXPECT_EQ(configure.group_size(), 4);
+  EXPECT_EQ(configure.config().sampler(), v1::SAMPLER_KIND_FIFO);
+  const v1::StartTrainingRequest start = trainer_->start_request();
+  EXPECT_EQ(start.spec().algorithm().objective(), v1::OBJECTIVE_DECOUPLED_PPO);
+  EXPECT_EQ(start.endpoints().controller_address(), "controller:1");
+  EXPECT_EQ(start.endpoints().replay_buffer_address(), "buffer:1");
+  EXPECT_EQ(start.endpoints().reward_server_address(), "reward:1");
+  EXPECT_EQ(start.endpoints().trainer_address(), "trainer:1");
+  EXPECT_EQ(worker_->start_request().run_id(), run_id);
+  EXPECT_EQ(worker_->start_request().spec().algorithm().group_size(), 4);
+
+  // Not training yet: no prompts, come back later.
+  v1::LeasePromptsResponse early = Lease(run_id, 2);
+  EXPECT_EQ(early.prompts_size(), 0);
+  EXPECT_EQ(early.retry_after_ms(), 200);
+  EXPECT_FALSE(early.run_done());
+
+  Report(run_id, v1::TRAINER_STATE_WARM_START, [](auto& r) { r.set_warm_start_step(5); });
+  EXPECT_EQ(AwaitState(run_id, v1::RUN_STATE_WARM_START).progress().phase(), "warm start 5/10");
+  clock_.Advance(absl::Seconds(10));
+  Report(run_id, v1::TRAINER_STATE_WARM_START, [](auto& r) {
+    r.set_warm_start_step(10);
+    *r.mutable_eval() = Eval("warm_start", 10, 0.5);
+  });
+  clock_.Advance(absl::Seconds(2));
+  Report(run_id, v1::TRAINER_STATE_EVALUATING,
+         [](auto& r) { *r.mutable_eval() = Eval("before", 0, 0.4); });
+  EXPECT_EQ(registry_->Get(run_id)->state(), v1::RUN_STATE_WARM_START);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA, [](auto& r) { r.set_policy_version(0); });
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+
+  v1::LeasePromptsResponse lease = Lease(run_id, 2);
+  ASSERT_EQ(lease.prompts_size(), 2);
+  EXPECT_FALSE(lease.lease_id().empty());
+  EXPECT_EQ(lease.lease_ttl_ms(), 120000);
+
+  v1::ReportRolloutProgressRequest rollout;
+  rollout.set_run_id(run_id);
+  rollout.set_worker_id("worker-a");
+  rollout.set_worker_incarnation(1);
+  for (const auto& prompt : lease.prompts()) rollout.add_completed_prompt_ids(prompt.prompt_id());
+  rollout.set_tokens_generated(5000);
+  rollout.set_groups_inserted(2);
+  EXPECT_FALSE(registry_->ReportRolloutProgress(rollout)->run_done());
+
+  const double rewards[] = {0.25, 0.5, 0.75};
+  for (int step = 1; step <= 3; ++step) {
+    clock_.Advance(absl::Seconds(1));
+    Report(run_id, v1::TRAINER_STATE_TRAINING, [&](auto& r) {
+      r.set_policy_version(step);
+      v1::TrainingStepMetrics& m = *r.mutable_step();
+      m.set_step(step);
+      m.set_policy_version(step);
+      m.set_reward_mean(rewards[step - 1]);
+      m.set_groups(2);
+      m.set_tokens_trained(100);
+      m.set_staleness_max(step - 1);
+      m.set_staleness_mean(0.5);
+    });
+  }
+  v1::Run training = *registry_->Get(run_id);
+  EXPECT_EQ(training.progress().step(), 3);
+  EXPECT_EQ(training.progress().policy_version(), 3);
+  EXPECT_DOUBLE_EQ(training.progress().reward_mean(), 0.75);
+
+  Report(run_id, v1::TRAINER_STATE_EVALUATING,
+         [](auto& r) { *r.mutable_eval() = Eval("after", 3, 0.9); });
+  AwaitState(run_id, v1::RUN_STATE_EVALUATING);
+  EXPECT_FALSE(Report(run_id, v1::TRAINER_STATE_FINISHED).stop());
+  const v1::Run done = AwaitState(run_id, v1::RUN_STATE_SUCCEEDED);
+
+  ASSERT_TRUE(worker_->stopped.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(worker_->stop_request().mode(), v1::STOP_MODE_ABORT);
+  ASSERT_TRUE((*registry_->Find(run_id))->WaitUntilStopped(kWait));
+  EXPECT_FALSE(trainer_->stopped.HasBeenNotified());  // It finished by itself.
+  EXPECT_TRUE(done.has_finished_at());
+  EXPECT_EQ(done.error_message(), "");
+
+  // The workers are told the run is over.
+  EXPECT_TRUE(Lease(run_id, 2).run_done());
+  EXPECT_TRUE(registry_->ReportRolloutProgress(rollout)->run_done());
+  EXPECT_TRUE(Report(run_id, v1::TRAINER_STATE_TRAINING).stop());
+
+  const std::string dir = runs_dir_ + "/" + run_id;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["run_id"], run_id);
+  EXPECT_EQ(summary["state"], "RUN_STATE_SUCCEEDED");
+  EXPECT_DOUBLE_EQ(summary["eval_before"].get<double>(), 0.4);
+  EXPECT_DOUBLE_EQ(summary["eval_after"].get<double>(), 0.9);
+  // 64-bit integers are numbers (proto JSON would write strings).
+  EXPECT_EQ(summary["eta"].get<int64_t>(), 2);
+  EXPECT_EQ(summary["max_staleness"].get<int64_t>(), 2);
+  EXPECT_EQ(summary["steps"].get<int64_t>(), 3);
+  EXPECT_EQ(summary["groups_trained"].get<int64_t>(), 6);
+  EXPECT_EQ(summary["groups_evicted_stale"].get<int64_t>(), 3);
+  EXPECT_EQ(summary["tokens_generated"].get<int64_t>(), 5000);
+  EXPECT_EQ(summary["groups_generated"].get<int64_t>(), 2);
+  EXPECT_EQ(summary["tokens_trained"].get<int64_t>(), 300);
+  EXPECT_EQ(summary["weight_versions"].get<int64_t>(), 4);
+  EXPECT_EQ(summary["warm_start_steps"].get<int64_t>(), 10);
+  EXPECT_DOUBLE_EQ(summary["warm_start_seconds"].get<double>(), 10.0);
+  EXPECT_DOUBLE_EQ(summary["warm_start_accuracy"].get<double>(), 0.5);
+  EXPECT_DOUBLE_EQ(summary["rl_seconds"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(summary["wall_seconds"].get<double>(), 15.0);
+  EXPECT_DOUBLE_EQ(summary["final_reward_mean"].get<double>(), 0.5);
+  EXPECT_EQ(summary["error_message"], "");
+  EXPECT_EQ(summary["evals"].size(), 3u);
+
+  const std::vector<nlohmann::json> metrics = ReadJsonLines(dir + "/metrics.jsonl");
+  ASSERT_EQ(metrics.size(), 3u);
+  EXPECT_EQ(metrics[0]["step"].get<int64_t>(), 1);
+  // 5000 tokens reported within the last 5 s.
+  EXPECT_DOUBLE_EQ(metrics[0]["rollout_tokens_per_second"].get<double>(), 1000.0);
+  EXPECT_TRUE(metrics[0].contains("kl_to_behaviour"));  // Defaults printed.
+  EXPECT_DOUBLE_EQ(metrics[2]["reward_mean"].get<double>(), 0.75);
+
+  const std::vector<nlohmann::json> evals = ReadJsonLines(dir + "/evals.jsonl");
+  ASSERT_EQ(evals.size(), 3u);
+  EXPECT_EQ(evals[0]["phase"], "warm_start");
+  EXPECT_EQ(evals[1]["phase"], "before");
+  EXPECT_EQ(evals[2]["phase"], "after");
+
+  const nlohmann::json spec = nlohmann::json::parse(ReadFile(dir + "/spec.json"));
+  EXPECT_EQ(spec["algorithm"]["group_size"], 4);
+  EXPECT_DOUBLE_EQ(spec["algorithm"]["clip_eps_low"].get<double>(), 0.2);
+  EXPECT_EQ(spec["model"]["builtin"], "tiny");
+}
+
+TEST_F(RunRegistryTest, TrainerFailureFailsTheRunWithItsMessage) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  const v1::ReportTrainerProgressResponse response =
+      Report(run_id, v1::TRAINER_STATE_FAILED,
+             [](auto& r) { r.set_error("reward server refused ScoreBatch: UNAVAILABLE"); });
+  EXPECT_TRUE(response.stop());
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_EQ(run.error_message(), "trainer: reward server refused ScoreBatch: UNAVAILABLE");
+  ASSERT_TRUE(worker_->stopped.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(worker_->stop_request().mode(), v1::STOP_MODE_ABORT);
+  ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
+  const nlohmann::json summary =
+      nlohmann::json::parse(ReadFile(runs_dir_ + "/" + run_id + "/summary.json"));
+  EXPECT_EQ(summary["state"], "RUN_STATE_FAILED");
+  EXPECT_EQ(summary["error_message"], run.error_message());
+}
+
+TEST_F(RunRegistryTest, UnreachableServiceFailsTheRunNamingIt) {
+  MakeRegistry();
+  health_->Fail("reward:1", -1, absl::UnavailableError("connection refused"));
+  const std::string run_id = Submit(SmallSpec());
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_EQ(run.error_message(), "reward_server (reward:1) is unreachable: connection refused");
+  EXPECT_TRUE(health_->AwaitCalls("reward:1", 3, absl::ZeroDuration()));
+  ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
+}
+
+TEST_F(RunRegistryTest, FewerThanThreeConsecutiveHealthFailuresAreForgiven) {
+  MakeRegistry();
+  health_->Fail("trainer:1", 2, absl::UnavailableError("blip"));
+  const std::string run_id = Submit(SmallSpec());
+  ASSERT_TRUE(health_->AwaitCalls("trainer:1", 6, kWait));
+  EXPECT_EQ(registry_->Get(run_id)->state(), v1::RUN_STATE_PENDING);
+}
+
+TEST_F(RunRegistryTest, StartFailureNamesTheService) {
+  trainer_->FailStart(absl::UnavailableError("connection refused"));
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_EQ(run.error_message(), "trainer (trainer:1) is unreachable: connection refused");
+  EXPECT_FALSE(worker_->started.HasBeenNotified());
+}
+
+TEST_F(RunRegistryTest, CancelStopsTrainerAndWorkersAndWritesTheSummary) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  absl::StatusOr<v1::Run> cancelled = registry_->Cancel(run_id, "enough");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::RUN_STATE_CANCELLED);
+  EXPECT_EQ(cancelled->error_message(), "enough");
+  ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(trainer_->stop_request().run_id(), run_id);
+  ASSERT_TRUE(worker_->stopped.WaitForNotificationWithTimeout(kWait));
+  EXPECT_EQ(worker_->stop_request().mode(), v1::STOP_MODE_ABORT);
+  const nlohmann::json summary =
+      nlohmann::json::parse(ReadFile(runs_dir_ + "/" + run_id + "/summary.json"));
+  EXPECT_EQ(summary["state"], "RUN_STATE_CANCELLED");
+
+  // Idempotent; a terminal run keeps its state.
+  EXPECT_EQ(registry_->Cancel(run_id, "again")->error_message(), "enough");
+  EXPECT_TRUE(Lease(run_id, 1).run_done());
+  EXPECT_TRUE(Report(run_id, v1::TRAINER_STATE_TRAINING).stop());
+  EXPECT_EQ(registry_->Cancel("run-nope", "").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(RunRegistryTest, DefaultCancelReason) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  EXPECT_EQ(registry_->Cancel(run_id, "")->error_message(), "cancelled by user");
+}
+
+TEST_F(RunRegistryTest, AwaitUpdateBlocksUntilAChange) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+  const RunDriver::Snapshot before = driver->Get();
+  // Nothing happens: it times out.
+  EXPECT_FALSE(driver->AwaitUpdate(before.generation, before.run.state(), absl::InfinitePast(),
+                                   absl::Now() + absl::Milliseconds(50)));
+  Report(run_id, v1::TRAINER_STATE_WARM_START);
+  EXPECT_TRUE(driver->AwaitUpdate(before.generation, before.run.state(), absl::InfinitePast(),
+                                  absl::Now() + kWait));
+}
+
+TEST_F(RunRegistryTest, ProgressIsCoalescedButStateChangesAreNot) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+  Report(run_id, v1::TRAINER_STATE_WARM_START);
+  const RunDriver::Snapshot seen = driver->Get();
+  Report(run_id, v1::TRAINER_STATE_WARM_START, [](auto& r) { r.set_warm_start_step(1); });
+  // A progress change inside the interval is held back...
+  EXPECT_FALSE(driver->AwaitUpdate(seen.generation, seen.run.state(), absl::InfiniteFuture(),
+                                   absl::Now() + absl::Milliseconds(50)));
+  // ...a state change is not.
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  EXPECT_TRUE(driver->AwaitUpdate(seen.generation, seen.run.state(), absl::InfiniteFuture(),
+                                  absl::Now() + kWait));
+}
+
+TEST_F(RunRegistryTest, SubmitWithoutServicesNamesTheMissingFlags) {
+  MakeRegistry(/*with_services=*/false);
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  absl::StatusOr<v1::Run> run = registry_->Submit(request);
+  ASSERT_FALSE(run.ok());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("--trainer-address"));
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("--rollout-worker-addresses"));
+  // Validation still works without services.
+  request.set_validate_only(true);
+  EXPECT_TRUE(registry_->Submit(request).ok());
+}
+
+TEST_F(RunRegistryTest, MoreWorkersThanConfiguredIsAPreconditionFailure) {
+  MakeRegistry();
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  request.mutable_spec()->mutable_rollout()->set_num_workers(2);
+  absl::StatusOr<v1::Run> run = registry_->Submit(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("rollout.num_workers"));
+}
+
+TEST_F(RunRegistryTest, RequestIdMakesSubmitIdempotent) {
+  MakeRegistry();
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  request.set_request_id("once");
+  const std::string first = registry_->Submit(request)->run_id();
+  EXPECT_EQ(registry_->Submit(request)->run_id(), first);
+  request.set_request_id("twice");
+  EXPECT_NE(registry_->Submit(request)->run_id(), first);
+}
+
+TEST_F(RunRegistryTest, ListIsNewestFirstPagedAndFiltered) {
+  MakeRegistry();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) ids.push_back(Submit(SmallSpec()));
+  ASSERT_TRUE(registry_->Cancel(ids[1], "").ok());
+
+  v1::ListRunsRequest request;
+  request.set_page_size(2);
+  absl::StatusOr<v1::ListRunsResponse> page = registry_->List(request);
+  ASSERT_TRUE(page.ok());
+  ASSERT_EQ(page->runs_size(), 2);
+  EXPECT_EQ(page->runs(0).run_id(), ids[2]);
+  EXPECT_EQ(page->runs(1).run_id(), ids[1]);
+  ASSERT_FALSE(page->next_page_token().empty());
+  request.set_page_token(page->next_page_token());
+  page = registry_->List(request);
+  ASSERT_EQ(page->runs_size(), 1);
+  EXPECT_EQ(page->runs(0).run_id(), ids[0]);
+  EXPECT_TRUE(page->next_page_token().empty());
+
+  v1::ListRunsRequest cancelled;
+  cancelled.add_states(v1::RUN_STATE_CANCELLED);
+  page = registry_->List(cancelled);
+  ASSERT_EQ(page->runs_size(), 1);
+  EXPECT_EQ(page->runs(0).run_id(), ids[1]);
+}
+
+TEST_F(RunRegistryTest, ShutdownFailsActiveRunsAndStopsTheirServices) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  registry_->Shutdown();
+  const v1::Run run = *registry_->Get(run_id);
+  EXPECT_EQ(run.state(), v1::RUN_STATE_FAILED);
+  EXPECT_THAT(run.error_message(), HasSubstr("controller shut down"));
+  EXPECT_TRUE(trainer_->stopped.HasBeenNotified());
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  EXPECT_EQ(registry_->Submit(request).status().code(), absl::StatusCode::kUnavailable);
+}
+
+}  // namespace
+}  // namespace sluice::controller

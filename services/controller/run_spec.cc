@@ -1,0 +1,492 @@
+#include "services/controller/run_spec.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "common/model/model_config.h"
+#include "common/task/char_tokenizer.h"
+
+namespace sluice::controller {
+namespace {
+
+using v1::RunSpec;
+
+constexpr int kDefaultEvalSplitSize = 200;
+constexpr int64_t kDefaultMaxOperand = 99;
+constexpr int kDefaultNumOperands = 2;
+constexpr int64_t kDefaultNumArithmeticPrompts = 10000;
+constexpr int kDefaultGroupSize = 8;
+constexpr int kDefaultBatchSizeGroups = 16;
+constexpr int kDefaultMaxStaleness = 4;
+constexpr double kDefaultClipEps = 0.2;
+constexpr double kDefaultBehaviourWeightCap = 5.0;
+constexpr double kDefaultLearningRate = 1e-6;
+constexpr double kDefaultGradClipNorm = 1.0;
+constexpr double kDefaultAdvantageEps = 1e-6;
+constexpr double kDefaultTbBeta = 1.0;
+constexpr int64_t kDefaultTotalSteps = 1000;
+constexpr double kDefaultWarmStartLearningRate = 1e-4;
+constexpr double kDefaultPriorityAlpha = 0.6;
+constexpr double kDefaultRecencyProbability = 0.5;
+
+// Collects "path: problem" lines.
+class Problems {
+ public:
+  template <typename... Args>
+  void Add(absl::string_view path, const Args&... args) {
+    lines_.push_back(absl::StrCat(path, ": ", args...));
+  }
+  bool empty() const { return lines_.empty(); }
+  absl::Status ToStatus() const {
+    if (lines_.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrJoin(lines_, "\n"));
+  }
+
+ private:
+  std::vector<std::string> lines_;
+};
+
+// Comparisons written so that NaN fails every range check.
+bool InOpenUnit(double x) { return x > 0 && x < 1; }
+bool InClosedUnit(double x) { return x >= 0 && x <= 1; }
+bool NonNegative(double x) { return x >= 0; }
+
+void ResolveSampling(v1::SamplingParams* sampling, float default_temperature) {
+  if (!sampling->has_temperature()) sampling->set_temperature(default_temperature);
+  if (!sampling->has_top_p()) sampling->set_top_p(1.0f);
+}
+
+void ValidateSampling(const v1::SamplingParams& sampling, absl::string_view path,
+                      Problems& problems) {
+  if (!(sampling.temperature() >= 0) || std::isinf(sampling.temperature())) {
+    problems.Add(absl::StrCat(path, ".temperature"), "must be >= 0 (0 = greedy), got ",
+                 sampling.temperature());
+  }
+  if (!(sampling.top_p() > 0 && sampling.top_p() <= 1)) {
+    problems.Add(absl::StrCat(path, ".top_p"), "must be in (0, 1], got ", sampling.top_p());
+  }
+  if (sampling.top_k() < 0) {
+    problems.Add(absl::StrCat(path, ".top_k"), "must be >= 0 (0 = disabled), got ",
+                 sampling.top_k());
+  }
+  if (sampling.max_new_tokens() < 0) {
+    problems.Add(absl::StrCat(path, ".max_new_tokens"),
+                 "must be >= 0 (0 = up to the context length), got ", sampling.max_new_tokens());
+  }
+}
+
+void ValidateModel(const RunSpec& spec, Problems& problems) {
+  const v1::ModelConfig& model = spec.model();
+  switch (model.source_case()) {
+    case v1::ModelConfig::SOURCE_NOT_SET:
+      problems.Add("model", "exactly one of builtin or hf_model_dir must be set");
+      break;
+    case v1::ModelConfig::kHfModelDir:
+      problems.Add("model.hf_model_dir",
+                   "Hugging Face models are not supported yet in this release (arithmetic task / "
+                   "builtin models only); use model.builtin");
+      break;
+    case v1::ModelConfig::kBuiltin: {
+      const task::CharTokenizer tokenizer;
+      absl::StatusOr<model::ModelConfig> config =
+          model::BuiltinModelConfig(model.builtin(), tokenizer.vocab_size());
+      if (!config.ok()) {
+        // The model library's message lists the known names; keep that list.
+        const absl::string_view message = config.status().message();
+        const size_t known = message.find("; known:");
+        problems.Add("model.builtin", "unknown model \"", model.builtin(), "\"",
+                     known == absl::string_view::npos ? absl::StrCat(" (", message, ")")
+                                                      : std::string(message.substr(known)));
+      } else if (model.max_context_tokens() > config->max_position_embeddings) {
+        problems.Add("model.max_context_tokens", "must be <= ", config->max_position_embeddings,
+                     " (the context length of the ", model.builtin(), " model), got ",
+                     model.max_context_tokens());
+      }
+      if (!model.tokenizer_path().empty()) {
+        problems.Add("model.tokenizer_path",
+                     "not supported yet in this release (builtin models use their built-in "
+                     "tokenizer); leave it empty");
+      }
+      break;
+    }
+  }
+  if (model.max_context_tokens() < 0) {
+    problems.Add("model.max_context_tokens", "must be >= 0 (0 = the model's context length), got ",
+                 model.max_context_tokens());
+  }
+}
+
+void ValidateTask(const RunSpec& spec, Problems& problems) {
+  const v1::TaskConfig& task = spec.task();
+  if (task.eval_split_size() < 0) {
+    problems.Add("task.eval_split_size", "must be >= 0 (0 = default 200), got ",
+                 task.eval_split_size());
+  }
+  if (!task.prompt_template().empty()) {
+    problems.Add("task.prompt_template",
+                 "not supported yet in this release (the arithmetic task has a fixed format); "
+                 "leave it empty");
+  }
+  switch (task.source_case()) {
+    case v1::TaskConfig::SOURCE_NOT_SET:
+      problems.Add("task", "exactly one of arithmetic or dataset must be set");
+      return;
+    case v1::TaskConfig::kDataset:
+      problems.Add("task.dataset",
+                   "dataset tasks are not supported yet in this release (arithmetic task / "
+                   "builtin models only); use task.arithmetic");
+      return;
+    case v1::TaskConfig::kArithmetic:
+      break;
+  }
+  if (task.eval_split_size() < 0) return;  // Already reported; the task cannot be sized.
+  const absl::Status valid = task::ValidateArithmeticOptions(ArithmeticOptionsFor(spec));
+  if (valid.ok()) return;
+  // "invalid arithmetic task options: a: ...; b: ..." -> one line per field,
+  // named by its path in the spec.
+  absl::string_view message = valid.message();
+  absl::ConsumePrefix(&message, "invalid arithmetic task options: ");
+  for (absl::string_view problem : absl::StrSplit(message, "; ")) {
+    if (absl::ConsumePrefix(&problem, "eval_size")) {
+      problems.Add("task.eval_split_size", absl::StripPrefix(problem, ": "));
+    } else {
+      const size_t colon = problem.find(": ");
+      if (colon == absl::string_view::npos) {
+        problems.Add("task.arithmetic", problem);
+      } else {
+        problems.Add(absl::StrCat("task.arithmetic.", problem.substr(0, colon)),
+                     problem.substr(colon + 2));
+      }
+    }
+  }
+}
+
+void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
+  const v1::AlgorithmConfig& a = spec.algorithm();
+  switch (a.objective()) {
+    case v1::OBJECTIVE_GRPO:
+    case v1::OBJECTIVE_DECOUPLED_PPO:
+      break;
+    case v1::OBJECTIVE_TRAJECTORY_BALANCE:
+      problems.Add("algorithm.objective",
+                   "OBJECTIVE_TRAJECTORY_BALANCE is not implemented yet; this release implements "
+                   "OBJECTIVE_GRPO and OBJECTIVE_DECOUPLED_PPO");
+      break;
+    default:
+      problems.Add("algorithm.objective", "must be OBJECTIVE_GRPO or OBJECTIVE_DECOUPLED_PPO, got ",
+                   v1::Objective_Name(a.objective()).empty()
+                       ? std::to_string(static_cast<int>(a.objective()))
+                       : v1::Objective_Name(a.objective()));
+  }
+  if (a.group_size() < 2) {
+    problems.Add("algorithm.group_size",
+                 "must be >= 2 (GRPO needs several samples per prompt), got ", a.group_size());
+  }
+  if (a.batch_size_groups() < 1) {
+    problems.Add("algorithm.batch_size_groups", "must be >= 1, got ", a.batch_size_groups());
+  }
+  if (a.max_staleness() < 0) {
+    problems.Add("algorithm.max_staleness", "must be >= 0 (0 = synchronous on-policy), got ",
+                 a.max_staleness());
+  }
+  if (!InOpenUnit(a.clip_eps_low())) {
+    problems.Add("algorithm.clip_eps_low", "must be in (0, 1), got ", a.clip_eps_low());
+  }
+  if (!InOpenUnit(a.clip_eps_high())) {
+    problems.Add("algorithm.clip_eps_high", "must be in (0, 1), got ", a.clip_eps_high());
+  }
+  if (!(a.behaviour_weight_cap() > 0) || std::isinf(a.behaviour_weight_cap())) {
+    problems.Add("algorithm.behaviour_weight_cap", "must be > 0, got ", a.behaviour_weight_cap());
+  }
+  if (!v1::BehaviourWeightMode_IsValid(a.behaviour_weight_mode()) ||
+      a.behaviour_weight_mode() == v1::BEHAVIOUR_WEIGHT_MODE_UNSPECIFIED) {
+    problems.Add("algorithm.behaviour_weight_mode",
+                 "must be BEHAVIOUR_WEIGHT_MODE_TRUNCATE, _MASK or _NONE, got ",
+                 static_cast<int>(a.behaviour_weight_mode()));
+  }
+  if (!InOpenUnit(a.learning_rate())) {
+    problems.Add("algorithm.learning_rate", "must be > 0 and < 1, got ", a.learning_rate());
+  }
+  if (!NonNegative(a.weight_decay())) {
+    problems.Add("algorithm.weight_decay", "must be >= 0, got ", a.weight_decay());
+  }
+  if (!NonNegative(a.grad_clip_norm())) {
+    problems.Add("algorithm.grad_clip_norm", "must be >= 0 (0 = no clipping), got ",
+                 a.grad_clip_norm());
+  }
+  if (!NonNegative(a.kl_coef())) {
+    problems.Add("algorithm.kl_coef", "must be >= 0, got ", a.kl_coef());
+  }
+  if (!(a.tb_beta() > 0)) {
+    problems.Add("algorithm.tb_beta", "must be > 0, got ", a.tb_beta());
+  }
+  if (!(a.advantage_eps() > 0)) {
+    problems.Add("algorithm.advantage_eps", "must be > 0, got ", a.advantage_eps());
+  }
+  if (a.total_steps() <= 0) {
+    problems.Add("algorithm.total_steps", "must be > 0, got ", a.total_steps());
+  }
+  if (a.lr_warmup_steps() < 0) {
+    problems.Add("algorithm.lr_warmup_steps", "must be >= 0, got ", a.lr_warmup_steps());
+  }
+  if (a.minibatches_per_batch() < 1) {
+    problems.Add("algorithm.minibatches_per_batch", "must be >= 1, got ",
+                 a.minibatches_per_batch());
+  } else if (a.batch_size_groups() >= 1 && a.minibatches_per_batch() > a.batch_size_groups()) {
+    problems.Add("algorithm.minibatches_per_batch", "must be <= batch_size_groups (",
+                 a.batch_size_groups(), "), got ", a.minibatches_per_batch());
+  }
+}
+
+void ValidateWarmStart(const RunSpec& spec, Problems& problems) {
+  const v1::WarmStartConfig& w = spec.warm_start();
+  if (w.sft_steps() < 0) {
+    problems.Add("warm_start.sft_steps", "must be >= 0 (0 = no warm start), got ", w.sft_steps());
+  }
+  if (!InClosedUnit(w.target_accuracy())) {
+    problems.Add("warm_start.target_accuracy", "must be in [0, 1], got ", w.target_accuracy());
+  }
+  if (w.sft_steps() > 0) {
+    if (!InOpenUnit(w.learning_rate())) {
+      problems.Add("warm_start.learning_rate", "must be > 0 and < 1, got ", w.learning_rate());
+    }
+    if (w.batch_size() < 1) {
+      problems.Add("warm_start.batch_size", "must be >= 1, got ", w.batch_size());
+    }
+  } else {
+    if (!NonNegative(w.learning_rate()) || w.learning_rate() >= 1) {
+      problems.Add("warm_start.learning_rate", "must be >= 0 and < 1, got ", w.learning_rate());
+    }
+    if (w.batch_size() < 0) {
+      problems.Add("warm_start.batch_size", "must be >= 0, got ", w.batch_size());
+    }
+  }
+}
+
+void ValidateRollout(const RunSpec& spec, Problems& problems) {
+  const v1::RolloutConfig& r = spec.rollout();
+  ValidateSampling(r.sampling(), "rollout.sampling", problems);
+  if (r.num_workers() < 1) {
+    problems.Add("rollout.num_workers", "must be >= 1, got ", r.num_workers());
+  }
+  if (r.max_concurrent_groups_per_worker() < 0) {
+    problems.Add("rollout.max_concurrent_groups_per_worker",
+                 "must be >= 0 (0 = the worker decides), got ",
+                 r.max_concurrent_groups_per_worker());
+  }
+}
+
+void ValidateReward(const RunSpec& spec, Problems& problems) {
+  const v1::RewardConfig& r = spec.reward();
+  // Without a task there is no default verifier; that is reported as the task's problem.
+  if (r.verifiers().empty() && spec.task().source_case() != v1::TaskConfig::SOURCE_NOT_SET) {
+    problems.Add("reward.verifiers", "must name at least one verifier (e.g. {name: math})");
+  }
+  for (int i = 0; i < r.verifiers_size(); ++i) {
+    const v1::WeightedVerifier& v = r.verifiers(i);
+    if (v.name().empty()) {
+      problems.Add(absl::StrCat("reward.verifiers[", i, "].name"),
+                   "must name a verifier (e.g. \"math\")");
+    }
+    if (!(v.weight() > 0) || std::isinf(v.weight())) {
+      problems.Add(absl::StrCat("reward.verifiers[", i, "].weight"), "must be > 0, got ",
+                   v.weight());
+    }
+  }
+  if (r.item_timeout_ms() < 0) {
+    problems.Add("reward.item_timeout_ms", "must be >= 0 (0 = the verifier's default), got ",
+                 r.item_timeout_ms());
+  }
+}
+
+void ValidateBuffer(const RunSpec& spec, Problems& problems) {
+  const v1::BufferConfig& b = spec.buffer();
+  if (b.sampler() != v1::SAMPLER_KIND_FIFO) {
+    const std::string name = v1::SamplerKind_Name(b.sampler());
+    problems.Add("buffer.sampler",
+                 name.empty() ? std::to_string(static_cast<int>(b.sampler())) : name,
+                 " is not available yet; this release implements SAMPLER_KIND_FIFO");
+  }
+  if (b.has_priority_alpha() && !NonNegative(b.priority_alpha())) {
+    problems.Add("buffer.priority_alpha", "must be >= 0, got ", b.priority_alpha());
+  }
+  if (!InClosedUnit(b.recency_probability())) {
+    problems.Add("buffer.recency_probability", "must be in [0, 1], got ", b.recency_probability());
+  }
+  if (b.max_times_sampled() < 1) {
+    problems.Add("buffer.max_times_sampled", "must be >= 1, got ", b.max_times_sampled());
+  }
+  if (b.capacity_groups() < 0) {
+    problems.Add("buffer.capacity_groups", "must be >= 0 (0 = unbounded), got ",
+                 b.capacity_groups());
+  }
+  if (b.min_size_to_sample_groups() < 0) {
+    problems.Add("buffer.min_size_to_sample_groups", "must be >= 0, got ",
+                 b.min_size_to_sample_groups());
+  }
+  if (!NonNegative(b.samples_per_insert())) {
+    problems.Add("buffer.samples_per_insert", "must be >= 0 (0 = no rate limiting), got ",
+                 b.samples_per_insert());
+  }
+  if (!NonNegative(b.samples_per_insert_tolerance())) {
+    problems.Add("buffer.samples_per_insert_tolerance", "must be >= 0, got ",
+                 b.samples_per_insert_tolerance());
+  }
+}
+
+void ValidateEvalAndCheckpoint(const RunSpec& spec, Problems& problems) {
+  const v1::EvalConfig& e = spec.eval();
+  if (e.every_n_steps() < 0) {
+    problems.Add("eval.every_n_steps", "must be >= 0 (0 = only at the end), got ",
+                 e.every_n_steps());
+  }
+  if (e.num_prompts() < 0) {
+    problems.Add("eval.num_prompts", "must be >= 0 (0 = the whole eval split), got ",
+                 e.num_prompts());
+  } else if (e.num_prompts() > spec.task().eval_split_size() &&
+             spec.task().eval_split_size() >= 0) {
+    problems.Add("eval.num_prompts", "must be <= task.eval_split_size (",
+                 spec.task().eval_split_size(), "), got ", e.num_prompts());
+  }
+  ValidateSampling(e.sampling(), "eval.sampling", problems);
+  const v1::CheckpointConfig& c = spec.checkpoint();
+  if (c.every_n_steps() < 0) {
+    problems.Add("checkpoint.every_n_steps", "must be >= 0 (0 = only at the end), got ",
+                 c.every_n_steps());
+  }
+  if (c.keep_last() < 0) {
+    problems.Add("checkpoint.keep_last", "must be >= 0 (0 = keep all), got ", c.keep_last());
+  }
+}
+
+}  // namespace
+
+RunSpec ResolveDefaults(RunSpec spec) {
+  v1::ModelConfig& model = *spec.mutable_model();
+  if (model.source_case() == v1::ModelConfig::SOURCE_NOT_SET) model.set_builtin("tiny");
+  if (model.has_builtin() && model.max_context_tokens() == 0) {
+    absl::StatusOr<model::ModelConfig> config =
+        model::BuiltinModelConfig(model.builtin(), task::CharTokenizer().vocab_size());
+    // An unknown name is left for ValidateRunSpec to report.
+    if (config.ok())
+      model.set_max_context_tokens(static_cast<int32_t>(config->max_position_embeddings));
+  }
+
+  v1::TaskConfig& task = *spec.mutable_task();
+  if (task.eval_split_size() == 0) task.set_eval_split_size(kDefaultEvalSplitSize);
+  if (task.has_arithmetic()) {
+    v1::ArithmeticTaskConfig& arithmetic = *task.mutable_arithmetic();
+    if (arithmetic.max_operand() == 0) arithmetic.set_max_operand(kDefaultMaxOperand);
+    if (arithmetic.num_operands() == 0) arithmetic.set_num_operands(kDefaultNumOperands);
+    if (arithmetic.operators().empty()) {
+      for (const char* op : {"+", "-", "*"}) arithmetic.add_operators(op);
+    }
+    if (arithmetic.num_prompts() == 0) arithmetic.set_num_prompts(kDefaultNumArithmeticPrompts);
+  }
+
+  v1::AlgorithmConfig& a = *spec.mutable_algorithm();
+  if (a.objective() == v1::OBJECTIVE_UNSPECIFIED) a.set_objective(v1::OBJECTIVE_DECOUPLED_PPO);
+  if (a.group_size() == 0) a.set_group_size(kDefaultGroupSize);
+  if (a.batch_size_groups() == 0) a.set_batch_size_groups(kDefaultBatchSizeGroups);
+  if (!a.has_max_staleness()) a.set_max_staleness(kDefaultMaxStaleness);
+  if (a.clip_eps_low() == 0) a.set_clip_eps_low(kDefaultClipEps);
+  if (a.clip_eps_high() == 0) a.set_clip_eps_high(a.clip_eps_low());
+  if (a.behaviour_weight_cap() == 0) a.set_behaviour_weight_cap(kDefaultBehaviourWeightCap);
+  if (a.behaviour_weight_mode() == v1::BEHAVIOUR_WEIGHT_MODE_UNSPECIFIED) {
+    a.set_behaviour_weight_mode(v1::BEHAVIOUR_WEIGHT_MODE_TRUNCATE);
+  }
+  if (a.learning_rate() == 0) a.set_learning_rate(kDefaultLearningRate);
+  if (!a.has_grad_clip_norm()) a.set_grad_clip_norm(kDefaultGradClipNorm);
+  if (a.tb_beta() == 0) a.set_tb_beta(kDefaultTbBeta);
+  if (!a.has_normalize_advantage_by_std()) a.set_normalize_advantage_by_std(true);
+  if (a.advantage_eps() == 0) a.set_advantage_eps(kDefaultAdvantageEps);
+  if (a.total_steps() == 0) a.set_total_steps(kDefaultTotalSteps);
+  if (a.minibatches_per_batch() == 0) a.set_minibatches_per_batch(1);
+
+  v1::WarmStartConfig& w = *spec.mutable_warm_start();
+  if (w.sft_steps() > 0) {
+    if (w.learning_rate() == 0) w.set_learning_rate(kDefaultWarmStartLearningRate);
+    if (w.batch_size() == 0) w.set_batch_size(a.group_size() * a.batch_size_groups());
+  }
+
+  v1::RolloutConfig& rollout = *spec.mutable_rollout();
+  ResolveSampling(rollout.mutable_sampling(), 1.0f);
+  if (rollout.num_workers() == 0) rollout.set_num_workers(1);
+
+  v1::RewardConfig& reward = *spec.mutable_reward();
+  if (reward.verifiers().empty() && task.has_arithmetic()) {
+    v1::WeightedVerifier* math = reward.add_verifiers();
+    math->set_name("math");
+    math->set_weight(1.0);
+  }
+  for (v1::WeightedVerifier& verifier : *reward.mutable_verifiers()) {
+    if (verifier.weight() == 0) verifier.set_weight(1.0);
+  }
+
+  v1::BufferConfig& buffer = *spec.mutable_buffer();
+  if (buffer.sampler() == v1::SAMPLER_KIND_UNSPECIFIED) buffer.set_sampler(v1::SAMPLER_KIND_FIFO);
+  if (buffer.max_times_sampled() == 0) buffer.set_max_times_sampled(1);
+  if (!buffer.has_priority_alpha()) buffer.set_priority_alpha(kDefaultPriorityAlpha);
+  if (buffer.recency_probability() == 0) {
+    buffer.set_recency_probability(kDefaultRecencyProbability);
+  }
+
+  // Eval sampling: unset temperature means greedy, unlike training rollouts.
+  ResolveSampling(spec.mutable_eval()->mutable_sampling(), 0.0f);
+
+  v1::CheckpointConfig& checkpoint = *spec.mutable_checkpoint();
+  if (!checkpoint.has_resume()) checkpoint.set_resume(true);
+  return spec;
+}
+
+absl::Status ValidateRunSpec(const RunSpec& spec) {
+  Problems problems;
+  ValidateModel(spec, problems);
+  ValidateTask(spec, problems);
+  ValidateAlgorithm(spec, problems);
+  ValidateWarmStart(spec, problems);
+  ValidateRollout(spec, problems);
+  ValidateReward(spec, problems);
+  ValidateBuffer(spec, problems);
+  ValidateEvalAndCheckpoint(spec, problems);
+  return problems.ToStatus();
+}
+
+task::ArithmeticOptions ArithmeticOptionsFor(const RunSpec& spec) {
+  const v1::ArithmeticTaskConfig& arithmetic = spec.task().arithmetic();
+  task::ArithmeticOptions options;
+  options.min_operand = arithmetic.min_operand();
+  options.max_operand = arithmetic.max_operand();
+  options.num_operands = arithmetic.num_operands();
+  options.operators.assign(arithmetic.operators().begin(), arithmetic.operators().end());
+  options.num_prompts = arithmetic.num_prompts();
+  options.eval_size = spec.task().eval_split_size();
+  options.seed = spec.seed();
+  return options;
+}
+
+absl::StatusOr<std::vector<v1::Prompt>> BuildTrainingPrompts(const RunSpec& spec) {
+  if (!spec.task().has_arithmetic()) {
+    return absl::UnimplementedError("only the arithmetic task is supported in this release");
+  }
+  absl::StatusOr<task::ArithmeticTask> task =
+      task::ArithmeticTask::Generate(ArithmeticOptionsFor(spec));
+  if (!task.ok()) return task.status();
+  std::vector<v1::Prompt> prompts;
+  prompts.reserve(task->train.size());
+  for (task::TaskItem& item : task->train) {
+    v1::Prompt& prompt = prompts.emplace_back();
+    prompt.set_prompt_id(std::move(item.prompt_id));
+    prompt.set_text(std::move(item.prompt));
+    prompt.set_reference_answer(std::move(item.reference_answer));
+  }
+  return prompts;
+}
+
+}  // namespace sluice::controller

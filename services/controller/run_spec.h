@@ -1,0 +1,60 @@
+#ifndef SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_
+#define SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/task/arithmetic.h"
+#include "sluice/v1/common.pb.h"
+
+namespace sluice::controller {
+
+// A RunSpec as submitted leaves most fields at 0 / unset, meaning "the
+// documented default" (see common.proto). The controller resolves every
+// default it knows into explicit values before it stores the spec or sends it
+// to a service, so that GetRun, spec.json and every component see one and
+// the same set of numbers:
+//
+//   model.builtin "tiny" (when no source is set); model.max_context_tokens =
+//   the builtin model's context length; task.eval_split_size 200;
+//   arithmetic: max_operand 99, num_operands 2, operators + - *, num_prompts
+//   10000; objective DECOUPLED_PPO; G = group_size 8; B = batch_size_groups
+//   16; eta = max_staleness 4; clip_eps_low 0.2, clip_eps_high = low;
+//   behaviour_weight_cap 5, mode TRUNCATE; learning_rate 1e-6;
+//   grad_clip_norm 1.0; normalize_advantage_by_std true; advantage_eps 1e-6;
+//   tb_beta 1.0; total_steps 1000; minibatches_per_batch 1; warm start (only
+//   with sft_steps > 0): learning_rate 1e-4, batch_size G * B; rollout
+//   sampling temperature 1.0, top_p 1.0; rollout.num_workers 1;
+//   reward.verifiers [{math, 1}] for arithmetic; verifier weight 1.0;
+//   buffer sampler FIFO, max_times_sampled 1, priority_alpha 0.6,
+//   recency_probability 0.5; eval sampling temperature 0 (greedy), top_p 1.0;
+//   checkpoint.resume true.
+//
+// eval.num_prompts stays 0 (= the whole eval split). Idempotent:
+// ResolveDefaults(ResolveDefaults(s)) == ResolveDefaults(s). Pure, O(size).
+v1::RunSpec ResolveDefaults(v1::RunSpec spec);
+
+// Checks a (normally resolved) spec and reports every problem at once, one
+// per line, each naming the field path and what is wrong with it:
+//
+//   algorithm.group_size: must be >= 2 (GRPO needs several samples per prompt), got 1
+//   model.builtin: unknown model "huge"; known: tiny, micro
+//
+// INVALID_ARGUMENT when anything is wrong, OK otherwise. Features the
+// contracts describe but this release does not implement (dataset tasks,
+// Hugging Face models, samplers other than FIFO, trajectory balance) are
+// rejected here with a message saying so, rather than failing mid-run.
+absl::Status ValidateRunSpec(const v1::RunSpec& spec);
+
+// The arithmetic task options a resolved spec describes (the training pool
+// and eval split the controller hands out and the trainer evaluates on).
+// Requires spec.task().has_arithmetic().
+task::ArithmeticOptions ArithmeticOptionsFor(const v1::RunSpec& spec);
+
+// The run's training prompts in task order (not yet shuffled):
+// ArithmeticTask::Generate with the spec's seed and eval split; each Prompt
+// carries its id, text and reference answer. Errors are the task's own.
+absl::StatusOr<std::vector<v1::Prompt>> BuildTrainingPrompts(const v1::RunSpec& spec);
+
+}  // namespace sluice::controller
+
+#endif  // SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_

@@ -1,0 +1,277 @@
+#include "services/controller/run_spec.h"
+
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+
+namespace sluice::controller {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+v1::RunSpec ArithmeticSpec() {
+  v1::RunSpec spec;
+  spec.mutable_task()->mutable_arithmetic();
+  return spec;
+}
+
+// The message of validating `spec` after defaults are resolved.
+std::string ProblemsOf(const v1::RunSpec& spec) {
+  const absl::Status status = ValidateRunSpec(ResolveDefaults(spec));
+  if (status.ok()) return "";
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  return std::string(status.message());
+}
+
+TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
+  const v1::RunSpec spec = ResolveDefaults(ArithmeticSpec());
+  EXPECT_EQ(spec.model().builtin(), "tiny");
+  EXPECT_EQ(spec.model().max_context_tokens(), 32);
+  EXPECT_EQ(spec.task().eval_split_size(), 200);
+  const v1::ArithmeticTaskConfig& arithmetic = spec.task().arithmetic();
+  EXPECT_EQ(arithmetic.min_operand(), 0);
+  EXPECT_EQ(arithmetic.max_operand(), 99);
+  EXPECT_EQ(arithmetic.num_operands(), 2);
+  EXPECT_THAT(arithmetic.operators(), ::testing::ElementsAre("+", "-", "*"));
+  EXPECT_EQ(arithmetic.num_prompts(), 10000);
+
+  const v1::AlgorithmConfig& a = spec.algorithm();
+  EXPECT_EQ(a.objective(), v1::OBJECTIVE_DECOUPLED_PPO);
+  EXPECT_EQ(a.group_size(), 8);
+  EXPECT_EQ(a.batch_size_groups(), 16);
+  EXPECT_TRUE(a.has_max_staleness());
+  EXPECT_EQ(a.max_staleness(), 4);
+  EXPECT_DOUBLE_EQ(a.clip_eps_low(), 0.2);
+  EXPECT_DOUBLE_EQ(a.clip_eps_high(), 0.2);
+  EXPECT_DOUBLE_EQ(a.behaviour_weight_cap(), 5.0);
+  EXPECT_EQ(a.behaviour_weight_mode(), v1::BEHAVIOUR_WEIGHT_MODE_TRUNCATE);
+  EXPECT_DOUBLE_EQ(a.learning_rate(), 1e-6);
+  EXPECT_TRUE(a.has_grad_clip_norm());
+  EXPECT_DOUBLE_EQ(a.grad_clip_norm(), 1.0);
+  EXPECT_TRUE(a.has_normalize_advantage_by_std());
+  EXPECT_TRUE(a.normalize_advantage_by_std());
+  EXPECT_DOUBLE_EQ(a.advantage_eps(), 1e-6);
+  EXPECT_EQ(a.total_steps(), 1000);
+  EXPECT_EQ(a.minibatches_per_batch(), 1);
+
+  // No warm start asked for: its defaults stay unset.
+  EXPECT_EQ(spec.warm_start().sft_steps(), 0);
+  EXPECT_EQ(spec.warm_start().learning_rate(), 0);
+  EXPECT_EQ(spec.warm_start().batch_size(), 0);
+
+  EXPECT_TRUE(spec.rollout().sampling().has_temperature());
+  EXPECT_FLOAT_EQ(spec.rollout().sampling().temperature(), 1.0f);
+  EXPECT_FLOAT_EQ(spec.rollout().sampling().top_p(), 1.0f);
+  EXPECT_EQ(spec.rollout().num_workers(), 1);
+  ASSERT_EQ(spec.reward().verifiers_size(), 1);
+  EXPECT_EQ(spec.reward().verifiers(0).name(), "math");
+  EXPECT_DOUBLE_EQ(spec.reward().verifiers(0).weight(), 1.0);
+  EXPECT_EQ(spec.buffer().sampler(), v1::SAMPLER_KIND_FIFO);
+  EXPECT_EQ(spec.buffer().max_times_sampled(), 1);
+  EXPECT_EQ(spec.eval().num_prompts(), 0);
+  EXPECT_TRUE(spec.eval().sampling().has_temperature());
+  EXPECT_FLOAT_EQ(spec.eval().sampling().temperature(), 0.0f);
+  EXPECT_TRUE(spec.checkpoint().resume());
+  EXPECT_TRUE(ValidateRunSpec(spec).ok()) << ValidateRunSpec(spec);
+}
+
+TEST(ResolveDefaultsTest, ExplicitValuesAreKept) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_model()->set_builtin("micro");
+  spec.mutable_algorithm()->set_max_staleness(0);
+  spec.mutable_algorithm()->set_grad_clip_norm(0);
+  spec.mutable_algorithm()->set_normalize_advantage_by_std(false);
+  spec.mutable_algorithm()->set_clip_eps_low(0.1);
+  spec.mutable_rollout()->mutable_sampling()->set_temperature(0);
+  spec.mutable_reward()->add_verifiers()->set_name("format");
+  const v1::RunSpec resolved = ResolveDefaults(spec);
+  EXPECT_EQ(resolved.model().builtin(), "micro");
+  EXPECT_EQ(resolved.algorithm().max_staleness(), 0);
+  EXPECT_EQ(resolved.algorithm().grad_clip_norm(), 0);
+  EXPECT_FALSE(resolved.algorithm().normalize_advantage_by_std());
+  EXPECT_DOUBLE_EQ(resolved.algorithm().clip_eps_high(), 0.1);  // Follows low.
+  EXPECT_FLOAT_EQ(resolved.rollout().sampling().temperature(), 0.0f);
+  ASSERT_EQ(resolved.reward().verifiers_size(), 1);
+  EXPECT_EQ(resolved.reward().verifiers(0).name(), "format");
+  EXPECT_DOUBLE_EQ(resolved.reward().verifiers(0).weight(), 1.0);
+}
+
+TEST(ResolveDefaultsTest, WarmStartDefaultsOnlyWithSftSteps) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_group_size(4);
+  spec.mutable_algorithm()->set_batch_size_groups(8);
+  spec.mutable_warm_start()->set_sft_steps(100);
+  const v1::RunSpec resolved = ResolveDefaults(spec);
+  EXPECT_DOUBLE_EQ(resolved.warm_start().learning_rate(), 1e-4);
+  EXPECT_EQ(resolved.warm_start().batch_size(), 32);
+}
+
+TEST(ResolveDefaultsTest, IsIdempotent) {
+  const v1::RunSpec once = ResolveDefaults(ArithmeticSpec());
+  const v1::RunSpec twice = ResolveDefaults(once);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(once, twice));
+}
+
+TEST(ValidateRunSpecTest, GroupSizeOfOneIsRejectedWithTheReason) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_group_size(1);
+  EXPECT_EQ(ProblemsOf(spec),
+            "algorithm.group_size: must be >= 2 (GRPO needs several samples per prompt), got 1");
+}
+
+TEST(ValidateRunSpecTest, EveryProblemIsReportedOnItsOwnLine) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_group_size(-3);
+  spec.mutable_algorithm()->set_learning_rate(2.0);
+  spec.mutable_rollout()->mutable_sampling()->set_top_p(0);
+  const std::string problems = ProblemsOf(spec);
+  EXPECT_THAT(problems, HasSubstr("algorithm.group_size: must be >= 2"));
+  EXPECT_THAT(problems, HasSubstr("\nalgorithm.learning_rate: must be > 0 and < 1, got 2"));
+  EXPECT_THAT(problems, HasSubstr("\nrollout.sampling.top_p: must be in (0, 1], got 0"));
+}
+
+TEST(ValidateRunSpecTest, ModelNeedsASource) {
+  // Unresolved: nothing set.
+  const absl::Status status = ValidateRunSpec(ArithmeticSpec());
+  EXPECT_THAT(std::string(status.message()),
+              HasSubstr("model: exactly one of builtin or hf_model_dir must be set"));
+}
+
+TEST(ValidateRunSpecTest, UnknownBuiltinModelListsTheKnownOnes) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_model()->set_builtin("huge");
+  EXPECT_EQ(ProblemsOf(spec), "model.builtin: unknown model \"huge\"; known: tiny, micro");
+}
+
+TEST(ValidateRunSpecTest, HuggingFaceModelsAreNotSupportedYet) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_model()->set_hf_model_dir("/models/qwen");
+  EXPECT_THAT(ProblemsOf(spec),
+              HasSubstr("model.hf_model_dir: Hugging Face models are not supported yet in this "
+                        "release (arithmetic task / builtin models only)"));
+}
+
+TEST(ValidateRunSpecTest, TaskNeedsASource) {
+  EXPECT_EQ(ProblemsOf(v1::RunSpec()), "task: exactly one of arithmetic or dataset must be set");
+}
+
+TEST(ValidateRunSpecTest, DatasetTasksAreNotSupportedYet) {
+  v1::RunSpec spec;
+  spec.mutable_task()->mutable_dataset()->set_path("gsm8k.jsonl");
+  EXPECT_THAT(ProblemsOf(spec),
+              HasSubstr("task.dataset: dataset tasks are not supported yet in this release "
+                        "(arithmetic task / builtin models only)"));
+}
+
+TEST(ValidateRunSpecTest, ArithmeticOptionsAreNamedByTheirPathInTheSpec) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_task()->mutable_arithmetic()->set_min_operand(50);
+  spec.mutable_task()->mutable_arithmetic()->set_max_operand(10);
+  spec.mutable_task()->mutable_arithmetic()->add_operators("/");
+  const std::string problems = ProblemsOf(spec);
+  EXPECT_THAT(problems, HasSubstr("task.arithmetic.max_operand: must be >= min_operand (50), "
+                                  "got 10"));
+  EXPECT_THAT(problems, HasSubstr("task.arithmetic.operators[0]: must be"));
+}
+
+TEST(ValidateRunSpecTest, EvalSplitLargerThanTheProblemSpaceNamesTheSpecField) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_task()->mutable_arithmetic()->set_max_operand(2);
+  spec.mutable_task()->mutable_arithmetic()->add_operators("+");
+  spec.mutable_task()->set_eval_split_size(50);
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("task.eval_split_size: only 9 distinct problems"));
+}
+
+TEST(ValidateRunSpecTest, TrajectoryBalanceIsNotImplementedYet) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+  EXPECT_THAT(
+      ProblemsOf(spec),
+      HasSubstr("algorithm.objective: OBJECTIVE_TRAJECTORY_BALANCE is not implemented yet"));
+  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_GRPO);
+  EXPECT_EQ(ProblemsOf(spec), "");
+}
+
+TEST(ValidateRunSpecTest, OnlyTheFifoSamplerIsAvailable) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_buffer()->set_sampler(v1::SAMPLER_KIND_PRIORITIZED);
+  EXPECT_EQ(ProblemsOf(spec),
+            "buffer.sampler: SAMPLER_KIND_PRIORITIZED is not available yet; this release "
+            "implements SAMPLER_KIND_FIFO");
+}
+
+TEST(ValidateRunSpecTest, Ranges) {
+  struct Case {
+    std::function<void(v1::RunSpec&)> set;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::RunSpec& s) { s.mutable_rollout()->mutable_sampling()->set_temperature(-0.5f); },
+       "rollout.sampling.temperature: must be >= 0"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->mutable_sampling()->set_top_p(1.5f); },
+       "rollout.sampling.top_p: must be in (0, 1], got 1.5"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_learning_rate(-1e-3); },
+       "algorithm.learning_rate: must be > 0 and < 1"},
+      {[](v1::RunSpec& s) {
+         s.mutable_warm_start()->set_sft_steps(10);
+         s.mutable_warm_start()->set_learning_rate(1.5);
+       },
+       "warm_start.learning_rate: must be > 0 and < 1, got 1.5"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_clip_eps_low(1.0); },
+       "algorithm.clip_eps_low: must be in (0, 1), got 1"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_clip_eps_high(-0.1); },
+       "algorithm.clip_eps_high: must be in (0, 1), got -0.1"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_max_staleness(-1); },
+       "algorithm.max_staleness: must be >= 0 (0 = synchronous on-policy), got -1"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_total_steps(-5); },
+       "algorithm.total_steps: must be > 0, got -5"},
+      {[](v1::RunSpec& s) { s.mutable_warm_start()->set_target_accuracy(1.2); },
+       "warm_start.target_accuracy: must be in [0, 1], got 1.2"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_batch_size_groups(-1); },
+       "algorithm.batch_size_groups: must be >= 1, got -1"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->set_num_workers(-2); },
+       "rollout.num_workers: must be >= 1, got -2"},
+      {[](v1::RunSpec& s) { s.mutable_eval()->set_num_prompts(500); },
+       "eval.num_prompts: must be <= task.eval_split_size (200), got 500"},
+      {[](v1::RunSpec& s) { s.mutable_reward()->add_verifiers()->set_weight(-1); },
+       "reward.verifiers[0].name: must name a verifier"},
+  };
+  for (const Case& c : cases) {
+    v1::RunSpec spec = ArithmeticSpec();
+    c.set(spec);
+    EXPECT_THAT(ProblemsOf(spec), HasSubstr(c.expected));
+  }
+}
+
+TEST(ValidateRunSpecTest, NanIsOutOfEveryRange) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_learning_rate(std::nan(""));
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("algorithm.learning_rate"));
+}
+
+TEST(BuildTrainingPromptsTest, TheTrainingPoolOfTheSpec) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_task()->mutable_arithmetic()->set_num_prompts(50);
+  spec.mutable_task()->set_eval_split_size(10);
+  spec.set_seed(7);
+  absl::StatusOr<std::vector<v1::Prompt>> prompts = BuildTrainingPrompts(ResolveDefaults(spec));
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  ASSERT_EQ(prompts->size(), 50u);
+  for (const v1::Prompt& prompt : *prompts) {
+    EXPECT_THAT(prompt.prompt_id(), HasSubstr("arith-"));
+    EXPECT_THAT(prompt.text(), HasSubstr("="));
+    EXPECT_FALSE(prompt.reference_answer().empty());
+  }
+  absl::StatusOr<std::vector<v1::Prompt>> again = BuildTrainingPrompts(ResolveDefaults(spec));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ((*again)[0].text(), (*prompts)[0].text());
+}
+
+}  // namespace
+}  // namespace sluice::controller

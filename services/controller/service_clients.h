@@ -1,0 +1,69 @@
+#ifndef SLUICE_SERVICES_CONTROLLER_SERVICE_CLIENTS_H_
+#define SLUICE_SERVICES_CONTROLLER_SERVICE_CLIENTS_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "sluice/v1/replay_buffer.pb.h"
+#include "sluice/v1/rollout_worker.pb.h"
+#include "sluice/v1/trainer.pb.h"
+
+namespace sluice::controller {
+
+// What the controller needs of the other services, as small interfaces: the
+// gRPC implementations live at the service edge (grpc_clients.h), tests use
+// fakes. Every call blocks for at most the implementation's deadline and
+// reports failures as absl::Status with the callee's code and message.
+// Implementations must be thread-safe.
+
+class TrainerClient {
+ public:
+  virtual ~TrainerClient() = default;
+  // "host:port" of the trainer, for messages.
+  virtual const std::string& address() const = 0;
+  virtual absl::Status StartTraining(const v1::StartTrainingRequest& request) = 0;
+  virtual absl::Status StopTraining(const v1::StopTrainingRequest& request) = 0;
+};
+
+class RolloutWorkerClient {
+ public:
+  virtual ~RolloutWorkerClient() = default;
+  virtual const std::string& address() const = 0;
+  virtual absl::Status StartRollouts(const v1::StartRolloutsRequest& request) = 0;
+  virtual absl::Status StopRollouts(const v1::StopRolloutsRequest& request) = 0;
+};
+
+class ReplayBufferClient {
+ public:
+  virtual ~ReplayBufferClient() = default;
+  virtual const std::string& address() const = 0;
+  virtual absl::Status ConfigureRun(const v1::ConfigureRunRequest& request) = 0;
+  virtual absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) = 0;
+};
+
+class HealthChecker {
+ public:
+  virtual ~HealthChecker() = default;
+  // OK when the server at `address` answers SERVING; otherwise an error whose
+  // message says what was seen ("health is NOT_SERVING", "connection
+  // refused", "deadline exceeded").
+  virtual absl::Status Check(const std::string& address) = 0;
+};
+
+// The services the controller drives. A null client (or empty reward server
+// address) means the controller was started without that service's flag; a
+// run cannot be submitted until it is given.
+struct ServiceClients {
+  std::shared_ptr<TrainerClient> trainer;
+  std::shared_ptr<ReplayBufferClient> replay_buffer;
+  std::vector<std::shared_ptr<RolloutWorkerClient>> rollout_workers;
+  std::string reward_server_address;
+  std::shared_ptr<HealthChecker> health;
+};
+
+}  // namespace sluice::controller
+
+#endif  // SLUICE_SERVICES_CONTROLLER_SERVICE_CLIENTS_H_

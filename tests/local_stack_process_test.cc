@@ -121,17 +121,59 @@ TEST(LocalStackProcessTest, MissingBinaryFailsBeforeStartingAnything) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("sluice-reward-server"));
 }
 
-TEST(LocalStackProcessTest, QuickstartBringsTheStackUpAndStopsIt) {
+// `sluice quickstart` as ./quickstart.sh runs it, with a spec shortened to
+// seconds (the built-in one takes minutes): stack up, run submitted and
+// watched to SUCCEEDED, run files written, stack down, exit 0.
+TEST(LocalStackProcessTest, QuickstartRunsASpecToTheEndAndStopsTheStack) {
   const std::string dir = testing::MakeTempDir("qs");
+  const std::string spec = dir + "/short.yaml";
+  std::ofstream(spec) << R"(name: quickstart-test
+seed: 3
+model: {builtin: micro}
+task:
+  arithmetic: {max_operand: 9, operators: ["+"], num_prompts: 60}
+  eval_split_size: 20
+warm_start: {sft_steps: 20, learning_rate: 3.0e-3, batch_size: 32}
+algorithm: {objective: grpo, group_size: 4, batch_size_groups: 4, max_staleness: 1,
+            learning_rate: 1.0e-3, total_steps: 5}
+rollout: {sampling: {max_new_tokens: 3}}
+)";
   const std::string log = dir + "/qs.log";
-  auto process = Subprocess::Start(
-      {.argv = {testing::BinDir() + "/sluice", "quickstart", "--runs-dir", dir + "/runs"},
-       .log_path = log});
+  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "quickstart",
+                                             "--runs-dir", dir + "/runs", "--spec", spec},
+                                    .log_path = log});
   ASSERT_TRUE(process.ok());
   absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
   ASSERT_TRUE(exit.ok());
-  EXPECT_TRUE(exit->success()) << testing::ReadFile(log);
-  EXPECT_THAT(testing::ReadFile(log), HasSubstr("all services healthy and stopped cleanly"));
+  const std::string output = testing::ReadFile(log);
+  EXPECT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("RUN_STATE_SUCCEEDED"));
+  EXPECT_THAT(output, HasSubstr("stack stopped"));
+  int runs = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/runs")) {
+    if (entry.path().filename() == "stack") continue;
+    ++runs;
+    const auto summary = nlohmann::json::parse(testing::ReadFile(entry.path() / "summary.json"));
+    EXPECT_EQ(summary["state"], "RUN_STATE_SUCCEEDED");
+    EXPECT_EQ(summary["steps"], 5);
+    EXPECT_TRUE(std::filesystem::exists(entry.path() / "metrics.jsonl"));
+  }
+  EXPECT_EQ(runs, 1);
+}
+
+TEST(LocalStackProcessTest, QuickstartRefusesAnInvalidSpecNamingTheField) {
+  const std::string dir = testing::MakeTempDir("qsbad");
+  const std::string spec = dir + "/bad.yaml";
+  std::ofstream(spec) << "algorithm: {grup_size: 4}\n";
+  const std::string log = dir + "/qs.log";
+  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "quickstart",
+                                             "--runs-dir", dir + "/runs", "--spec", spec},
+                                    .log_path = log});
+  ASSERT_TRUE(process.ok());
+  absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->code, 2);
+  EXPECT_THAT(testing::ReadFile(log), HasSubstr("grup_size"));
 }
 
 TEST(LocalStackProcessTest, HealthCommandExitCodes) {

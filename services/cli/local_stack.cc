@@ -80,6 +80,34 @@ std::string LocalStack::endpoints_path() const {
   return (fs::path(options_.state_dir) / "endpoints.json").string();
 }
 
+std::string LocalStack::runs_dir() const {
+  const fs::path dir = options_.runs_dir.empty() ? fs::path(options_.state_dir) / ".." / "runs"
+                                                 : fs::path(options_.runs_dir);
+  std::error_code error;
+  const fs::path absolute = fs::absolute(dir, error);
+  return (error ? dir : absolute).lexically_normal().string();
+}
+
+std::vector<std::string> LocalStack::ControllerFlags() const {
+  std::vector<std::string> flags = {absl::StrCat("--runs-dir=", runs_dir())};
+  std::vector<std::string> workers;
+  for (const ServiceEndpoint& endpoint : endpoints_) {
+    if (endpoint.name == "trainer") {
+      flags.push_back(absl::StrCat("--trainer-address=", endpoint.grpc));
+    } else if (endpoint.name == "replay_buffer") {
+      flags.push_back(absl::StrCat("--replay-buffer-address=", endpoint.grpc));
+    } else if (endpoint.name == "reward_server") {
+      flags.push_back(absl::StrCat("--reward-server-address=", endpoint.grpc));
+    } else if (endpoint.name == "rollout_worker") {
+      workers.push_back(endpoint.grpc);
+    }
+  }
+  if (!workers.empty()) {
+    flags.push_back(absl::StrCat("--rollout-worker-addresses=", absl::StrJoin(workers, ",")));
+  }
+  return flags;
+}
+
 absl::Status LocalStack::Start() {
   RETURN_IF_ERROR(options_.Validate());
   std::error_code error;
@@ -112,6 +140,9 @@ absl::Status LocalStack::StartOne(const std::string& name) {
                 absl::StrCat("--log-format=", options_.log_format)};
   if (UsesTorch(name)) {
     spawn.argv.push_back(absl::StrCat("--torch-threads=", options_.torch_threads));
+  }
+  if (name == "controller") {
+    for (std::string& flag : ControllerFlags()) spawn.argv.push_back(std::move(flag));
   }
   // The services share the machine's cores: each OpenBLAS pool gets one
   // thread unless the user chose otherwise.
@@ -166,7 +197,7 @@ absl::Status LocalStack::WriteEndpoints() const {
                                {"pid", static_cast<int64_t>(endpoint.pid)},
                                {"log", endpoint.log_path}};
   }
-  const nlohmann::ordered_json document = {{"services", services}};
+  const nlohmann::ordered_json document = {{"services", services}, {"runs_dir", runs_dir()}};
   // Written whole then renamed, so a reader never sees half a file.
   const std::string path = endpoints_path();
   const std::string temporary = path + ".tmp";
@@ -185,7 +216,7 @@ absl::Status LocalStack::WriteEndpoints() const {
   return absl::OkStatus();
 }
 
-absl::Status LocalStack::Supervise(std::string* reason) {
+absl::Status LocalStack::Supervise(std::string* reason, int wake_fd) {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
@@ -196,6 +227,9 @@ absl::Status LocalStack::Supervise(std::string* reason) {
   std::vector<struct pollfd> fds;
   fds.push_back({signal_fd, POLLIN, 0});
   for (const Child& child : children_) fds.push_back({child.process->pidfd(), POLLIN, 0});
+  // Last, so a child that died at the same moment is reported first.
+  if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+  const size_t children_end = wake_fd >= 0 ? fds.size() - 1 : fds.size();
   absl::Status result = absl::OkStatus();
   while (true) {
     const int n = poll(fds.data(), fds.size(), -1);
@@ -212,7 +246,7 @@ absl::Status LocalStack::Supervise(std::string* reason) {
       break;
     }
     bool died = false;
-    for (size_t i = 1; i < fds.size(); ++i) {
+    for (size_t i = 1; i < children_end; ++i) {
       if (!(fds[i].revents & POLLIN)) continue;
       Child& child = children_[i - 1];
       const std::optional<ExitStatus> exit = child.process->TryWait();
@@ -224,6 +258,10 @@ absl::Status LocalStack::Supervise(std::string* reason) {
       break;
     }
     if (died) break;
+    if (wake_fd >= 0 && (fds.back().revents & POLLIN)) {
+      if (reason != nullptr) *reason = "woken";
+      break;
+    }
   }
   close(signal_fd);
   return result;

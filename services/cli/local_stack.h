@@ -19,6 +19,10 @@ struct LocalStackOptions {
   std::string bin_dir;
   // Where endpoints.json and logs/<service>.log go; created if missing.
   std::string state_dir;
+  // The controller's --runs-dir: each run's spec.json, metrics.jsonl,
+  // evals.jsonl and summary.json go to <runs_dir>/<run-id>/. Empty =
+  // <state_dir>/../runs. Made absolute before it is passed on.
+  std::string runs_dir;
   // How long each service may take to report ready and healthy.
   absl::Duration start_timeout = absl::Seconds(60);
   // After SIGTERM, how long a service may drain before it is killed.
@@ -46,7 +50,10 @@ struct ServiceEndpoint {
 //
 // Services start one at a time in dependency order (reward server, replay
 // buffer, trainer, rollout worker, controller), each only after the previous
-// one answered its health check, and stop in reverse order. Children get
+// one answered its health check, and stop in reverse order. The controller
+// starts last and is given the others' addresses (--trainer-address,
+// --replay-buffer-address, --reward-server-address,
+// --rollout-worker-addresses) and --runs-dir. Children get
 // SIGTERM if this process dies, so a crashed supervisor leaves nothing behind.
 //
 // Thread-compatible; one thread drives it.
@@ -66,12 +73,18 @@ class LocalStack {
 
   const std::vector<ServiceEndpoint>& endpoints() const { return endpoints_; }
   std::string endpoints_path() const;
+  // The runs directory the controller was given (absolute).
+  std::string runs_dir() const;
 
   // Blocks until SIGTERM/SIGINT arrives (returns OK and the signal's name in
   // `*reason`) or a service exits (returns an error naming it, its exit status
   // and the end of its log). Both signals must be blocked in every thread
   // (runtime::BlockTerminationSignals) so that they are read here.
-  absl::Status Supervise(std::string* reason);
+  //
+  // `wake_fd` (optional, e.g. an eventfd): when it becomes readable Supervise
+  // returns OK with `*reason` = "woken", so another thread that finished its
+  // work (a watched run ended) can end the supervision.
+  absl::Status Supervise(std::string* reason, int wake_fd = -1);
 
   // Stops every service, last started first: SIGTERM, then SIGKILL after
   // stop_grace. Removes endpoints.json. Returns an error listing services
@@ -85,6 +98,8 @@ class LocalStack {
   };
 
   absl::Status StartOne(const std::string& name);
+  // The flags telling the controller where the services started before it are.
+  std::vector<std::string> ControllerFlags() const;
   absl::Status WriteEndpoints() const;
 
   LocalStackOptions options_;

@@ -1,20 +1,34 @@
 // sluice: the command-line interface.
 //
-//   sluice up [--state-dir DIR]        run the local stack until Ctrl-C / SIGTERM
+//   sluice up [--state-dir DIR] [--runs-dir DIR]   run the local stack until Ctrl-C / SIGTERM
 //   sluice health --target HOST:PORT   exit 0 when the service is SERVING
-//   sluice quickstart [--runs-dir DIR] bring the stack up, show it healthy, stop it
+//   sluice quickstart [--runs-dir DIR]  up + submit the built-in run + watch + tear down
+//   sluice submit SPEC.yaml [--target ADDR] [--watch] [--validate-only]
+//   sluice runs get|cancel|watch RUN_ID [--target ADDR]; sluice runs list
+#include <poll.h>
+#include <signal.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <optional>
+#include <thread>
 
 #include <filesystem>
 #include <iostream>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "common/build_info.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "services/cli/local_stack.h"
+#include "services/cli/quickstart_spec.h"
+#include "services/cli/run_client.h"
+#include "services/controller/spec_yaml.h"
 #include "services/runtime/health_client.h"
 #include "services/runtime/service_main.h"
 
@@ -65,6 +79,7 @@ int RunUp(LocalStackOptions options, int ready_fd) {
   std::cout << "sluice up: all " << stack.endpoints().size() << " services healthy";
   PrintEndpoints(stack);
   std::cout << "  logs:      " << (fs::path(options.state_dir) / "logs").string()
+            << "\n  runs:      " << stack.runs_dir()
             << "\n\nPress Ctrl-C (or send SIGTERM) to stop.\n" << std::flush;
   std::string reason;
   const absl::Status supervised = stack.Supervise(&reason);
@@ -82,10 +97,35 @@ int RunUp(LocalStackOptions options, int ready_fd) {
   return 0;
 }
 
-// Until the training loop lands, the quickstart proves the stack: every
-// service up, SERVING, and exporting metrics; then a clean stop.
-int RunQuickstart(LocalStackOptions options) {
+struct QuickstartFlags {
+  std::string spec_path;  // empty = the built-in spec
+  std::optional<uint64_t> seed;
+  std::optional<int> max_staleness;
+};
+
+// The embedded default: the local stack, the built-in run spec, a live watch
+// of the run, then the stack torn down. The run's files land in
+// <runs-dir>/<run-id>/; the stack's state and logs in <runs-dir>/stack/.
+//
+// The watch runs on its own thread while this one supervises the services:
+// a service that dies is named at once (and the controller fails the run,
+// which ends the watch); Ctrl-C cancels the run and stops the stack.
+int RunQuickstart(LocalStackOptions options, const QuickstartFlags& flags) {
   const absl::Time start = absl::Now();
+  absl::StatusOr<sluice::v1::RunSpec> spec =
+      flags.spec_path.empty()
+          ? sluice::controller::ParseRunSpecYaml(sluice::cli::kQuickstartSpecYaml,
+                                                 "built-in quickstart spec")
+          : sluice::controller::LoadRunSpecFile(flags.spec_path);
+  if (!spec.ok()) {
+    std::cerr << "sluice quickstart: " << spec.status().message() << "\n";
+    return 2;
+  }
+  if (flags.seed.has_value()) spec->set_seed(*flags.seed);
+  if (flags.max_staleness.has_value()) {
+    spec->mutable_algorithm()->set_max_staleness(*flags.max_staleness);
+  }
+
   LocalStack stack(options);
   std::cout << "sluice quickstart: starting the local stack in " << options.state_dir << "\n"
             << std::flush;
@@ -94,31 +134,179 @@ int RunQuickstart(LocalStackOptions options) {
     return 1;
   }
   PrintEndpoints(stack);
-  bool all_ok = true;
+  std::string controller;
   for (const auto& endpoint : stack.endpoints()) {
-    absl::StatusOr<std::string> health =
-        sluice::runtime::CheckHealth(endpoint.grpc, "", absl::Seconds(5));
-    absl::StatusOr<std::string> metrics =
-        sluice::runtime::HttpGet(endpoint.metrics, absl::Seconds(5));
-    const bool ok = health.ok() && *health == "SERVING" && metrics.ok() &&
-                    metrics->find("sluice_build_info") != std::string::npos;
-    all_ok = all_ok && ok;
-    std::cout << "  " << (ok ? "ok  " : "FAIL") << " " << endpoint.name << ": health "
-              << (health.ok() ? *health : std::string(health.status().message()))
-              << ", /metrics "
-              << (metrics.ok() ? absl::StrCat(metrics->size(), " bytes")
-                               : std::string(metrics.status().message()))
-              << "\n";
+    if (endpoint.name == "controller") controller = endpoint.grpc;
   }
-  std::cout << "sluice quickstart: stopping the stack\n" << std::flush;
+  std::cout << "sluice quickstart: submitting \"" << spec->name() << "\" (seed " << spec->seed()
+            << ", eta " << spec->algorithm().max_staleness() << ")\n"
+            << std::flush;
+
+  const int wake_fd = eventfd(0, EFD_CLOEXEC);
+  if (wake_fd < 0) {
+    std::cerr << "sluice quickstart: eventfd: " << strerror(errno) << "\n";
+    stack.Stop().IgnoreError();
+    return 1;
+  }
+  sluice::cli::SubmitOptions submit;
+  submit.watch = true;
+  submit.out = &std::cout;
+  submit.progress = &std::cerr;
+  submit.progress_redraw = isatty(STDERR_FILENO) != 0;
+  absl::StatusOr<sluice::v1::Run> run = absl::UnknownError("not finished");
+  std::thread watcher([&] {
+    run = sluice::cli::SubmitAndWatch(controller, *spec, submit);
+    const uint64_t one = 1;
+    (void)!write(wake_fd, &one, sizeof(one));
+  });
+
+  std::string reason;
+  const absl::Status supervised = stack.Supervise(&reason, wake_fd);
+  bool watcher_done = supervised.ok() && reason == "woken";
+  if (!supervised.ok()) {
+    // A service died. The controller notices within a few seconds and fails
+    // the run naming it; give it that long, then stop everything.
+    std::cerr << "\nsluice quickstart: " << supervised.message() << "\n";
+  } else if (!watcher_done) {
+    std::cerr << "\nsluice quickstart: " << reason << ", cancelling the run\n";
+    sluice::v1::ListRunsRequest active;
+    for (auto state : {sluice::v1::RUN_STATE_PENDING, sluice::v1::RUN_STATE_WARM_START,
+                       sluice::v1::RUN_STATE_TRAINING, sluice::v1::RUN_STATE_EVALUATING}) {
+      active.add_states(state);
+    }
+    if (auto runs = sluice::cli::ListRuns(controller, active, absl::Seconds(5)); runs.ok()) {
+      for (const auto& r : runs->runs()) {
+        sluice::cli::CancelRun(controller, r.run_id(), "quickstart interrupted", absl::Seconds(10))
+            .IgnoreError();
+      }
+    }
+  }
+  if (!watcher_done) {
+    pollfd pfd{wake_fd, POLLIN, 0};
+    if (poll(&pfd, 1, 20000) <= 0) {
+      // The controller itself is gone or stuck: stopping the stack ends the
+      // watch (its stream breaks).
+      std::cerr << "sluice quickstart: the run did not end by itself; stopping the stack\n";
+    }
+  }
   const absl::Status stopped = stack.Stop();
+  watcher.join();
+  close(wake_fd);
+  std::cout << "sluice quickstart: stack stopped\n";
   if (!stopped.ok()) std::cerr << "sluice quickstart: " << stopped.message() << "\n";
-  all_ok = all_ok && stopped.ok();
-  std::cout << "sluice quickstart: " << (all_ok ? "all services healthy and stopped cleanly"
-                                                : "FAILED")
-            << " in " << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Milliseconds(1)))
-            << "\n(the training loop that quickstart will run arrives with the next release)\n";
-  return all_ok ? 0 : 1;
+
+  if (!run.ok()) {
+    std::cerr << "sluice quickstart: " << run.status().message() << "\n";
+    return 1;
+  }
+  const std::string summary = (fs::path(stack.runs_dir()) / run->run_id() / "summary.json").string();
+  std::cout << "sluice quickstart: " << sluice::v1::RunState_Name(run->state()) << " in "
+            << absl::FormatDuration(absl::Trunc(absl::Now() - start, absl::Seconds(1)))
+            << "; eval accuracy " << run->summary().eval_before() << " -> "
+            << run->summary().eval_after() << "\n"
+            << "  run files: " << fs::path(summary).parent_path().string() << "/"
+            << " (summary.json, metrics.jsonl, evals.jsonl, spec.json)\n";
+  return run->state() == sluice::v1::RUN_STATE_SUCCEEDED && supervised.ok() ? 0 : 1;
+}
+
+// Client commands are ordinary foreground programs: Ctrl-C ends them.
+void UnblockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+struct SubmitFlags {
+  std::string spec_path;
+  std::string target;
+  bool watch = false;
+  bool validate_only = false;
+  int64_t interval_ms = 1000;
+};
+
+int RunSubmit(const SubmitFlags& flags) {
+  absl::StatusOr<sluice::v1::RunSpec> spec = sluice::controller::LoadRunSpecFile(flags.spec_path);
+  if (!spec.ok()) {
+    std::cerr << "sluice submit: "
+              << absl::StrReplaceAll(spec.status().message(), {{"\n", "\n  "}}) << "\n";
+    return 2;
+  }
+  const std::string target = sluice::cli::ResolveControllerTarget(flags.target);
+  sluice::cli::SubmitOptions options;
+  options.validate_only = flags.validate_only;
+  options.watch = flags.watch;
+  options.watch_interval_ms = flags.interval_ms;
+  options.out = &std::cout;
+  options.progress = &std::cerr;
+  options.progress_redraw = isatty(STDERR_FILENO) == 1;
+  if (flags.watch) {
+    std::cerr << "sluice submit: following the run (Ctrl-C stops following; the run goes on, "
+                 "`sluice runs cancel RUN_ID` stops it)\n";
+  }
+  absl::StatusOr<sluice::v1::Run> run = sluice::cli::SubmitAndWatch(target, *spec, options);
+  if (!run.ok()) {
+    if (run.status().code() == absl::StatusCode::kInvalidArgument) {
+      std::cerr << "sluice submit: " << flags.spec_path << " is not a valid run spec:\n  "
+                << absl::StrReplaceAll(run.status().message(), {{"\n", "\n  "}}) << "\n";
+      return 2;
+    }
+    std::cerr << "sluice submit: " << run.status().message() << "\n";
+    return 1;
+  }
+  if (flags.validate_only) {
+    std::cout << sluice::cli::RunToJson(run->spec()) << "\n";
+    std::cerr << "sluice submit: " << flags.spec_path
+              << " is valid (above: the spec with every default resolved)\n";
+    return 0;
+  }
+  if (!flags.watch) return 0;
+  return run->state() == sluice::v1::RUN_STATE_SUCCEEDED ? 0 : 1;
+}
+
+int RunRunsCommand(const std::string& command, const std::string& run_id,
+                   const std::string& target_flag, const std::string& reason) {
+  const std::string target = sluice::cli::ResolveControllerTarget(target_flag);
+  const std::string prefix = "sluice runs " + command + ": ";
+  if (command == "list") {
+    absl::StatusOr<sluice::v1::ListRunsResponse> runs =
+        sluice::cli::ListRuns(target, sluice::v1::ListRunsRequest());
+    if (!runs.ok()) {
+      std::cerr << prefix << runs.status().message() << "\n";
+      return 1;
+    }
+    for (const auto& run : runs->runs()) {
+      std::cout << run.run_id() << "  " << sluice::v1::RunState_Name(run.state()) << "  "
+                << run.spec().name() << "  step " << run.progress().step() << "/"
+                << run.progress().total_steps() << "\n";
+    }
+    return 0;
+  }
+  absl::StatusOr<sluice::v1::Run> run;
+  if (command == "get") {
+    run = sluice::cli::GetRun(target, run_id);
+  } else if (command == "cancel") {
+    run = sluice::cli::CancelRun(target, run_id, reason);
+  } else {
+    sluice::cli::SubmitOptions options;
+    options.out = &std::cout;
+    options.progress = &std::cerr;
+    options.progress_redraw = isatty(STDERR_FILENO) == 1;
+    run = sluice::cli::WatchRun(target, run_id, options);
+    if (run.ok()) return run->state() == sluice::v1::RUN_STATE_SUCCEEDED ? 0 : 1;
+  }
+  if (!run.ok()) {
+    std::cerr << prefix << run.status().message() << "\n";
+    return run.status().code() == absl::StatusCode::kNotFound ? 2 : 1;
+  }
+  if (command == "get") {
+    std::cout << sluice::cli::RunToJson(*run) << "\n";
+  } else {
+    std::cout << run->run_id() << " " << sluice::v1::RunState_Name(run->state())
+              << (run->error_message().empty() ? "" : ": " + run->error_message()) << "\n";
+  }
+  return 0;
 }
 
 int RunHealth(const std::string& target, const std::string& service, int timeout_ms) {
@@ -158,11 +346,28 @@ int main(int argc, char** argv) {
                  "write the path of endpoints.json to this inherited fd once all are healthy")
       ->group("");
 
-  std::string runs_dir = "sluice-runs";
-  CLI::App* quickstart = app.add_subcommand(
-      "quickstart", "Bring the local stack up, show every service healthy, and stop it");
-  quickstart->add_option("--runs-dir", runs_dir, "where the stack's state and logs go")
+  std::string up_runs_dir = "sluice-runs";
+  up->add_option("--runs-dir", up_runs_dir,
+                 "where the controller writes each run's files (<runs-dir>/<run-id>/)")
       ->capture_default_str();
+
+  std::string runs_dir = "sluice-runs";
+  QuickstartFlags quickstart_flags;
+  CLI::App* quickstart = app.add_subcommand(
+      "quickstart",
+      "Run the embedded default: start the local stack, submit the built-in run (a tiny "
+      "model learning 2-digit addition: warm start, then asynchronous RL), watch it, stop the "
+      "stack");
+  quickstart->add_option("--runs-dir", runs_dir,
+                         "where each run's files go (<runs-dir>/<run-id>/); the stack's state "
+                         "and logs go to <runs-dir>/stack/")
+      ->capture_default_str();
+  quickstart->add_option("--spec", quickstart_flags.spec_path,
+                         "run this spec (YAML) instead of the built-in one");
+  quickstart->add_option("--seed", quickstart_flags.seed, "override the spec's seed");
+  quickstart->add_option("--max-staleness", quickstart_flags.max_staleness,
+                         "override the spec's eta (0 = synchronous)")
+      ->check(CLI::NonNegativeNumber);
   AddStackFlags(quickstart, &stack_options);
 
   std::string target;
@@ -176,6 +381,43 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
 
+  SubmitFlags submit_flags;
+  CLI::App* submit = app.add_subcommand(
+      "submit", "Submit a run spec (YAML) to the controller; print the run id");
+  submit->add_option("spec", submit_flags.spec_path, "run spec YAML file")
+      ->required()
+      ->type_name("SPEC.yaml");
+  submit->add_option("--target", submit_flags.target,
+                     "controller HOST:PORT (default: the local stack's, else 127.0.0.1:50051)");
+  submit->add_flag("--watch", submit_flags.watch,
+                   "follow the run until it ends; exit 0 only if it SUCCEEDED");
+  submit->add_flag("--validate-only", submit_flags.validate_only,
+                   "check the spec and print it with defaults resolved; start nothing");
+  submit->add_option("--interval-ms", submit_flags.interval_ms,
+                     "with --watch: how often progress is redrawn")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+
+  CLI::App* runs = app.add_subcommand("runs", "Inspect and manage runs");
+  runs->require_subcommand(1);
+  std::string runs_target;
+  std::string run_id;
+  std::string cancel_reason;
+  std::string runs_command;
+  for (const auto& [name, help] : std::vector<std::pair<std::string, std::string>>{
+           {"get", "Print a run as JSON"},
+           {"cancel", "Cancel a run (workers abort, the trainer stops)"},
+           {"watch", "Follow a run until it ends"}}) {
+    CLI::App* command = runs->add_subcommand(name, help);
+    command->add_option("run_id", run_id, "the run")->required()->type_name("RUN_ID");
+    command->add_option("--target", runs_target, "controller HOST:PORT");
+    if (name == "cancel") command->add_option("--reason", cancel_reason, "why (stored in the run)");
+    command->callback([&runs_command, name = name] { runs_command = name; });
+  }
+  CLI::App* list = runs->add_subcommand("list", "List runs, newest first");
+  list->add_option("--target", runs_target, "controller HOST:PORT");
+  list->callback([&runs_command] { runs_command = "list"; });
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -183,11 +425,23 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
-  if (*up) return RunUp(stack_options, up_ready_fd);
+  if (*up) {
+    stack_options.runs_dir = up_runs_dir;
+    return RunUp(stack_options, up_ready_fd);
+  }
   if (*quickstart) {
     stack_options.state_dir = (fs::path(runs_dir) / "stack").string();
-    return RunQuickstart(stack_options);
+    stack_options.runs_dir = runs_dir;
+    return RunQuickstart(stack_options, quickstart_flags);
   }
   if (*health) return RunHealth(target, service, timeout_ms);
+  if (*submit) {
+    UnblockTerminationSignals();
+    return RunSubmit(submit_flags);
+  }
+  if (*runs) {
+    UnblockTerminationSignals();
+    return RunRunsCommand(runs_command, run_id, runs_target, cancel_reason);
+  }
   return 2;
 }

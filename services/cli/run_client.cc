@@ -1,0 +1,293 @@
+#include "services/cli/run_client.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <ostream>
+#include <random>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "nlohmann/json.hpp"
+#include "services/controller/proto_json.h"
+#include "services/runtime/grpc_status.h"
+#include "sluice/v1/controller.grpc.pb.h"
+
+namespace sluice::cli {
+namespace {
+
+constexpr int kMaxWatchResumes = 5;
+
+bool IsTerminal(v1::RunState state) {
+  return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED ||
+         state == v1::RUN_STATE_CANCELLED;
+}
+
+// "RUN_STATE_WARM_START" -> "warm start"
+std::string StateWord(v1::RunState state) {
+  std::string name = v1::RunState_Name(state);
+  if (name.rfind("RUN_STATE_", 0) == 0) name = name.substr(10);
+  for (char& c : name) c = c == '_' ? ' ' : static_cast<char>(std::tolower(c));
+  return name;
+}
+
+// "SUCCEEDED"
+std::string StateName(v1::RunState state) {
+  std::string name = v1::RunState_Name(state);
+  return name.rfind("RUN_STATE_", 0) == 0 ? name.substr(10) : name;
+}
+
+std::string Count(double value) {
+  if (value >= 1e6) return absl::StrFormat("%.1fM", value / 1e6);
+  if (value >= 1e3) return absl::StrFormat("%.1fk", value / 1e3);
+  return absl::StrFormat("%.0f", value);
+}
+
+std::string Clock(double seconds) {
+  const int64_t total = static_cast<int64_t>(seconds);
+  if (total >= 3600) {
+    return absl::StrFormat("%d:%02d:%02d", total / 3600, (total / 60) % 60, total % 60);
+  }
+  return absl::StrFormat("%02d:%02d", total / 60, total % 60);
+}
+
+std::string Duration(double seconds) {
+  if (seconds < 1) return absl::StrFormat("%.2fs", seconds);
+  return absl::FormatDuration(absl::Trunc(absl::Seconds(seconds), absl::Seconds(1)));
+}
+
+std::unique_ptr<v1::ControllerService::Stub> Connect(const std::string& target) {
+  return v1::ControllerService::NewStub(
+      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+}
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+}
+
+// The controller's status, with a hint when it cannot be reached at all.
+absl::Status CallError(const std::string& target, const grpc::Status& status) {
+  absl::Status error = runtime::FromGrpcStatus(status);
+  if (error.code() == absl::StatusCode::kUnavailable ||
+      error.code() == absl::StatusCode::kDeadlineExceeded) {
+    return absl::Status(
+        error.code(), absl::StrCat("cannot reach the controller at ", target, ": ", error.message(),
+                                   " (is `sluice up` running? pass --target HOST:PORT)"));
+  }
+  return error;
+}
+
+std::string NewRequestId() {
+  std::random_device device;
+  return absl::StrFormat("cli-%d-%d-%08x", getpid(), absl::ToUnixMillis(absl::Now()),
+                         static_cast<uint32_t>(device()));
+}
+
+class ProgressPrinter {
+ public:
+  explicit ProgressPrinter(const SubmitOptions& options) : options_(options) {}
+  ~ProgressPrinter() { End(); }
+
+  void Show(const v1::Run& run) {
+    if (options_.progress == nullptr) return;
+    const std::string line = FormatProgressLine(run);
+    if (options_.progress_redraw) {
+      *options_.progress << "\r" << line << "\x1b[K" << std::flush;
+      open_line_ = true;
+    } else if (line != last_line_) {
+      *options_.progress << line << "\n" << std::flush;
+    }
+    last_line_ = line;
+  }
+
+  // Leaves the redrawn line in place and moves below it.
+  void End() {
+    if (open_line_) *options_.progress << "\n" << std::flush;
+    open_line_ = false;
+  }
+
+ private:
+  const SubmitOptions& options_;
+  std::string last_line_;
+  bool open_line_ = false;
+};
+
+absl::StatusOr<v1::Run> Follow(const std::string& target, v1::ControllerService::Stub& stub,
+                               v1::Run last, const SubmitOptions& options) {
+  ProgressPrinter printer(options);
+  printer.Show(last);
+  int resumes = 0;
+  while (!IsTerminal(last.state())) {
+    grpc::ClientContext context;  // No deadline: a run takes as long as it takes.
+    v1::WatchRunRequest request;
+    request.set_run_id(last.run_id());
+    request.set_min_interval_ms(options.watch_interval_ms);
+    std::unique_ptr<grpc::ClientReader<v1::RunUpdate>> reader = stub.WatchRun(&context, request);
+    v1::RunUpdate update;
+    while (reader->Read(&update)) {
+      last = std::move(*update.mutable_run());
+      resumes = 0;
+      printer.Show(last);
+    }
+    const grpc::Status status = reader->Finish();
+    if (IsTerminal(last.state())) break;
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
+        status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+      printer.End();
+      return CallError(target, status);
+    }
+    // The stream broke (controller restarting, network): resume while the
+    // controller still knows the run.
+    if (++resumes > kMaxWatchResumes) {
+      printer.End();
+      absl::Status error = CallError(target, status);
+      return absl::Status(error.code(),
+                          absl::StrCat("lost track of run ", last.run_id(), ": ", error.message()));
+    }
+    absl::SleepFor(absl::Seconds(resumes));
+    absl::StatusOr<v1::Run> current = GetRun(target, last.run_id(), options.call_timeout);
+    if (current.ok()) {
+      last = std::move(*current);
+      printer.Show(last);
+    } else if (current.status().code() == absl::StatusCode::kNotFound) {
+      printer.End();
+      return current.status();
+    }
+  }
+  printer.End();
+  if (options.out != nullptr) *options.out << FormatOutcome(last) << std::flush;
+  return last;
+}
+
+}  // namespace
+
+std::string ResolveControllerTarget(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  for (const char* path : {".sluice/stack/endpoints.json", ".sluice/endpoints.json"}) {
+    std::ifstream in(path);
+    if (!in) continue;
+    const nlohmann::json endpoints = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (endpoints.is_discarded() || !endpoints.is_object()) continue;
+    const auto services = endpoints.find("services");
+    if (services == endpoints.end() || !services->is_object()) continue;
+    const auto controller = services->find("controller");
+    if (controller == services->end() || !controller->is_object()) continue;
+    const auto grpc = controller->find("grpc");
+    if (grpc != controller->end() && grpc->is_string()) return grpc->get<std::string>();
+  }
+  return "127.0.0.1:50051";
+}
+
+std::string FormatProgressLine(const v1::Run& run) {
+  const v1::RunProgress& p = run.progress();
+  std::vector<std::string> parts;
+  parts.push_back(absl::StrFormat("%-10s", StateWord(run.state())));
+  parts.push_back(Clock(p.elapsed_seconds()));
+  parts.push_back(absl::StrCat("step ", p.step(), "/", p.total_steps()));
+  parts.push_back(absl::StrCat("v", p.policy_version()));
+  parts.push_back(absl::StrFormat("reward %.3f", p.reward_mean()));
+  parts.push_back(absl::StrFormat("pass %.1f%%", 100 * p.pass_rate()));
+  parts.push_back(absl::StrFormat("stale %.1f/%d", p.staleness_mean(), p.staleness_max()));
+  parts.push_back(absl::StrCat("gen ", Count(p.generated_tokens_per_second()), " tok/s"));
+  parts.push_back(absl::StrCat("train ", Count(p.trained_tokens_per_second()), " tok/s"));
+  if (p.has_latest_eval_accuracy()) {
+    parts.push_back(
+        absl::StrFormat("eval %.1f%% @%d", 100 * p.latest_eval_accuracy(), p.latest_eval_step()));
+  }
+  std::string line = absl::StrJoin(parts, "  ");
+  if (!p.phase().empty()) absl::StrAppend(&line, "  | ", p.phase());
+  return line;
+}
+
+std::string FormatOutcome(const v1::Run& run) {
+  const v1::RunSummary& s = run.summary();
+  std::string text = absl::StrCat("run ", run.run_id(), " ", StateName(run.state()), " after ",
+                                  Duration(s.wall_seconds()));
+  if (!run.error_message().empty()) absl::StrAppend(&text, ": ", run.error_message());
+  absl::StrAppend(&text, "\n");
+  absl::StrAppend(&text, absl::StrFormat("eval accuracy (held-out, greedy): %.3f -> %.3f\n",
+                                         s.eval_before(), s.eval_after()));
+  absl::StrAppend(
+      &text,
+      absl::StrFormat("steps %d, groups trained %d (generated %d, evicted stale %d), "
+                      "max staleness %d (eta %d), tokens generated %s, final reward %.3f\n",
+                      s.steps(), s.groups_trained(), s.groups_generated(), s.groups_evicted_stale(),
+                      s.max_staleness(), s.eta(), Count(static_cast<double>(s.tokens_generated())),
+                      s.final_reward_mean()));
+  return text;
+}
+
+std::string RunToJson(const google::protobuf::Message& message) {
+  return controller::ProtoToJson(message, /*pretty=*/true);
+}
+
+absl::StatusOr<v1::Run> SubmitAndWatch(const std::string& target, const v1::RunSpec& spec,
+                                       const SubmitOptions& options) {
+  std::unique_ptr<v1::ControllerService::Stub> stub = Connect(target);
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = spec;
+  request.set_validate_only(options.validate_only);
+  request.set_request_id(options.request_id.empty() ? NewRequestId() : options.request_id);
+  v1::SubmitRunResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context, options.call_timeout);
+  const grpc::Status status = stub->SubmitRun(&context, request, &response);
+  if (!status.ok()) return CallError(target, status);
+  v1::Run run = std::move(*response.mutable_run());
+  if (options.validate_only) return run;
+  if (options.out != nullptr) *options.out << run.run_id() << "\n" << std::flush;
+  if (!options.watch) return run;
+  return Follow(target, *stub, std::move(run), options);
+}
+
+absl::StatusOr<v1::Run> WatchRun(const std::string& target, const std::string& run_id,
+                                 const SubmitOptions& options) {
+  std::unique_ptr<v1::ControllerService::Stub> stub = Connect(target);
+  absl::StatusOr<v1::Run> run = GetRun(target, run_id, options.call_timeout);
+  if (!run.ok()) return run.status();
+  return Follow(target, *stub, std::move(*run), options);
+}
+
+absl::StatusOr<v1::Run> GetRun(const std::string& target, const std::string& run_id,
+                               absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::GetRunRequest request;
+  request.set_run_id(run_id);
+  v1::GetRunResponse response;
+  const grpc::Status status = Connect(target)->GetRun(&context, request, &response);
+  if (!status.ok()) return CallError(target, status);
+  return std::move(*response.mutable_run());
+}
+
+absl::StatusOr<v1::Run> CancelRun(const std::string& target, const std::string& run_id,
+                                  const std::string& reason, absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::CancelRunRequest request;
+  request.set_run_id(run_id);
+  request.set_reason(reason);
+  v1::CancelRunResponse response;
+  const grpc::Status status = Connect(target)->CancelRun(&context, request, &response);
+  if (!status.ok()) return CallError(target, status);
+  return std::move(*response.mutable_run());
+}
+
+absl::StatusOr<v1::ListRunsResponse> ListRuns(const std::string& target,
+                                              const v1::ListRunsRequest& request,
+                                              absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::ListRunsResponse response;
+  const grpc::Status status = Connect(target)->ListRuns(&context, request, &response);
+  if (!status.ok()) return CallError(target, status);
+  return response;
+}
+
+}  // namespace sluice::cli

@@ -1,0 +1,86 @@
+#ifndef SLUICE_SERVICES_CLI_RUN_CLIENT_H_
+#define SLUICE_SERVICES_CLI_RUN_CLIENT_H_
+
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "sluice/v1/controller.pb.h"
+
+namespace sluice::cli {
+
+// The controller's address when none is given: the controller of the local
+// stack (.sluice/stack/endpoints.json, then .sluice/endpoints.json, relative
+// to the working directory, as `sluice up` writes them), else
+// 127.0.0.1:50051. A non-empty `flag` wins.
+std::string ResolveControllerTarget(const std::string& flag);
+
+struct SubmitOptions {
+  // Only validate the spec and resolve its defaults; the returned run has an
+  // empty run_id and the resolved spec.
+  bool validate_only = false;
+  // Follow the run until it ends (WatchRun), printing progress.
+  bool watch = false;
+  // WatchRun's min_interval_ms: how often progress is redrawn.
+  int64_t watch_interval_ms = 1000;
+  // Idempotency token for SubmitRun; empty = a fresh random one (so that a
+  // retried submit never starts two runs).
+  std::string request_id;
+  // Where the run id and the final outcome go (null = nowhere).
+  std::ostream* out = nullptr;
+  // Where the live progress line goes (null = nowhere). With
+  // progress_redraw it is one line rewritten with '\r' (a terminal),
+  // otherwise one line per update (a log file).
+  std::ostream* progress = nullptr;
+  bool progress_redraw = false;
+  // Deadline of each unary call (SubmitRun, GetRun).
+  absl::Duration call_timeout = absl::Seconds(30);
+};
+
+// Submits `spec` to the controller at `target` and, with options.watch,
+// follows it to its end: prints the run id on `out`, a live progress line on
+// `progress` (state, step/total, version, reward mean, pass rate, staleness
+// mean/max, generation and training tokens/s, latest eval, phase), and at the
+// end the final state, the error if any and eval_before -> eval_after.
+//
+// Returns the run: as submitted (no watch), as validated (validate_only), or
+// in its terminal state (watch). Errors are the controller's: INVALID_ARGUMENT
+// with one "field: problem" line each for a bad spec, FAILED_PRECONDITION
+// when the controller lacks a service, UNAVAILABLE (with a hint) when it
+// cannot be reached. A watch whose stream breaks is resumed (up to 5 times
+// in a row) as long as GetRun still answers. Blocks until then; thread-
+// compatible.
+absl::StatusOr<v1::Run> SubmitAndWatch(const std::string& target, const v1::RunSpec& spec,
+                                       const SubmitOptions& options);
+
+// Follows an existing run as SubmitAndWatch does, until it is terminal.
+absl::StatusOr<v1::Run> WatchRun(const std::string& target, const std::string& run_id,
+                                 const SubmitOptions& options);
+
+absl::StatusOr<v1::Run> GetRun(const std::string& target, const std::string& run_id,
+                               absl::Duration timeout = absl::Seconds(30));
+absl::StatusOr<v1::Run> CancelRun(const std::string& target, const std::string& run_id,
+                                  const std::string& reason,
+                                  absl::Duration timeout = absl::Seconds(30));
+absl::StatusOr<v1::ListRunsResponse> ListRuns(const std::string& target,
+                                              const v1::ListRunsRequest& request,
+                                              absl::Duration timeout = absl::Seconds(30));
+
+// One line of live progress, e.g.
+//   training  step 12/200  v12  reward 0.41  pass 38%  stale 0.8/2  gen 1.5k tok/s
+//   train 3.4k tok/s  eval 42% @10  | waiting for data
+std::string FormatProgressLine(const v1::Run& run);
+
+// The end of a run in a few lines: state and wall time, the error if any,
+// eval_before -> eval_after and the main figures.
+std::string FormatOutcome(const v1::Run& run);
+
+// JSON of a run or spec as the run files write it (controller::ProtoToJson:
+// snake_case names, defaults printed, 64-bit integers as numbers), indented.
+std::string RunToJson(const google::protobuf::Message& message);
+
+}  // namespace sluice::cli
+
+#endif  // SLUICE_SERVICES_CLI_RUN_CLIENT_H_

@@ -1,0 +1,201 @@
+// The run client against a real ControllerService on loopback, whose
+// trainer, buffer and workers are fakes driven by the test.
+#include "services/cli/run_client.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "services/controller/controller_service.h"
+#include "services/controller/fake_service_clients.h"
+
+namespace sluice::cli {
+namespace {
+
+using ::testing::HasSubstr;
+namespace fakes = controller::testing;
+
+v1::RunSpec ValidSpec() {
+  v1::RunSpec spec;
+  spec.mutable_task()->mutable_arithmetic();
+  spec.mutable_algorithm()->set_total_steps(2);
+  return spec;
+}
+
+class RunClientTest : public ::testing::Test {
+ protected:
+  RunClientTest() {
+    controller::RunRegistryOptions options;
+    options.runs_dir = ::testing::TempDir() + "/run-client-runs";
+    options.driver.prompt_source = [](const v1::RunSpec&) {
+      std::vector<v1::Prompt> prompts(4);
+      for (size_t i = 0; i < prompts.size(); ++i) prompts[i].set_prompt_id(absl::StrCat(i));
+      return prompts;
+    };
+    controller::ServiceClients clients;
+    clients.trainer = trainer_;
+    clients.replay_buffer = std::make_shared<fakes::FakeBuffer>();
+    clients.rollout_workers = {worker_};
+    clients.reward_server_address = "reward:1";
+    clients.health = std::make_shared<fakes::FakeHealth>();
+    registry_ = std::make_unique<controller::RunRegistry>(options, clients);
+    service_ = std::make_unique<controller::ControllerServiceImpl>(registry_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    target_ = absl::StrCat("127.0.0.1:", port);
+  }
+
+  ~RunClientTest() override {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    registry_->Shutdown();
+  }
+
+  // Plays the trainer of a successful run once the workers were started.
+  std::thread PlayTrainer() {
+    return std::thread([this] {
+      ASSERT_TRUE(worker_->started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+      const std::string run_id = worker_->start_request().run_id();
+      const auto report = [&](v1::TrainerState state, auto fill) {
+        v1::ReportTrainerProgressRequest request;
+        request.set_run_id(run_id);
+        request.set_state(state);
+        fill(request);
+        ASSERT_TRUE(registry_->ReportTrainerProgress(request).ok());
+      };
+      report(v1::TRAINER_STATE_EVALUATING, [](auto& r) {
+        r.mutable_eval()->set_phase("before");
+        r.mutable_eval()->set_accuracy(0.4);
+      });
+      report(v1::TRAINER_STATE_WAITING_FOR_DATA, [](auto&) {});
+      for (int step = 1; step <= 2; ++step) {
+        report(v1::TRAINER_STATE_TRAINING, [step](auto& r) {
+          r.mutable_step()->set_step(step);
+          r.mutable_step()->set_policy_version(step);
+          r.mutable_step()->set_reward_mean(0.5);
+        });
+      }
+      report(v1::TRAINER_STATE_EVALUATING, [](auto& r) {
+        r.mutable_eval()->set_phase("after");
+        r.mutable_eval()->set_accuracy(0.9);
+      });
+      report(v1::TRAINER_STATE_FINISHED, [](auto&) {});
+    });
+  }
+
+  std::shared_ptr<fakes::FakeTrainer> trainer_ = std::make_shared<fakes::FakeTrainer>();
+  std::shared_ptr<fakes::FakeWorker> worker_ = std::make_shared<fakes::FakeWorker>();
+  std::unique_ptr<controller::RunRegistry> registry_;
+  std::unique_ptr<controller::ControllerServiceImpl> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string target_;
+};
+
+TEST_F(RunClientTest, SubmitAndWatchFollowsTheRunToItsEnd) {
+  std::thread trainer = PlayTrainer();
+  std::ostringstream out;
+  std::ostringstream progress;
+  SubmitOptions options;
+  options.watch = true;
+  options.watch_interval_ms = 10;
+  options.out = &out;
+  options.progress = &progress;
+  absl::StatusOr<v1::Run> run = SubmitAndWatch(target_, ValidSpec(), options);
+  trainer.join();
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->state(), v1::RUN_STATE_SUCCEEDED);
+  EXPECT_THAT(out.str(), HasSubstr(run->run_id() + "\n"));
+  EXPECT_THAT(out.str(), HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(out.str(), HasSubstr("0.400 -> 0.900"));
+  // One progress line per update (not a terminal), the last one terminal.
+  EXPECT_THAT(progress.str(), HasSubstr("pending"));
+  EXPECT_THAT(progress.str(), HasSubstr("succeeded"));
+  EXPECT_EQ(progress.str().find('\r'), std::string::npos);
+}
+
+TEST_F(RunClientTest, WithoutWatchReturnsTheSubmittedRun) {
+  std::ostringstream out;
+  SubmitOptions options;
+  options.out = &out;
+  absl::StatusOr<v1::Run> run = SubmitAndWatch(target_, ValidSpec(), options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->state(), v1::RUN_STATE_PENDING);
+  EXPECT_EQ(out.str(), run->run_id() + "\n");
+  absl::StatusOr<v1::Run> cancelled = CancelRun(target_, run->run_id(), "test");
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->state(), v1::RUN_STATE_CANCELLED);
+  EXPECT_EQ(GetRun(target_, run->run_id())->error_message(), "test");
+}
+
+TEST_F(RunClientTest, InvalidSpecIsInvalidArgumentWithTheFieldProblems) {
+  v1::RunSpec spec = ValidSpec();
+  spec.mutable_algorithm()->set_group_size(1);
+  absl::StatusOr<v1::Run> run = SubmitAndWatch(target_, spec, SubmitOptions());
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(run.status().message()), HasSubstr("algorithm.group_size"));
+}
+
+TEST_F(RunClientTest, ValidateOnlyReturnsTheResolvedSpec) {
+  SubmitOptions options;
+  options.validate_only = true;
+  absl::StatusOr<v1::Run> run = SubmitAndWatch(target_, ValidSpec(), options);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->run_id(), "");
+  EXPECT_EQ(run->spec().algorithm().group_size(), 8);
+}
+
+TEST(RunClientStandaloneTest, UnreachableControllerSaysSoWithAHint) {
+  absl::StatusOr<v1::Run> run =
+      SubmitAndWatch("127.0.0.1:1", ValidSpec(), SubmitOptions{.call_timeout = absl::Seconds(5)});
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(run.status().message()),
+              HasSubstr("cannot reach the controller at 127.0.0.1:1"));
+}
+
+TEST(RunClientStandaloneTest, TargetComesFromTheFlagThenTheLocalStack) {
+  const std::filesystem::path dir = ::testing::TempDir() + "/run-client-target";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / ".sluice" / "stack");
+  const std::filesystem::path previous = std::filesystem::current_path();
+  std::filesystem::current_path(dir);
+  EXPECT_EQ(ResolveControllerTarget(""), "127.0.0.1:50051");
+  std::ofstream(".sluice/stack/endpoints.json")
+      << R"({"services": {"controller": {"grpc": "127.0.0.1:4242"}}})";
+  EXPECT_EQ(ResolveControllerTarget(""), "127.0.0.1:4242");
+  EXPECT_EQ(ResolveControllerTarget("host:1"), "host:1");
+  std::filesystem::current_path(previous);
+}
+
+TEST(FormatTest, ProgressLineShowsTheFigures) {
+  v1::Run run;
+  run.set_state(v1::RUN_STATE_TRAINING);
+  v1::RunProgress& p = *run.mutable_progress();
+  p.set_step(12);
+  p.set_total_steps(200);
+  p.set_policy_version(12);
+  p.set_reward_mean(0.4123);
+  p.set_pass_rate(0.38);
+  p.set_staleness_mean(0.8);
+  p.set_staleness_max(2);
+  p.set_generated_tokens_per_second(1520);
+  p.set_trained_tokens_per_second(3400);
+  p.set_latest_eval_accuracy(0.42);
+  p.set_latest_eval_step(10);
+  p.set_phase("waiting for data");
+  p.set_elapsed_seconds(75);
+  EXPECT_EQ(FormatProgressLine(run),
+            "training    01:15  step 12/200  v12  reward 0.412  pass 38.0%  stale 0.8/2  gen "
+            "1.5k tok/s  train 3.4k tok/s  eval 42.0% @10  | waiting for data");
+}
+
+}  // namespace
+}  // namespace sluice::cli

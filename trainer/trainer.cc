@@ -365,7 +365,6 @@ class TrainerRun::Impl {
     torch::optim::AdamW optimizer(
         model_->parameter_tensors(),
         torch::optim::AdamWOptions(alg.learning_rate()).betas({0.9, 0.99}).weight_decay(alg.weight_decay()));
-    rl_start_ = Now();
     const int minibatches = std::max(1, alg.minibatches_per_batch());
     if (minibatches > 1 && alg.objective() != v1::OBJECTIVE_GRPO) {
       // Later minibatches of a batch need the log-probs of the weights as
@@ -550,7 +549,6 @@ class TrainerRun::Impl {
     const double publish_start = Now();
     RETURN_IF_ERROR(Publish(step_));
     const double publish_seconds = Now() - publish_start;
-    tokens_trained_total_ += tokens_trained;
 
     metrics.set_step(step_);
     metrics.set_policy_version(step_);
@@ -641,9 +639,7 @@ class TrainerRun::Impl {
   double temperature_ = 1.0;
   int64_t max_new_tokens_ = 16;
   int64_t step_ = 0;
-  int64_t tokens_trained_total_ = 0;
   double start_time_ = 0;
-  double rl_start_ = 0;
 
   mutable absl::Mutex mu_;
   v1::TrainerStatus status_ ABSL_GUARDED_BY(mu_);

@@ -4,18 +4,24 @@
 
 namespace sluice::replay_buffer {
 
-void FifoSampler::Insert(int64_t key) { keys_.insert(key); }
+void FifoSampler::Insert(int64_t key, double /*priority*/) { keys_.insert(key); }
+
+bool FifoSampler::Update(int64_t key, double /*priority*/) { return keys_.contains(key); }
 
 void FifoSampler::Delete(int64_t key) { keys_.erase(key); }
 
 std::vector<int64_t> FifoSampler::Select(int64_t count) {
   std::vector<int64_t> selected;
-  selected.reserve(static_cast<size_t>(std::max<int64_t>(0, std::min(count, size()))));
-  for (auto it = keys_.begin(); it != keys_.end() && static_cast<int64_t>(selected.size()) < count;
-       ++it) {
+  const int64_t batch = std::clamp<int64_t>(count, 0, size());
+  selected.reserve(static_cast<size_t>(batch));
+  for (auto it = keys_.begin(); static_cast<int64_t>(selected.size()) < batch; ++it) {
     selected.push_back(*it);
   }
   return selected;
+}
+
+double FifoSampler::Probability(int64_t key) const {
+  return !keys_.empty() && *keys_.begin() == key ? 1.0 : 0.0;
 }
 
 }  // namespace sluice::replay_buffer

@@ -7,12 +7,11 @@ namespace sluice::replay_buffer {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 TEST(FifoSamplerTest, SelectsOldestKeysFirstWithoutRemovingThem) {
   FifoSampler sampler;
-  for (int64_t key : {5, 1, 3, 4, 2}) sampler.Insert(key);
+  for (int64_t key : {5, 1, 3, 4, 2}) sampler.Insert(key, /*priority=*/10.0 - key);
   EXPECT_THAT(sampler.Select(3), ElementsAre(1, 2, 3));
   EXPECT_THAT(sampler.Select(3), ElementsAre(1, 2, 3));
   sampler.Delete(2);
@@ -24,20 +23,32 @@ TEST(FifoSamplerTest, SelectsOldestKeysFirstWithoutRemovingThem) {
 TEST(FifoSamplerTest, SelectsAtMostWhatIsHeld) {
   FifoSampler sampler;
   EXPECT_THAT(sampler.Select(2), IsEmpty());
-  sampler.Insert(7);
+  sampler.Insert(7, 0.0);
   EXPECT_THAT(sampler.Select(2), ElementsAre(7));
+  EXPECT_THAT(sampler.Select(0), IsEmpty());
+  EXPECT_THAT(sampler.Select(-3), IsEmpty());
 }
 
-TEST(CreateSamplerTest, OtherKindsAreRejectedNotSilentlyFifo) {
-  EXPECT_EQ((*CreateSampler(v1::SAMPLER_KIND_UNSPECIFIED))->kind(), v1::SAMPLER_KIND_FIFO);
-  EXPECT_EQ((*CreateSampler(v1::SAMPLER_KIND_FIFO))->kind(), v1::SAMPLER_KIND_FIFO);
-  const absl::Status status = CheckSamplerAvailable(v1::SAMPLER_KIND_UNIFORM, "buffer.sampler");
-  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(),
-            "buffer.sampler: SAMPLER_KIND_UNIFORM is not available yet; this release "
-            "implements SAMPLER_KIND_FIFO");
-  EXPECT_THAT(std::string(CreateSampler(v1::SAMPLER_KIND_PRIORITIZED).status().message()),
-              HasSubstr("SAMPLER_KIND_PRIORITIZED"));
+TEST(FifoSamplerTest, IgnoresPrioritiesAndReportsWhetherAKeyIsHeld) {
+  FifoSampler sampler;
+  sampler.Insert(1, 0.0);
+  sampler.Insert(2, 100.0);
+  EXPECT_TRUE(sampler.Update(1, 1e9));
+  EXPECT_FALSE(sampler.Update(3, 1.0));
+  EXPECT_EQ(sampler.size(), 2);
+  EXPECT_THAT(sampler.Select(2), ElementsAre(1, 2));
+}
+
+TEST(FifoSamplerTest, ProbabilityIsOneForTheOldestKeyOnly) {
+  FifoSampler sampler;
+  EXPECT_EQ(sampler.Probability(1), 0.0);
+  sampler.Insert(2, 0.0);
+  sampler.Insert(1, 0.0);
+  EXPECT_EQ(sampler.Probability(1), 1.0);
+  EXPECT_EQ(sampler.Probability(2), 0.0);
+  EXPECT_EQ(sampler.Probability(3), 0.0);
+  sampler.Delete(1);
+  EXPECT_EQ(sampler.Probability(2), 1.0);
 }
 
 }  // namespace

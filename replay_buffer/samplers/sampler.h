@@ -11,12 +11,45 @@
 
 namespace sluice::replay_buffer {
 
+// A sampler's settings, resolved from a run's BufferConfig (defaults applied).
+struct SamplerOptions {
+  // Never UNSPECIFIED once resolved.
+  v1::SamplerKind kind = v1::SAMPLER_KIND_FIFO;
+  // PRIORITIZED: P(i) ~ priority_i^alpha; 0 = uniform.
+  double priority_alpha = 0.6;
+  // RECENCY: probability that a draw takes the newest key not yet chosen.
+  double recency_probability = 0.5;
+  // RECENCY: the other draws have P(i) ~ exp(beta * priority_i); 0 = uniform.
+  double reward_inverse_temperature = 0.0;
+  // Seed of the sampler's generator (random kinds). Same seed, same calls:
+  // same keys.
+  uint64_t seed = 0;
+
+  // BufferConfig fields with their defaults; INVALID_ARGUMENT naming the
+  // field (prefixed by `field_prefix`, e.g. "buffer.") for values out of range:
+  // unknown kind, alpha < 0 or not finite, recency_probability outside [0, 1],
+  // beta not finite. Every problem is reported, one per line, e.g.
+  // "buffer.recency_probability: must be in [0, 1], got 1.5". Fields a kind
+  // does not use are validated too (a bad value is a mistake either way).
+  static absl::StatusOr<SamplerOptions> FromConfig(const v1::BufferConfig& config, uint64_t seed,
+                                                   const char* field_prefix = "buffer.");
+
+  // The same checks on resolved options (field names as in BufferConfig,
+  // prefixed by `field_prefix`); UNSPECIFIED is accepted here as FIFO.
+  absl::Status Validate(const char* field_prefix = "") const;
+};
+
 // Chooses which held groups go into a batch. The run table owns the groups
 // and their bookkeeping (staleness, times sampled, eviction); a sampler only
-// sees keys (a group's buffer_sequence, unique and increasing per run), as
-// Reverb's ItemSelector does. FIFO, LIFO, uniform, prioritized and recency
-// sampling differ only here, so adding one is adding a class and a case in
+// sees keys (a group's buffer_sequence, unique and increasing per run, so a
+// larger key is a newer group) and a priority per key, as Reverb's
+// ItemSelector does. FIFO, LIFO, uniform, prioritized and recency sampling
+// differ only here, so adding one is adding a class and a case in
 // CreateSampler.
+//
+// Priorities are finite and >= 0 for PRIORITIZED (the table guarantees it);
+// RECENCY reads them as rewards (any finite value); FIFO, LIFO and UNIFORM
+// ignore them.
 //
 // Not thread-safe: the run table calls it under its lock.
 class Sampler {
@@ -25,26 +58,33 @@ class Sampler {
 
   virtual v1::SamplerKind kind() const = 0;
 
-  // Adds a key that is not held yet.
-  virtual void Insert(int64_t key) = 0;
+  // Adds a key that is not held yet. (Inserting a held key is treated as
+  // Update, so a repeated insert cannot corrupt the sampler.)
+  virtual void Insert(int64_t key, double priority) = 0;
+
+  // Changes a held key's priority; false (and no change) for unknown keys.
+  virtual bool Update(int64_t key, double priority) = 0;
 
   // Removes a key; unknown keys are ignored.
   virtual void Delete(int64_t key) = 0;
 
-  // Chooses min(count, size()) distinct held keys for one batch, in the order
-  // they should appear in it. Keys stay held: the table decides, from
-  // times_sampled, whether to Delete them.
+  // Chooses min(count, size()) distinct held keys for one batch (drawn
+  // without replacement), in the order they should appear in it. Keys stay
+  // held: the table decides, from times_sampled, whether to Delete them.
+  // count <= 0 gives an empty batch. A Select changes nothing but the random
+  // stream: Probability() and later draws are as before it.
   virtual std::vector<int64_t> Select(int64_t count) = 0;
+
+  // Probability that Select(1) returns `key` now (0 for unknown keys). Used by
+  // tests and diagnostics; O(1) or O(log n) except where noted.
+  virtual double Probability(int64_t key) const = 0;
 
   virtual int64_t size() const = 0;
 };
 
-// INVALID_ARGUMENT (naming `field`) for sampler kinds this release does not
-// implement; OK for UNSPECIFIED (= FIFO) and FIFO.
-absl::Status CheckSamplerAvailable(v1::SamplerKind kind, const char* field);
-
-// The sampler for `kind`; INVALID_ARGUMENT as CheckSamplerAvailable.
-absl::StatusOr<std::unique_ptr<Sampler>> CreateSampler(v1::SamplerKind kind);
+// The sampler for options.kind (UNSPECIFIED = FIFO); INVALID_ARGUMENT (from
+// options.Validate()) for an unknown kind or out-of-range options.
+absl::StatusOr<std::unique_ptr<Sampler>> CreateSampler(const SamplerOptions& options);
 
 }  // namespace sluice::replay_buffer
 

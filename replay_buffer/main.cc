@@ -1,14 +1,18 @@
 // sluice-replay-buffer: see replay_buffer_service.h and README.md.
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "CLI/CLI.hpp"
+#include "common/logging.h"
 #include "replay_buffer/replay_buffer.h"
+#include "replay_buffer/replay_buffer_metrics.h"
 #include "replay_buffer/replay_buffer_service.h"
 #include "services/runtime/service_main.h"
 
 int main(int argc, char** argv) {
   using sluice::runtime::ServiceContext;
+  namespace rb = sluice::replay_buffer;
   sluice::runtime::ServiceMain main({
       .component = "replay_buffer",
       .binary = "sluice-replay-buffer",
@@ -17,20 +21,83 @@ int main(int argc, char** argv) {
       .default_metrics_port = 9094,
   });
   int64_t lease_ttl_ms = 60000;
-  main.app()
-      .add_option("--lease-ttl-ms", lease_ttl_ms,
-                  "how long a generation slot counts as running without an insert, release "
-                  "or renewal")
+  std::string data_dir;
+  std::string fsync = "interval";
+  int64_t fsync_interval_ms = 100;
+  int64_t snapshot_interval_s = 300;
+  int64_t snapshot_wal_mb = 256;
+  int keep_snapshots = 2;
+  CLI::App& app = main.app();
+  app.add_option("--lease-ttl-ms", lease_ttl_ms,
+                 "how long a generation slot counts as running without an insert, release "
+                 "or renewal")
+      ->capture_default_str();
+  app.add_option("--data-dir", data_dir,
+                 "directory for the write-ahead log and snapshots; restored at start. Empty: "
+                 "in memory only, nothing survives a restart");
+  app.add_option("--fsync", fsync,
+                 "when the log is fsynced: always (an acknowledged insert survives power loss), "
+                 "interval (survives kill -9; power loss loses at most --fsync-interval-ms), "
+                 "never (survives kill -9)")
+      ->check(CLI::IsMember({"always", "interval", "never"}))
+      ->capture_default_str();
+  app.add_option("--fsync-interval-ms", fsync_interval_ms, "fsync period under --fsync interval")
+      ->capture_default_str();
+  app.add_option("--snapshot-interval-s", snapshot_interval_s,
+                 "snapshot at least this often while the log grows (0: by size only)")
+      ->capture_default_str();
+  app.add_option("--snapshot-wal-mb", snapshot_wal_mb,
+                 "snapshot whenever the log has grown by this much")
+      ->capture_default_str();
+  app.add_option("--keep-snapshots", keep_snapshots, "snapshots kept (the older ones are a "
+                                                     "fallback if the newest is damaged)")
       ->capture_default_str();
   return main.Run(argc, argv, [&](ServiceContext& context) -> absl::Status {
     using namespace sluice;
-    replay_buffer::RunTableOptions options;
+    rb::RunTableOptions options;
     options.lease_ttl = absl::Milliseconds(lease_ttl_ms);
-    absl::StatusOr<std::unique_ptr<replay_buffer::ReplayBuffer>> buffer =
-        replay_buffer::ReplayBuffer::Create(options);
-    if (!buffer.ok()) return buffer.status();
-    auto service = std::make_shared<replay_buffer::ReplayBufferServiceImpl>(
-        std::move(buffer).value(), context.metrics_registry());
+    auto durability_metrics =
+        std::make_shared<rb::DurabilityMetrics>(context.metrics_registry());
+    rb::DurabilityOptions durability;
+    durability.data_dir = data_dir;
+    durability.fsync_policy = fsync == "always"   ? rb::durability::FsyncPolicy::kAlways
+                              : fsync == "never" ? rb::durability::FsyncPolicy::kNever
+                                                 : rb::durability::FsyncPolicy::kInterval;
+    durability.fsync_interval = absl::Milliseconds(fsync_interval_ms);
+    durability.snapshot_interval = absl::Seconds(snapshot_interval_s);
+    durability.snapshot_wal_bytes = static_cast<uint64_t>(std::max<int64_t>(1, snapshot_wal_mb)) << 20;
+    durability.keep_snapshots = keep_snapshots;
+    durability.on_fsync = [durability_metrics](absl::Duration d) { durability_metrics->ObserveFsync(d); };
+    durability.on_snapshot = [durability_metrics](const rb::durability::SnapshotInfo& info) {
+      durability_metrics->ObserveSnapshot(info);
+    };
+    absl::StatusOr<std::unique_ptr<rb::ReplayBuffer>> created =
+        rb::ReplayBuffer::Create(options, durability);
+    if (!created.ok()) {
+      return absl::Status(created.status().code(),
+                          absl::StrCat(data_dir.empty() ? "" : "--data-dir " + data_dir + ": ",
+                                       created.status().message()));
+    }
+    std::shared_ptr<rb::ReplayBuffer> buffer = std::move(created).value();
+    const rb::RestoreReport& report = buffer->restore_report();
+    if (report.durable) {
+      log::Info("replay buffer restored",
+                {{"data_dir", data_dir},
+                 {"snapshot_lsn", report.snapshot_lsn ? std::to_string(*report.snapshot_lsn) : "none"},
+                 {"wal_records_replayed", std::to_string(report.wal_records_replayed)},
+                 {"runs", std::to_string(report.runs)},
+                 {"groups", std::to_string(report.groups)},
+                 {"ms", std::to_string(absl::ToInt64Milliseconds(report.duration))}});
+      if (!report.torn_tail.empty()) {
+        log::Warning("write-ahead log ended in a torn record (a write interrupted by a crash, "
+                     "never acknowledged); dropped",
+                     {{"detail", report.torn_tail}});
+      }
+      for (const std::string& warning : report.warnings) {
+        log::Warning("replay buffer restore", {{"detail", warning}});
+      }
+    }
+    auto service = std::make_shared<rb::ReplayBufferServiceImpl>(buffer, context.metrics_registry());
     context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::ReplayBufferService::service_full_name());
     return absl::OkStatus();

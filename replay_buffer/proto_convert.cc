@@ -24,17 +24,6 @@ void TimeToProto(absl::Time time, google::protobuf::Timestamp* timestamp) {
       static_cast<int32_t>(absl::ToInt64Nanoseconds(time - absl::FromUnixSeconds(seconds))));
 }
 
-RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request) {
-  RunConfig config;
-  config.run_id = request.run_id();
-  config.batch_size_groups = request.batch_size_groups();
-  config.max_staleness = request.max_staleness();
-  config.group_size = request.group_size();
-  config.buffer = request.config();
-  config.initial_policy_version = request.initial_policy_version();
-  return config;
-}
-
 void RunStatsToProto(const RunStats& stats, v1::BufferStats* proto) {
   proto->set_run_id(stats.run_id);
   proto->set_size_groups(stats.size_groups);
@@ -54,6 +43,10 @@ void RunStatsToProto(const RunStats& stats, v1::BufferStats* proto) {
   proto->set_accepted(stats.gate.accepted);
   proto->set_admission_limit(stats.gate.admission_limit);
   proto->set_admission_blocked_ms(absl::ToInt64Milliseconds(stats.admission_blocked));
+  proto->set_rate_limiter_insert_blocked_ms(
+      absl::ToInt64Milliseconds(stats.rate_limiter_insert_blocked));
+  proto->set_rate_limiter_sample_blocked_ms(
+      absl::ToInt64Milliseconds(stats.rate_limiter_sample_blocked));
   *proto->mutable_config() = stats.config.buffer;
   proto->set_batch_size_groups(stats.config.batch_size_groups);
   proto->set_max_staleness(stats.config.max_staleness);
@@ -138,7 +131,6 @@ void SampleResultToProto(const SampleResult& result, v1::SampleResponse* respons
   }
   response->set_buffer_version(result.buffer_version);
   response->set_policy_version(result.policy_version);
-  response->set_timed_out(result.timed_out);
 }
 
 }  // namespace sluice::replay_buffer

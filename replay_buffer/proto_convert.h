@@ -12,7 +12,6 @@
 
 namespace sluice::replay_buffer {
 
-RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request);
 void RunStatsToProto(const RunStats& stats, v1::BufferStats* proto);
 
 AcquireRequest AcquireRequestFromProto(const v1::AcquireGenerationSlotsRequest& request);

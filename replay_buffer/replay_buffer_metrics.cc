@@ -13,10 +13,11 @@ prometheus::Histogram::BucketBoundaries StalenessBuckets() { return {0, 1, 2, 3,
 struct MirroredCounter {
   prometheus::Counter* counter = nullptr;
   int64_t exported = 0;
+  double scale = 1;
 
   void Follow(int64_t value) {
     if (value <= exported) return;
-    counter->Increment(static_cast<double>(value - exported));
+    counter->Increment(static_cast<double>(value - exported) * scale);
     exported = value;
   }
 };
@@ -33,6 +34,8 @@ struct ReplayBufferMetrics::RunSeries {
   MirroredCounter stored, duplicate, rejected_stale, invalid, retryable_error;
   MirroredCounter sampled;
   MirroredCounter evicted_stale, evicted_max_times_sampled, evicted_capacity;
+  prometheus::Gauge* size_bytes = nullptr;
+  MirroredCounter insert_blocked_ms, sample_blocked_ms;
 };
 
 ReplayBufferMetrics::ReplayBufferMetrics(prometheus::Registry& registry)
@@ -76,7 +79,30 @@ ReplayBufferMetrics::ReplayBufferMetrics(prometheus::Registry& registry)
                                   .Name("sluice_buffer_admission_wait_seconds")
                                   .Help("Time AcquireGenerationSlots calls waited at the gate.")
                                   .Register(registry)
-                                  .Add({}, runtime::LatencyBucketsSeconds())) {}
+                                  .Add({}, runtime::LatencyBucketsSeconds())),
+      size_bytes_(prometheus::BuildGauge()
+                      .Name("sluice_buffer_size_bytes")
+                      .Help("Serialized bytes of the groups held in the run's table.")
+                      .Register(registry)),
+      rate_limiter_blocked_(prometheus::BuildCounter()
+                                .Name("sluice_buffer_rate_limiter_blocked_seconds_total")
+                                .Help("Time inserts and samples waited for the rate limiter.")
+                                .Register(registry)),
+      wal_bytes_(prometheus::BuildCounter()
+                     .Name("sluice_buffer_wal_bytes_total")
+                     .Help("Bytes appended to the write-ahead log since start.")
+                     .Register(registry)
+                     .Add({})),
+      wal_records_(prometheus::BuildCounter()
+                       .Name("sluice_buffer_wal_records_total")
+                       .Help("Records appended to the write-ahead log since start.")
+                       .Register(registry)
+                       .Add({})),
+      wal_disk_bytes_(prometheus::BuildGauge()
+                          .Name("sluice_buffer_wal_disk_bytes")
+                          .Help("Size of the write-ahead log's segments on disk.")
+                          .Register(registry)
+                          .Add({})) {}
 
 ReplayBufferMetrics::~ReplayBufferMetrics() = default;
 
@@ -105,6 +131,11 @@ ReplayBufferMetrics::RunSeries& ReplayBufferMetrics::SeriesLocked(const std::str
   series->evicted_stale.counter = &evictions_.Add(with("reason", "stale"));
   series->evicted_max_times_sampled.counter = &evictions_.Add(with("reason", "max_times_sampled"));
   series->evicted_capacity.counter = &evictions_.Add(with("reason", "capacity"));
+  series->size_bytes = &size_bytes_.Add(run);
+  series->insert_blocked_ms.counter = &rate_limiter_blocked_.Add(with("side", "insert"));
+  series->insert_blocked_ms.scale = 1e-3;
+  series->sample_blocked_ms.counter = &rate_limiter_blocked_.Add(with("side", "sample"));
+  series->sample_blocked_ms.scale = 1e-3;
   return *series;
 }
 
@@ -126,6 +157,48 @@ void ReplayBufferMetrics::Sync(RunTable& table) {
   series.evicted_stale.Follow(stats.evictions.stale);
   series.evicted_max_times_sampled.Follow(stats.evictions.max_times_sampled);
   series.evicted_capacity.Follow(stats.evictions.capacity);
+  series.size_bytes->Set(static_cast<double>(stats.size_bytes));
+  series.insert_blocked_ms.Follow(absl::ToInt64Milliseconds(stats.rate_limiter_insert_blocked));
+  series.sample_blocked_ms.Follow(absl::ToInt64Milliseconds(stats.rate_limiter_sample_blocked));
+}
+
+void ReplayBufferMetrics::SyncDurability(const DurabilityStats& stats) {
+  absl::MutexLock lock(&mu_);
+  if (stats.wal.bytes_appended > wal_bytes_exported_) {
+    wal_bytes_.Increment(static_cast<double>(stats.wal.bytes_appended - wal_bytes_exported_));
+    wal_bytes_exported_ = stats.wal.bytes_appended;
+  }
+  if (stats.wal.records_appended > wal_records_exported_) {
+    wal_records_.Increment(static_cast<double>(stats.wal.records_appended - wal_records_exported_));
+    wal_records_exported_ = stats.wal.records_appended;
+  }
+  wal_disk_bytes_.Set(static_cast<double>(stats.wal.disk_bytes));
+}
+
+DurabilityMetrics::DurabilityMetrics(prometheus::Registry& registry)
+    : fsync_seconds_(prometheus::BuildHistogram()
+                         .Name("sluice_buffer_wal_fsync_seconds")
+                         .Help("Latency of the write-ahead log's fdatasyncs.")
+                         .Register(registry)
+                         .Add({}, runtime::LatencyBucketsSeconds())),
+      snapshot_seconds_(prometheus::BuildHistogram()
+                            .Name("sluice_buffer_snapshot_seconds")
+                            .Help("Time to write and commit one snapshot of every table.")
+                            .Register(registry)
+                            .Add({}, runtime::LatencyBucketsSeconds())),
+      snapshot_bytes_(prometheus::BuildGauge()
+                          .Name("sluice_buffer_snapshot_bytes")
+                          .Help("Size of the latest snapshot.")
+                          .Register(registry)
+                          .Add({})) {}
+
+void DurabilityMetrics::ObserveFsync(absl::Duration latency) {
+  fsync_seconds_.Observe(absl::ToDoubleSeconds(latency));
+}
+
+void DurabilityMetrics::ObserveSnapshot(const durability::SnapshotInfo& info) {
+  snapshot_seconds_.Observe(absl::ToDoubleSeconds(info.duration));
+  snapshot_bytes_.Set(static_cast<double>(info.size_bytes));
 }
 
 void ReplayBufferMetrics::ObserveDelivered(const std::string& run_id, const SampleResult& batch) {

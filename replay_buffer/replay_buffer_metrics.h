@@ -13,6 +13,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/run_table.h"
 
 namespace sluice::replay_buffer {
@@ -30,6 +31,13 @@ namespace sluice::replay_buffer {
 //   sluice_buffer_admission_limit{run_id}
 //   sluice_buffer_sampled_staleness{run_id}             histogram, versions, delivered groups
 //   sluice_buffer_admission_wait_seconds                histogram, every acquire asking for slots
+//   sluice_buffer_size_bytes{run_id}                    serialized bytes held
+//   sluice_buffer_rate_limiter_blocked_seconds_total{run_id,side}   insert, sample
+//   sluice_buffer_wal_bytes_total                       bytes appended to the write-ahead log
+//   sluice_buffer_wal_records_total
+//   sluice_buffer_wal_disk_bytes                        log segments on disk now
+//   (DurabilityMetrics) sluice_buffer_wal_fsync_seconds, sluice_buffer_snapshot_seconds,
+//   sluice_buffer_snapshot_bytes
 //
 // The run table is the one source of truth: Sync copies its counters and
 // gauges (counters move by the difference since the last Sync and never
@@ -58,6 +66,9 @@ class ReplayBufferMetrics {
 
   void ObserveAdmissionWait(absl::Duration waited);
 
+  // Mirrors the write-ahead log's counters (no-op without a data directory).
+  void SyncDurability(const DurabilityStats& stats) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct RunSeries;
   RunSeries& SeriesLocked(const std::string& run_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -72,9 +83,30 @@ class ReplayBufferMetrics {
   prometheus::Family<prometheus::Gauge>& admission_limit_;
   prometheus::Family<prometheus::Histogram>& sampled_staleness_;
   prometheus::Histogram& admission_wait_seconds_;
+  prometheus::Family<prometheus::Gauge>& size_bytes_;
+  prometheus::Family<prometheus::Counter>& rate_limiter_blocked_;
+  prometheus::Counter& wal_bytes_;
+  prometheus::Counter& wal_records_;
+  prometheus::Gauge& wal_disk_bytes_;
+  uint64_t wal_bytes_exported_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t wal_records_exported_ ABSL_GUARDED_BY(mu_) = 0;
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<RunSeries>> runs_ ABSL_GUARDED_BY(mu_);
+};
+
+// Latency of the log's fsyncs and of snapshots, fed by DurabilityOptions'
+// observers (created before the buffer, which reports into it).
+class DurabilityMetrics {
+ public:
+  explicit DurabilityMetrics(prometheus::Registry& registry);
+  void ObserveFsync(absl::Duration latency);
+  void ObserveSnapshot(const durability::SnapshotInfo& info);
+
+ private:
+  prometheus::Histogram& fsync_seconds_;
+  prometheus::Histogram& snapshot_seconds_;
+  prometheus::Gauge& snapshot_bytes_;
 };
 
 }  // namespace sluice::replay_buffer

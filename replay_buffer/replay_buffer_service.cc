@@ -106,7 +106,10 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
       runs.insert(group.run_id());
       groups.push_back(std::move(group));
     }
-    const std::vector<InsertResult> results = buffer_->Insert(std::move(groups));
+    // Blocks while the rate limiter holds inserts back; meanwhile the stream
+    // is not read, so gRPC's flow control pushes back on the writer.
+    const std::vector<InsertResult> results = buffer_->Insert(
+        std::move(groups), CapByDeadline(options_.insert_rate_limit_wait, *context));
     v1::InsertGroupsResponse response;
     for (const InsertResult& result : results) InsertResultToProto(result, response.add_results());
     for (const std::string& run_id : runs) {
@@ -114,6 +117,7 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
         metrics_.Sync(**table);
       }
     }
+    metrics_.SyncDurability(buffer_->durability_stats());
     if (!stream->Write(response)) {
       status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       break;
@@ -138,6 +142,19 @@ grpc::Status ReplayBufferServiceImpl::Sample(
     SampleRequest sample = SampleRequestFromProto(request, options_.default_sample_timeout);
     sample.timeout = CapByDeadline(sample.timeout, *context);
     absl::StatusOr<SampleResult> result = (*table)->Sample(sample);
+    if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
+      // A wait that ran out is an answer on this stream, not its end: the
+      // trainer asks again.
+      v1::SampleResponse timed_out;
+      timed_out.set_timed_out(true);
+      timed_out.set_policy_version(request.trainer_policy_version());
+      metrics_.Sync(**table);
+      if (!stream->Write(timed_out)) {
+        status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+        break;
+      }
+      continue;
+    }
     if (!result.ok()) {
       status = ToGrpcStatus(result.status());
       break;
@@ -177,7 +194,14 @@ grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* cont
                                                        v1::UpdatePrioritiesResponse* response) {
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
-  return ToGrpcStatus((*table)->UpdatePriorities());
+  std::vector<std::pair<std::string, double>> priorities(request->priorities().begin(),
+                                                         request->priorities().end());
+  absl::StatusOr<UpdatePrioritiesResult> result = (*table)->UpdatePriorities(priorities);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  response->set_updated(result->updated);
+  for (std::string& id : result->not_found_group_ids) response->add_not_found_group_ids(std::move(id));
+  metrics_.Sync(**table);
+  return grpc::Status::OK;
 }
 
 grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,

@@ -24,7 +24,8 @@ namespace sluice::replay_buffer {
 // - InsertGroups: one InsertGroupsResponse per request, one result per group
 //   in request order.
 // - Sample: each SampleRequest is answered by exactly one SampleResponse, in
-//   order (exactly B groups, or timed_out); timeout_ms 0 means
+//   order (exactly B groups, or timed_out when the core's wait ran out with
+//   DEADLINE_EXCEEDED: the minimum size or the rate limiter); timeout_ms 0 means
 //   Options::default_sample_timeout. A request the core refuses (unknown run,
 //   bad field) ends the stream with that status, since a SampleResponse
 //   cannot carry an error. A batch whose write fails (the trainer went away)
@@ -38,6 +39,9 @@ class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Se
   struct Options {
     // Sample wait when a request says timeout_ms = 0.
     absl::Duration default_sample_timeout = absl::Seconds(10);
+    // Longest an insert waits for the rate limiter (capped by the call's
+    // deadline) before it is answered RETRYABLE_ERROR.
+    absl::Duration insert_rate_limit_wait = absl::Seconds(30);
   };
 
   // `registry` must outlive the service (the metrics' families live in it).

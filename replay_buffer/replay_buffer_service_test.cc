@@ -151,14 +151,15 @@ TEST_F(ReplayBufferServiceTest, ConfigureRunErrorsNameTheField) {
   request.set_run_id(kRun);
   request.set_batch_size_groups(4);
   request.set_group_size(2);
-  request.mutable_config()->set_sampler(v1::SAMPLER_KIND_UNIFORM);
+  request.mutable_config()->set_sampler(static_cast<v1::SamplerKind>(99));
+  request.mutable_config()->set_recency_probability(1.5);
   v1::ConfigureRunResponse response;
   grpc::ClientContext context;
   status = stub_->ConfigureRun(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_EQ(status.error_message(),
-            "buffer.sampler: SAMPLER_KIND_UNIFORM is not available yet; this release "
-            "implements SAMPLER_KIND_FIFO");
+  EXPECT_THAT(status.error_message(), HasSubstr("buffer.sampler: unknown sampler kind 99"));
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("buffer.recency_probability: must be in [0, 1], got 1.5"));
 
   ASSERT_TRUE(Configure(4, 1).ok());
   status = Configure(4, 3);
@@ -380,9 +381,10 @@ TEST_F(ReplayBufferServiceTest, ErrorsNameTheField) {
     v1::UpdatePrioritiesResponse response;
     grpc::ClientContext context;
     const grpc::Status status = stub_->UpdatePriorities(&context, request, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_THAT(status.error_message(),
-                HasSubstr("SAMPLER_KIND_FIFO, which does not use priorities"));
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    // g0 is not held: reported, not an error.
+    EXPECT_EQ(response.updated(), 0);
+    EXPECT_THAT(response.not_found_group_ids(), ElementsAre("g0"));
   }
   {
     v1::UpdatePolicyVersionRequest request;

@@ -66,18 +66,18 @@ TEST(ReplayBufferTest, ConfigureRunValidationNamesEveryField) {
   auto buffer = MakeBuffer();
   RunConfig config = Config("a", -3, -1);
   config.group_size = 0;
-  config.buffer.set_sampler(v1::SAMPLER_KIND_UNIFORM);
-  config.buffer.set_samples_per_insert(2);
+  config.buffer.set_sampler(static_cast<v1::SamplerKind>(17));
+  config.buffer.set_samples_per_insert(-1);
+  config.buffer.set_priority_epsilon(-0.5);
   absl::Status status = buffer->ConfigureRun(config).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(),
             "batch_size_groups: must be > 0, got -3\n"
             "max_staleness: must be >= 0, got -1\n"
             "group_size: must be > 0, got 0\n"
-            "buffer.sampler: SAMPLER_KIND_UNIFORM is not available yet; this release "
-            "implements SAMPLER_KIND_FIFO\n"
-            "buffer.samples_per_insert: rate limiting is not available yet; this release "
-            "needs 0 (off), got 2");
+            "buffer.sampler: unknown sampler kind 17\n"
+            "buffer.priority_epsilon: must be >= 0 (0 = 0.01), got -0.5\n"
+            "buffer.samples_per_insert: must be >= 0 (0 = off), got -1");
   config = Config("a");
   config.buffer.set_capacity_groups(2);
   EXPECT_THAT(std::string(buffer->ConfigureRun(config).status().message()),

@@ -8,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "google/protobuf/io/coded_stream.h"
 
 namespace sluice::replay_buffer {
 namespace {
@@ -37,6 +39,30 @@ int32_t RunConfig::max_times_sampled() const {
   return buffer.max_times_sampled() > 0 ? buffer.max_times_sampled() : 1;
 }
 
+RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request) {
+  RunConfig config;
+  config.run_id = request.run_id();
+  config.batch_size_groups = request.batch_size_groups();
+  config.max_staleness = request.max_staleness();
+  config.group_size = request.group_size();
+  config.buffer = request.config();
+  config.initial_policy_version = request.initial_policy_version();
+  config.seed = request.seed();
+  return config;
+}
+
+v1::ConfigureRunRequest RunConfigToProto(const RunConfig& config) {
+  v1::ConfigureRunRequest request;
+  request.set_run_id(config.run_id);
+  request.set_batch_size_groups(config.batch_size_groups);
+  request.set_max_staleness(config.max_staleness);
+  request.set_group_size(config.group_size);
+  *request.mutable_config() = config.buffer;
+  request.set_initial_policy_version(config.initial_policy_version);
+  request.set_seed(config.seed);
+  return request;
+}
+
 absl::Status RunConfig::Validate() const {
   std::vector<std::string> problems;
   if (run_id.empty()) problems.push_back("run_id: required");
@@ -53,9 +79,19 @@ absl::Status RunConfig::Validate() const {
     problems.push_back(
         absl::StrCat("initial_policy_version: must be >= 0, got ", initial_policy_version));
   }
-  if (absl::Status sampler = CheckSamplerAvailable(buffer.sampler(), "buffer.sampler");
+  if (absl::StatusOr<SamplerOptions> sampler = SamplerOptions::FromConfig(buffer, seed);
       !sampler.ok()) {
-    problems.emplace_back(sampler.message());
+    for (absl::string_view line : absl::StrSplit(sampler.status().message(), '\n')) {
+      problems.emplace_back(line);
+    }
+  }
+  if (!v1::PrioritySource_IsValid(buffer.priority_source())) {
+    problems.push_back(absl::StrCat("buffer.priority_source: unknown value ",
+                                    static_cast<int>(buffer.priority_source())));
+  }
+  if (!std::isfinite(buffer.priority_epsilon()) || buffer.priority_epsilon() < 0) {
+    problems.push_back(absl::StrCat("buffer.priority_epsilon: must be >= 0 (0 = 0.01), got ",
+                                    buffer.priority_epsilon()));
   }
   if (buffer.max_times_sampled() < 0) {
     problems.push_back(absl::StrCat("buffer.max_times_sampled: must be >= 0 (0 = 1), got ",
@@ -77,24 +113,7 @@ absl::Status RunConfig::Validate() const {
                      batch_minimum, ", got ", buffer.capacity_groups(),
                      "; a smaller table could never fill a batch"));
   }
-  if (buffer.samples_per_insert() != 0) {
-    problems.push_back(absl::StrCat(
-        "buffer.samples_per_insert: rate limiting is not available yet; this release needs 0 "
-        "(off), got ",
-        buffer.samples_per_insert()));
-  }
-  if (!(buffer.samples_per_insert_tolerance() >= 0)) {
-    problems.push_back(absl::StrCat("buffer.samples_per_insert_tolerance: must be >= 0, got ",
-                                    buffer.samples_per_insert_tolerance()));
-  }
-  if (!(buffer.recency_probability() >= 0 && buffer.recency_probability() <= 1)) {
-    problems.push_back(absl::StrCat("buffer.recency_probability: must be in [0, 1], got ",
-                                    buffer.recency_probability()));
-  }
-  if (buffer.has_priority_alpha() && !(buffer.priority_alpha() >= 0)) {
-    problems.push_back(
-        absl::StrCat("buffer.priority_alpha: must be >= 0, got ", buffer.priority_alpha()));
-  }
+  RateLimiter::Validate(buffer, batch_size_groups, &problems);
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
 }
@@ -109,16 +128,28 @@ absl::Status RunTableOptions::Validate() const {
 }
 
 // ---------------------------------------------------------------------------
-// Construction and configuration
+// Construction, configuration, journaling
 // ---------------------------------------------------------------------------
 
 absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Create(RunConfig config,
-                                                           RunTableOptions options) {
+                                                           RunTableOptions options,
+                                                           uint64_t replayed_lsn) {
   RETURN_IF_ERROR(config.Validate());
   RETURN_IF_ERROR(options.Validate());
-  ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, CreateSampler(config.buffer.sampler()));
-  return std::unique_ptr<RunTable>(
+  ASSIGN_OR_RETURN(const SamplerOptions sampler_options,
+                   SamplerOptions::FromConfig(config.buffer, config.seed));
+  ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, CreateSampler(sampler_options));
+  std::unique_ptr<RunTable> table(
       new RunTable(std::move(config), std::move(options), std::move(sampler)));
+  absl::MutexLock lock(&table->mu_);
+  if (replayed_lsn > 0) {
+    table->last_lsn_ = replayed_lsn;
+  } else {
+    v1::storage::WalRecord record;
+    *record.mutable_configured() = RunConfigToProto(table->config_);
+    RETURN_IF_ERROR(table->JournalLocked(record).status());
+  }
+  return table;
 }
 
 RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sampler> sampler)
@@ -127,12 +158,27 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
       max_staleness_(config.max_staleness),
       group_size_(config.group_size),
       options_(std::move(options)),
-      lease_id_prefix_(NewLeaseIdPrefix()) {
+      lease_id_prefix_(NewLeaseIdPrefix()),
+      rate_limiter_(RateLimiter::OptionsFrom(config.buffer, config.batch_size_groups)) {
   absl::MutexLock lock(&mu_);
   policy_version_ = config.initial_policy_version;
   accepted_ = config.initial_policy_version * config.batch_size_groups;
   sampler_ = std::move(sampler);
   config_ = std::move(config);
+}
+
+absl::StatusOr<uint64_t> RunTable::JournalLocked(v1::storage::WalRecord& record,
+                                                 const std::string& prefix) {
+  if (options_.journal == nullptr) return uint64_t{0};
+  record.set_run_id(run_id_);
+  absl::StatusOr<uint64_t> lsn = options_.journal->Append(prefix, record);
+  if (!lsn.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("replay buffer write-ahead log failed (", lsn.status().message(),
+                     "); nothing was changed; retry once the data directory is writable"));
+  }
+  last_lsn_ = *lsn;
+  return lsn;
 }
 
 absl::Status RunTable::Reconfigure(const RunConfig& config) {
@@ -150,17 +196,70 @@ absl::Status RunTable::Reconfigure(const RunConfig& config) {
   RETURN_IF_ERROR(fixed("batch_size_groups", batch_size_groups_, config.batch_size_groups));
   RETURN_IF_ERROR(fixed("max_staleness", max_staleness_, config.max_staleness));
   RETURN_IF_ERROR(fixed("group_size", group_size_, config.group_size));
-  ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, CreateSampler(config.buffer.sampler()));
+  ASSIGN_OR_RETURN(const SamplerOptions sampler_options,
+                   SamplerOptions::FromConfig(config.buffer, config.seed));
+  ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, CreateSampler(sampler_options));
 
   absl::MutexLock lock(&mu_);
-  if (sampler->kind() != sampler_->kind()) {
-    for (const auto& [sequence, item] : items_) sampler->Insert(sequence);
+  const v1::ConfigureRunRequest now = RunConfigToProto(config_);
+  v1::storage::WalRecord record;
+  *record.mutable_configured() = RunConfigToProto(config);
+  if (record.configured().SerializeAsString() == now.SerializeAsString() &&
+      config.initial_policy_version <= policy_version_) {
+    return absl::OkStatus();  // nothing changes
+  }
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  ApplyConfigLocked(config, std::move(sampler));
+  return absl::OkStatus();
+}
+
+void RunTable::ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sampler> sampler) {
+  const bool sampler_changed =
+      config.buffer.sampler() != config_.buffer.sampler() ||
+      config.buffer.priority_alpha() != config_.buffer.priority_alpha() ||
+      config.buffer.has_priority_alpha() != config_.buffer.has_priority_alpha() ||
+      config.buffer.recency_probability() != config_.buffer.recency_probability() ||
+      config.buffer.reward_inverse_temperature() !=
+          config_.buffer.reward_inverse_temperature() ||
+      config.seed != config_.seed;
+  const bool priorities_changed =
+      config.buffer.priority_source() != config_.buffer.priority_source() ||
+      config.buffer.priority_epsilon() != config_.buffer.priority_epsilon();
+  config_.buffer = config.buffer;
+  config_.seed = config.seed;
+  rate_limiter_.set_options(RateLimiter::OptionsFrom(config_.buffer, batch_size_groups_));
+  if (sampler_changed || priorities_changed) {
+    for (auto& [sequence, item] : items_) item.priority = PriorityForLocked(*item.group);
+  }
+  if (sampler_changed || priorities_changed) {
+    for (const auto& [sequence, item] : items_) sampler->Insert(sequence, item.priority);
     sampler_ = std::move(sampler);
   }
-  config_.buffer = config.buffer;
-  AdvanceVersionLocked(config.initial_policy_version);
+  ApplyVersionLocked(config.initial_policy_version);
   EnforceCapacityLocked();
-  return absl::OkStatus();
+}
+
+double RunTable::PriorityForLocked(const v1::Group& group) const {
+  const v1::BufferConfig& buffer = config_.buffer;
+  if (buffer.priority_source() == v1::PRIORITY_SOURCE_CLIENT) {
+    if (group.has_priority()) return group.priority();
+    return max_client_priority_ > 0 ? max_client_priority_ : 1.0;
+  }
+  double mean = 0;
+  for (const v1::Trajectory& trajectory : group.trajectories()) mean += trajectory.reward();
+  if (group.trajectories_size() > 0) mean /= group.trajectories_size();
+  double value = mean;
+  if (buffer.priority_source() == v1::PRIORITY_SOURCE_ABS_ADVANTAGE) {
+    double spread = 0;
+    for (const v1::Trajectory& trajectory : group.trajectories()) {
+      spread += std::fabs(trajectory.reward() - mean);
+    }
+    value = group.trajectories_size() > 0 ? spread / group.trajectories_size() : 0;
+  }
+  if (!std::isfinite(value)) value = 0;
+  if (buffer.sampler() == v1::SAMPLER_KIND_RECENCY) return value;  // a reward, any sign
+  const double epsilon = buffer.priority_epsilon() > 0 ? buffer.priority_epsilon() : 0.01;
+  return std::max(0.0, value) + epsilon;
 }
 
 // ---------------------------------------------------------------------------
@@ -185,6 +284,8 @@ GateState RunTable::GateLocked() const {
 bool RunTable::CanGrantOrShutdown() const { return shutdown_ || CapacityLocked() > 0; }
 
 void RunTable::ExpireLeasesLocked() {
+  // Expiry is not journaled: a restored lease gets a fresh TTL and expires
+  // again if its worker is gone.
   const absl::Time now = options_.clock();
   while (!lease_expiry_.empty() && lease_expiry_.begin()->first <= now) {
     leases_.erase(lease_expiry_.begin()->second);
@@ -203,6 +304,45 @@ bool RunTable::ReleaseLeaseLocked(const std::string& lease_id) {
   if (it == leases_.end()) return false;
   EraseLeaseLocked(it);
   return true;
+}
+
+absl::Status RunTable::ReleaseLeasesLocked(const std::vector<std::string>& lease_ids) {
+  if (lease_ids.empty()) return absl::OkStatus();
+  v1::storage::WalRecord record;
+  for (const std::string& id : lease_ids) record.mutable_leases_released()->add_lease_ids(id);
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  for (const std::string& id : lease_ids) ReleaseLeaseLocked(id);
+  return absl::OkStatus();
+}
+
+void RunTable::AddLeaseLocked(const std::string& id, const std::string& worker_id,
+                              uint64_t incarnation, absl::Time expires_at) {
+  auto [it, inserted] = leases_.try_emplace(
+      id, Lease{.worker_id = worker_id, .incarnation = incarnation, .expires_at = expires_at});
+  if (!inserted) lease_expiry_.erase({it->second.expires_at, id});
+  it->second.expires_at = expires_at;
+  lease_expiry_.emplace(expires_at, id);
+}
+
+void RunTable::ApplyLeasesGrantedLocked(const v1::storage::LeasesGranted& granted,
+                                        absl::Time expires_at) {
+  const std::string& worker = granted.worker_id();
+  const uint64_t incarnation = granted.worker_incarnation();
+  auto [known, first_call] = worker_incarnations_.try_emplace(worker, incarnation);
+  if (!first_call && incarnation > known->second) {
+    known->second = incarnation;
+    // A restarted worker: its older incarnations' slots are over.
+    for (auto it = leases_.begin(); it != leases_.end();) {
+      auto current = it++;
+      if (current->second.worker_id == worker && current->second.incarnation < incarnation) {
+        EraseLeaseLocked(current);
+      }
+    }
+  }
+  for (const std::string& id : granted.lease_ids()) {
+    AddLeaseLocked(id, worker, incarnation, expires_at);
+    ++next_lease_number_;
+  }
 }
 
 absl::Time RunTable::NextExpiryRealTimeLocked() const {
@@ -227,23 +367,20 @@ absl::StatusOr<AcquireResult> RunTable::AcquireSlots(const AcquireRequest& reque
   if (shutdown_) return absl::UnavailableError(kShuttingDown);
   ExpireLeasesLocked();
 
-  const auto [known, first_call] =
-      worker_incarnations_.try_emplace(request.worker_id, request.worker_incarnation);
-  if (!first_call && request.worker_incarnation < known->second) {
+  const auto known = worker_incarnations_.find(request.worker_id);
+  if (known != worker_incarnations_.end() && request.worker_incarnation < known->second) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker_incarnation: worker ", request.worker_id, " incarnation ",
                      request.worker_incarnation, " is older than incarnation ", known->second,
                      " already seen; a restarted worker must use a higher incarnation"));
   }
-  if (!first_call && request.worker_incarnation > known->second) {
-    known->second = request.worker_incarnation;
-    for (auto it = leases_.begin(); it != leases_.end();) {
-      auto current = it++;
-      if (current->second.worker_id == request.worker_id &&
-          current->second.incarnation < request.worker_incarnation) {
-        EraseLeaseLocked(current);
-      }
-    }
+  if (known == worker_incarnations_.end() || request.worker_incarnation > known->second) {
+    // First call or a restart: recorded (and the older leases dropped) now.
+    v1::storage::WalRecord record;
+    record.mutable_leases_granted()->set_worker_id(request.worker_id);
+    record.mutable_leases_granted()->set_worker_incarnation(request.worker_incarnation);
+    RETURN_IF_ERROR(JournalLocked(record).status());
+    ApplyLeasesGrantedLocked(record.leases_granted(), absl::InfinitePast());
   }
 
   AcquireResult result;
@@ -282,14 +419,17 @@ absl::StatusOr<AcquireResult> RunTable::AcquireSlots(const AcquireRequest& reque
   const int64_t granted =
       std::min<int64_t>(request.num_groups, std::max<int64_t>(0, CapacityLocked()));
   const absl::Time expires_at = options_.clock() + options_.lease_ttl;
-  result.lease_ids.reserve(static_cast<size_t>(granted));
-  for (int64_t i = 0; i < granted; ++i) {
-    std::string id = absl::StrCat(lease_id_prefix_, next_lease_number_++);
-    leases_.emplace(id, Lease{.worker_id = request.worker_id,
-                              .incarnation = request.worker_incarnation,
-                              .expires_at = expires_at});
-    lease_expiry_.emplace(expires_at, id);
-    result.lease_ids.push_back(std::move(id));
+  if (granted > 0) {
+    v1::storage::WalRecord record;
+    v1::storage::LeasesGranted& leases = *record.mutable_leases_granted();
+    leases.set_worker_id(request.worker_id);
+    leases.set_worker_incarnation(request.worker_incarnation);
+    for (int64_t i = 0; i < granted; ++i) {
+      leases.add_lease_ids(absl::StrCat(lease_id_prefix_, next_lease_number_ + i));
+    }
+    RETURN_IF_ERROR(JournalLocked(record).status());
+    ApplyLeasesGrantedLocked(leases, expires_at);
+    result.lease_ids.assign(leases.lease_ids().begin(), leases.lease_ids().end());
   }
   result.lease_expires_at = expires_at;
   result.lease_ttl = options_.lease_ttl;
@@ -300,23 +440,21 @@ absl::StatusOr<AcquireResult> RunTable::AcquireSlots(const AcquireRequest& reque
 ReleaseResult RunTable::ReleaseSlots(const ReleaseRequest& request) {
   absl::MutexLock lock(&mu_);
   ExpireLeasesLocked();
-  ReleaseResult result;
+  std::vector<std::string> ids;
   if (request.release_all) {
-    for (auto it = leases_.begin(); it != leases_.end();) {
-      auto current = it++;
-      if (current->second.worker_id == request.worker_id) {
-        EraseLeaseLocked(current);
-        ++result.released;
-      }
+    for (const auto& [id, lease] : leases_) {
+      if (lease.worker_id == request.worker_id) ids.push_back(id);
     }
   } else {
     for (const std::string& id : request.lease_ids) {
       auto it = leases_.find(id);
       if (it == leases_.end() || it->second.worker_id != request.worker_id) continue;
-      EraseLeaseLocked(it);
-      ++result.released;
+      ids.push_back(id);
     }
   }
+  ReleaseResult result;
+  // A journal failure keeps the leases; they expire by TTL.
+  if (ReleaseLeasesLocked(ids).ok()) result.released = static_cast<int32_t>(ids.size());
   result.running = static_cast<int64_t>(leases_.size());
   return result;
 }
@@ -380,7 +518,19 @@ absl::Status RunTable::ValidateGroup(v1::Group& group) const {
 RunTable::Item RunTable::MakeItem(std::shared_ptr<const v1::Group> group) {
   Item item;
   item.min_policy_version = group->min_policy_version();
-  item.size_bytes = static_cast<int64_t>(group->ByteSizeLong());
+  // Without the fields the buffer sets (sequence, insert time), so that a
+  // group counts the same whether stored, replayed or restored.
+  size_t bytes = group->ByteSizeLong();
+  if (group->buffer_sequence() != 0) {
+    bytes -= 1 + google::protobuf::io::CodedOutputStream::VarintSize64(
+                     static_cast<uint64_t>(group->buffer_sequence()));
+  }
+  if (group->has_inserted_at()) {
+    const size_t timestamp = group->inserted_at().ByteSizeLong();
+    bytes -= 1 + google::protobuf::io::CodedOutputStream::VarintSize32(
+                     static_cast<uint32_t>(timestamp)) + timestamp;
+  }
+  item.size_bytes = static_cast<int64_t>(bytes);
   item.trajectories = group->trajectories_size();
   std::vector<std::pair<int64_t, int64_t>>& tokens = item.tokens_per_version;
   for (const v1::Trajectory& trajectory : group->trajectories()) {
@@ -407,66 +557,159 @@ RunTable::Item RunTable::MakeItem(std::shared_ptr<const v1::Group> group) {
   return item;
 }
 
-InsertResult RunTable::Insert(v1::Group group) {
+InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   InsertResult result;
   result.idempotency_key = group.idempotency_key();
   const std::string lease_id = group.slot_lease_id();
-  // Everything that needs no lock happens here: validation, the copy-free
-  // move to the heap, the token summary.
-  const absl::Status valid = ValidateGroup(group);
+  // Everything that needs no lock happens here: validation, the move to the
+  // heap, the token summary and the serialization of the journal record's
+  // bulk (the group without its sequence and insert time).
+  absl::Status valid = ValidateGroup(group);
+  if (valid.ok() && group.has_priority() &&
+      !(std::isfinite(group.priority()) && group.priority() >= 0)) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("priority: must be finite and >= 0, got ", group.priority()));
+  }
   group.set_times_sampled(0);
+  group.clear_buffer_sequence();
+  group.clear_inserted_at();
   auto stored = std::make_shared<v1::Group>(std::move(group));
   Item item;
-  if (valid.ok()) item = MakeItem(stored);
+  std::string prefix;
+  if (valid.ok()) {
+    item = MakeItem(stored);
+    if (options_.journal != nullptr) {
+      v1::storage::WalRecord bulk;
+      *bulk.mutable_stored()->mutable_group() = *stored;
+      prefix = bulk.SerializeAsString();
+    }
+  }
+  const absl::Time deadline = absl::Now() + rate_limit_wait;
 
   absl::MutexLock lock(&mu_);
-  if (shutdown_) {
+  const auto retryable = [&](std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     ++retryable_insert_errors_;
     result.status = InsertStatus::kRetryableError;
-    result.message = absl::StrCat(kShuttingDown, "; retry with the same idempotency key");
+    result.message = absl::StrCat(message, "; retry with the same idempotency key");
     return result;
-  }
+  };
+  const auto refuse = [&](InsertStatus status, v1::InsertStatus proto_status,
+                          std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::storage::WalRecord record;
+    record.mutable_refused()->set_status(proto_status);
+    if (leases_.contains(lease_id)) record.mutable_refused()->set_released_lease_id(lease_id);
+    if (absl::Status journaled = JournalLocked(record).status(); !journaled.ok()) {
+      return retryable(std::string(journaled.message()));
+    }
+    ApplyRefusedLocked(proto_status, record.refused().released_lease_id());
+    result.status = status;
+    result.message = std::move(message);
+    return result;
+  };
+
+  if (shutdown_) return retryable(kShuttingDown);
   ExpireLeasesLocked();
   if (!result.idempotency_key.empty()) {
     if (auto it = stored_keys_.find(result.idempotency_key); it != stored_keys_.end()) {
-      ++duplicate_inserts_;
-      ReleaseLeaseLocked(lease_id);
-      result.status = InsertStatus::kDuplicate;
       result.buffer_sequence = it->second;
-      return result;
+      return refuse(InsertStatus::kDuplicate, v1::INSERT_STATUS_DUPLICATE, "");
     }
   }
   if (!valid.ok()) {
-    ++invalid_inserts_;
-    ReleaseLeaseLocked(lease_id);
-    result.status = InsertStatus::kInvalid;
-    result.message = std::string(valid.message());
-    return result;
-  }
-  if (const int64_t staleness = policy_version_ - item.min_policy_version;
-      staleness > max_staleness_) {
-    ++rejected_stale_inserts_;
-    ReleaseLeaseLocked(lease_id);
-    result.status = InsertStatus::kRejectedStale;
-    result.message =
-        absl::StrCat("group is ", staleness, " versions stale (policy version ", policy_version_,
-                     ", min_policy_version ", item.min_policy_version, ") and max_staleness is ",
-                     max_staleness_, "; it can never be trained");
-    return result;
+    return refuse(InsertStatus::kInvalid, v1::INSERT_STATUS_INVALID,
+                  std::string(valid.message()));
   }
 
-  ReleaseLeaseLocked(lease_id);  // running - 1 when live; stored either way
-  ++accepted_;
-  ++inserted_groups_;
-  const int64_t sequence = next_sequence_++;
+  // The rate limiter: wait (not reading the client's stream meanwhile, which
+  // is the push-back) until the trainer has caught up with the ratio.
+  if (!rate_limiter_.CanInsert(static_cast<int64_t>(items_.size()))) {
+    const absl::Time start = absl::Now();
+    while (!shutdown_ && !rate_limiter_.CanInsert(static_cast<int64_t>(items_.size())) &&
+           absl::Now() < deadline) {
+      mu_.AwaitWithDeadline(absl::Condition(this, &RunTable::CanInsertOrShutdown), deadline);
+    }
+    insert_blocked_ += absl::Now() - start;
+    if (shutdown_) return retryable(kShuttingDown);
+    if (!rate_limiter_.CanInsert(static_cast<int64_t>(items_.size()))) {
+      return retryable(absl::StrCat(
+          "rate limited: samples_per_insert ", rate_limiter_.options().samples_per_insert,
+          " allows no more inserts until the trainer samples (", rate_limiter_.inserts(),
+          " inserted, ", rate_limiter_.samples(), " sampled)"));
+    }
+    // Another insert of the same key may have landed while this one waited.
+    if (auto it = stored_keys_.find(result.idempotency_key); it != stored_keys_.end()) {
+      result.buffer_sequence = it->second;
+      return refuse(InsertStatus::kDuplicate, v1::INSERT_STATUS_DUPLICATE, "");
+    }
+  }
+
+  if (const int64_t staleness = policy_version_ - item.min_policy_version;
+      staleness > max_staleness_) {
+    return refuse(
+        InsertStatus::kRejectedStale, v1::INSERT_STATUS_REJECTED_STALE,
+        absl::StrCat("group is ", staleness, " versions stale (policy version ", policy_version_,
+                     ", min_policy_version ", item.min_policy_version, ") and max_staleness is ",
+                     max_staleness_, "; it can never be trained"));
+  }
+
+  const int64_t sequence = next_sequence_;
+  const absl::Time inserted_at = options_.clock();
+  v1::storage::WalRecord record;
+  v1::storage::GroupStored& stored_record = *record.mutable_stored();
+  stored_record.set_sequence(sequence);
+  stored_record.set_priority(PriorityForLocked(*stored));
+  stored_record.set_inserted_at_micros(absl::ToUnixMicros(inserted_at));
+  if (leases_.contains(lease_id)) stored_record.set_consumed_lease_id(lease_id);
+  absl::StatusOr<uint64_t> lsn = JournalLocked(record, prefix);
+  if (!lsn.ok()) return retryable(std::string(lsn.status().message()));
+
   stored->set_buffer_sequence(sequence);
-  SetTimestamp(options_.clock(), stored->mutable_inserted_at());
-  stored_keys_.emplace(result.idempotency_key, sequence);
-  AddItemLocked(sequence, std::move(item));
-  EnforceCapacityLocked();
+  SetTimestamp(inserted_at, stored->mutable_inserted_at());
+  item.priority = stored_record.priority();
+  ApplyStoredLocked(stored, std::move(item), sequence, stored_record.consumed_lease_id());
   result.status = InsertStatus::kStored;
   result.buffer_sequence = sequence;
+  result.lsn = *lsn;
   return result;
+}
+
+bool RunTable::CanInsertOrShutdown() const {
+  return shutdown_ || rate_limiter_.CanInsert(static_cast<int64_t>(items_.size()));
+}
+
+void RunTable::ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item item,
+                                 int64_t sequence, const std::string& consumed_lease_id) {
+  ReleaseLeaseLocked(consumed_lease_id);  // running - 1 when live; stored either way
+  ++accepted_;
+  ++inserted_groups_;
+  if (group->has_priority()) max_client_priority_ = std::max(max_client_priority_, group->priority());
+  stored_keys_.emplace(group->idempotency_key(), sequence);
+  held_group_ids_[group->group_id()] = sequence;
+  next_sequence_ = std::max(next_sequence_, sequence + 1);
+  item.group = std::move(group);
+  AddItemLocked(sequence, std::move(item));
+  rate_limiter_.OnInsert();
+  EnforceCapacityLocked();
+}
+
+void RunTable::ApplyRefusedLocked(v1::InsertStatus status, const std::string& lease_id) {
+  ReleaseLeaseLocked(lease_id);
+  switch (status) {
+    case v1::INSERT_STATUS_DUPLICATE:
+      ++duplicate_inserts_;
+      break;
+    case v1::INSERT_STATUS_REJECTED_STALE:
+      ++rejected_stale_inserts_;
+      break;
+    default:
+      ++invalid_inserts_;
+      break;
+  }
+}
+
+void RunTable::DropUntrainedLocked() {
+  --accepted_;  // gives its capacity back to the gate
+  rate_limiter_.OnDroppedUntrained();
 }
 
 void RunTable::EnforceCapacityLocked() {
@@ -474,15 +717,16 @@ void RunTable::EnforceCapacityLocked() {
   if (capacity <= 0) return;
   while (static_cast<int64_t>(items_.size()) > capacity) {
     RemoveItemLocked(items_.begin()->first, EvictionReason::kCapacity);
-    --accepted_;  // dropped untrained, like a stale group: its slot goes back
+    DropUntrainedLocked();  // dropped untrained, like a stale group
   }
 }
 
 void RunTable::AddItemLocked(int64_t sequence, Item item) {
   by_min_version_.emplace(item.min_policy_version, sequence);
-  sampler_->Insert(sequence);
+  sampler_->Insert(sequence, item.priority);
   size_trajectories_ += item.trajectories;
   size_bytes_ += item.size_bytes;
+  held_group_ids_[item.group->group_id()] = sequence;
   items_.emplace(sequence, std::move(item));
   ++buffer_version_;
 }
@@ -494,6 +738,10 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
   sampler_->Delete(sequence);
   size_trajectories_ -= it->second.trajectories;
   size_bytes_ -= it->second.size_bytes;
+  if (auto held = held_group_ids_.find(it->second.group->group_id());
+      held != held_group_ids_.end() && held->second == sequence) {
+    held_group_ids_.erase(held);
+  }
   items_.erase(it);
   switch (reason) {
     case EvictionReason::kStale:
@@ -513,21 +761,33 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
 // Versions, eviction, sampling
 // ---------------------------------------------------------------------------
 
+bool RunTable::HasStaleLocked(int64_t reference_version, int64_t max_staleness) const {
+  return !by_min_version_.empty() &&
+         reference_version - by_min_version_.begin()->first > max_staleness;
+}
+
 int64_t RunTable::EvictStaleLocked(int64_t reference_version, int64_t max_staleness) {
   int64_t evicted = 0;
-  while (!by_min_version_.empty() &&
-         reference_version - by_min_version_.begin()->first > max_staleness) {
+  while (HasStaleLocked(reference_version, max_staleness)) {
     RemoveItemLocked(by_min_version_.begin()->second, EvictionReason::kStale);
-    --accepted_;  // gives its capacity back to the gate
+    DropUntrainedLocked();
     ++evicted;
   }
   return evicted;
 }
 
-int64_t RunTable::AdvanceVersionLocked(int64_t policy_version) {
+int64_t RunTable::ApplyVersionLocked(int64_t policy_version) {
   if (policy_version <= policy_version_) return 0;
   policy_version_ = policy_version;
   return EvictStaleLocked(policy_version_, max_staleness_);
+}
+
+absl::StatusOr<int64_t> RunTable::AdvanceVersionLocked(int64_t policy_version) {
+  if (policy_version <= policy_version_) return 0;
+  v1::storage::WalRecord record;
+  record.mutable_version()->set_policy_version(policy_version);
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  return ApplyVersionLocked(policy_version);
 }
 
 absl::StatusOr<UpdateVersionResult> RunTable::UpdatePolicyVersion(int64_t policy_version) {
@@ -537,14 +797,17 @@ absl::StatusOr<UpdateVersionResult> RunTable::UpdatePolicyVersion(int64_t policy
   }
   absl::MutexLock lock(&mu_);
   UpdateVersionResult result;
-  result.evicted_stale_groups = AdvanceVersionLocked(policy_version);
+  ASSIGN_OR_RETURN(result.evicted_stale_groups, AdvanceVersionLocked(policy_version));
   result.policy_version = policy_version_;
   result.admission_limit = AdmissionLimitLocked();
   return result;
 }
 
-bool RunTable::EnoughGroupsOrShutdown(SampleWait* wait) {
-  return wait->table->shutdown_ || static_cast<int64_t>(wait->table->items_.size()) >= wait->needed;
+bool RunTable::CanSampleOrShutdown(SampleWait* wait) {
+  const RunTable& table = *wait->table;
+  return table.shutdown_ ||
+         (table.rate_limiter_.HasEnough(static_cast<int64_t>(table.items_.size()), wait->needed) &&
+          table.rate_limiter_.RatioAllowsSample(wait->needed));
 }
 
 void RunTable::RecordSampleLocked(const Item& item, int64_t trainer_version, int64_t sign) {
@@ -573,7 +836,10 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
     return absl::InvalidArgumentError(
         absl::StrCat("timeout_ms: must be >= 0, got ", absl::ToInt64Milliseconds(request.timeout)));
   }
-  RETURN_IF_ERROR(CheckSamplerAvailable(request.sampler_override, "sampler_override"));
+  if (!v1::SamplerKind_IsValid(request.sampler_override)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampler_override: unknown sampler kind ", static_cast<int>(request.sampler_override)));
+  }
   const absl::Time deadline = absl::Now() + request.timeout;
   const int64_t batch =
       request.batch_size_groups > 0 ? request.batch_size_groups : batch_size_groups_;
@@ -582,26 +848,67 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
   const int64_t trainer_version = request.trainer_policy_version;
 
   absl::MutexLock lock(&mu_);
+  if (request.sampler_override != v1::SAMPLER_KIND_UNSPECIFIED &&
+      request.sampler_override != sampler_->kind()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sampler_override: run ", run_id_, " samples with ",
+        v1::SamplerKind_Name(sampler_->kind()), "; a per-request ",
+        v1::SamplerKind_Name(request.sampler_override),
+        " is not supported (set buffer.sampler in the run's configuration)"));
+  }
   SampleResult result;
   result.policy_version = trainer_version;
-  result.evicted_stale_groups = AdvanceVersionLocked(trainer_version);
-  const int64_t needed = std::max(batch, config_.buffer.min_size_to_sample_groups());
+  ASSIGN_OR_RETURN(result.evicted_stale_groups, AdvanceVersionLocked(trainer_version));
+  SampleWait wait{this, batch};
   while (true) {
     if (shutdown_) return absl::UnavailableError(kShuttingDown);
-    result.evicted_stale_groups += EvictStaleLocked(trainer_version, max_staleness);
-    if (static_cast<int64_t>(items_.size()) >= needed) break;
-    if (absl::Now() >= deadline) {
-      result.timed_out = true;
-      result.buffer_version = buffer_version_;
-      return result;
+    if (HasStaleLocked(trainer_version, max_staleness)) {
+      v1::storage::WalRecord record;
+      record.mutable_stale_evicted()->set_reference_version(trainer_version);
+      record.mutable_stale_evicted()->set_max_staleness(max_staleness);
+      RETURN_IF_ERROR(JournalLocked(record).status());
+      result.evicted_stale_groups += EvictStaleLocked(trainer_version, max_staleness);
     }
-    SampleWait wait{this, needed};
-    mu_.AwaitWithDeadline(absl::Condition(&RunTable::EnoughGroupsOrShutdown, &wait), deadline);
+    const bool enough = rate_limiter_.HasEnough(static_cast<int64_t>(items_.size()), batch);
+    const bool ratio = rate_limiter_.RatioAllowsSample(batch);
+    if (enough && ratio) break;
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      if (!enough) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "no batch within ", absl::FormatDuration(request.timeout), ": ", items_.size(),
+            " groups held, a batch needs ",
+            rate_limiter_.NeededFor(batch),
+            " (max of batch size and min_size_to_sample_groups)"));
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          "no batch within ", absl::FormatDuration(request.timeout),
+          ": the rate limiter (samples_per_insert ", rate_limiter_.options().samples_per_insert,
+          ", tolerance ", rate_limiter_.options().tolerance, ") waits for inserts (",
+          rate_limiter_.inserts(), " inserted, ", rate_limiter_.samples(), " sampled)"));
+    }
+    mu_.AwaitWithDeadline(absl::Condition(&RunTable::CanSampleOrShutdown, &wait), deadline);
+    if (enough && !ratio) sample_blocked_ += absl::Now() - now;
   }
 
+  std::vector<int64_t> sequences = sampler_->Select(batch);
+  v1::storage::WalRecord record;
+  record.mutable_sampled()->set_trainer_policy_version(trainer_version);
+  record.mutable_sampled()->mutable_sequences()->Add(sequences.begin(), sequences.end());
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  ApplySampledLocked(trainer_version, sequences, &result);
+  result.buffer_version = buffer_version_;
+  return result;
+}
+
+void RunTable::ApplySampledLocked(int64_t trainer_version, const std::vector<int64_t>& sequences,
+                                  SampleResult* result) {
   const int32_t max_times_sampled = config_.max_times_sampled();
-  for (const int64_t sequence : sampler_->Select(batch)) {
-    Item& item = items_.at(sequence);
+  result->groups.reserve(sequences.size());
+  for (const int64_t sequence : sequences) {
+    auto it = items_.find(sequence);
+    if (it == items_.end()) continue;  // ApplyRecord checks before calling
+    Item& item = it->second;
     ++item.times_sampled;
     RecordSampleLocked(item, trainer_version, +1);
     SampledGroup sampled{.group = item.group,
@@ -609,42 +916,101 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
                          .staleness = trainer_version - item.min_policy_version,
                          .removed = item.times_sampled >= max_times_sampled};
     if (sampled.removed) RemoveItemLocked(sequence, EvictionReason::kMaxTimesSampled);
-    result.groups.push_back(std::move(sampled));
+    result->groups.push_back(std::move(sampled));
   }
+  rate_limiter_.OnSample(static_cast<int64_t>(sequences.size()));
   ++buffer_version_;
-  result.buffer_version = buffer_version_;
-  return result;
 }
 
 void RunTable::ReturnUndelivered(const SampleResult& batch) {
   std::vector<Item> items;
   items.reserve(batch.groups.size());
+  v1::storage::WalRecord record;
+  v1::storage::BatchReturned& returned = *record.mutable_returned();
+  returned.set_policy_version(batch.policy_version);
   for (const SampledGroup& sampled : batch.groups) {
     items.push_back(MakeItem(sampled.group));
-    items.back().times_sampled = sampled.times_sampled - 1;
+    v1::storage::BatchReturned::Returned& entry = *returned.add_groups();
+    entry.set_sequence(sampled.group->buffer_sequence());
+    entry.set_times_sampled(sampled.times_sampled);
+    entry.set_removed(sampled.removed);
+    if (options_.journal != nullptr) *entry.mutable_group() = *sampled.group;
   }
   absl::MutexLock lock(&mu_);
-  for (size_t i = 0; i < batch.groups.size(); ++i) {
-    const SampledGroup& sampled = batch.groups[i];
-    const int64_t sequence = sampled.group->buffer_sequence();
-    RecordSampleLocked(items[i], batch.policy_version, -1);
-    if (sampled.removed) {
-      if (items_.contains(sequence)) continue;
+  for (int i = 0; i < returned.groups_size(); ++i) {
+    auto it = items_.find(returned.groups(i).sequence());
+    returned.mutable_groups(i)->set_priority(it != items_.end()
+                                                 ? it->second.priority
+                                                 : PriorityForLocked(*batch.groups[i].group));
+  }
+  // Applied even when the journal fails: the batch is in memory either way,
+  // and the failed journal refuses every later mutation.
+  (void)JournalLocked(record);
+  ApplyReturnedLocked(returned, &items);
+}
+
+void RunTable::ApplyReturnedLocked(const v1::storage::BatchReturned& returned,
+                                   std::vector<Item>* items) {
+  for (int i = 0; i < returned.groups_size(); ++i) {
+    const auto& entry = returned.groups(i);
+    Item& item = (*items)[i];
+    RecordSampleLocked(item, returned.policy_version(), -1);
+    rate_limiter_.OnReturned(1);
+    if (entry.removed()) {
+      if (items_.contains(entry.sequence())) continue;
       --evictions_.max_times_sampled;
-      AddItemLocked(sequence, std::move(items[i]));
-    } else if (auto it = items_.find(sequence); it != items_.end()) {
+      item.times_sampled = entry.times_sampled() - 1;
+      item.priority = entry.priority();
+      AddItemLocked(entry.sequence(), std::move(item));
+    } else if (auto it = items_.find(entry.sequence()); it != items_.end()) {
       it->second.times_sampled = std::max(0, it->second.times_sampled - 1);
     }
   }
   ++buffer_version_;
 }
 
-absl::Status RunTable::UpdatePriorities() {
+absl::StatusOr<UpdatePrioritiesResult> RunTable::UpdatePriorities(
+    const std::vector<std::pair<std::string, double>>& priorities) {
+  for (const auto& [group_id, priority] : priorities) {
+    if (!std::isfinite(priority) || priority < 0) {
+      return absl::InvalidArgumentError(absl::StrCat("priorities[", group_id,
+                                                     "]: must be finite and >= 0, got ",
+                                                     priority, "; nothing was updated"));
+    }
+  }
   absl::MutexLock lock(&mu_);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "priorities: run ", run_id_, " samples with ", v1::SamplerKind_Name(sampler_->kind()),
-      ", which does not use priorities; only SAMPLER_KIND_PRIORITIZED does"));
+  UpdatePrioritiesResult result;
+  v1::storage::WalRecord record;
+  auto& by_sequence = *record.mutable_priorities()->mutable_priorities();
+  for (const auto& [group_id, priority] : priorities) {
+    auto it = held_group_ids_.find(group_id);
+    if (it == held_group_ids_.end()) {
+      result.not_found_group_ids.push_back(group_id);
+      continue;
+    }
+    by_sequence[it->second] = priority;
+  }
+  if (!by_sequence.empty()) {
+    RETURN_IF_ERROR(JournalLocked(record).status());
+    ApplyPrioritiesLocked(record.priorities());
+  }
+  result.updated = static_cast<int32_t>(by_sequence.size());
+  return result;
 }
+
+void RunTable::ApplyPrioritiesLocked(const v1::storage::PrioritiesUpdated& priorities) {
+  for (const auto& [sequence, priority] : priorities.priorities()) {
+    auto it = items_.find(sequence);
+    if (it == items_.end()) continue;
+    it->second.priority = priority;
+    sampler_->Update(sequence, priority);
+    max_client_priority_ = std::max(max_client_priority_, priority);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Stats, snapshots, restore
+// ---------------------------------------------------------------------------
 
 RunStats RunTable::Stats() {
   absl::MutexLock lock(&mu_);
@@ -660,6 +1026,10 @@ RunStats RunTable::Stats() {
   stats.invalid_inserts = invalid_inserts_;
   stats.retryable_insert_errors = retryable_insert_errors_;
   stats.sampled_groups = sampled_groups_;
+  stats.rate_limiter_insert_blocked = insert_blocked_;
+  stats.rate_limiter_sample_blocked = sample_blocked_;
+  stats.rate_limiter_inserts = rate_limiter_.inserts();
+  stats.rate_limiter_samples = rate_limiter_.samples();
   stats.evictions = evictions_;
   stats.sampled_group_staleness = sampled_group_staleness_;
   stats.sampled_token_staleness = sampled_token_staleness_;
@@ -668,6 +1038,212 @@ RunStats RunTable::Stats() {
   stats.buffer_version = buffer_version_;
   stats.config = config_;
   return stats;
+}
+
+namespace {
+
+void HistogramToProto(const StalenessHistogram& histogram, v1::StalenessHistogram* proto) {
+  proto->mutable_bucket_upper_bounds()->Add(histogram.bucket_upper_bounds().begin(),
+                                            histogram.bucket_upper_bounds().end());
+  proto->mutable_counts()->Add(histogram.counts().begin(), histogram.counts().end());
+  proto->set_sum(histogram.sum());
+}
+
+bool HistogramFromProto(const v1::StalenessHistogram& proto, StalenessHistogram* histogram) {
+  if (proto.counts_size() == 0) return true;  // nothing recorded
+  return histogram->Restore({proto.bucket_upper_bounds().begin(), proto.bucket_upper_bounds().end()},
+                            {proto.counts().begin(), proto.counts().end()}, proto.sum());
+}
+
+}  // namespace
+
+RunTable::SnapshotData RunTable::Snapshot() {
+  SnapshotData data;
+  absl::MutexLock lock(&mu_);
+  ExpireLeasesLocked();
+  v1::storage::TableSnapshot& table = data.table;
+  *table.mutable_config() = RunConfigToProto(config_);
+  table.set_covered_lsn(last_lsn_);
+  table.set_policy_version(policy_version_);
+  table.set_accepted(accepted_);
+  table.set_next_sequence(next_sequence_);
+  table.set_buffer_version(buffer_version_);
+  table.set_items(static_cast<int64_t>(items_.size()));
+  table.set_inserted_groups(inserted_groups_);
+  table.set_duplicate_inserts(duplicate_inserts_);
+  table.set_rejected_stale_inserts(rejected_stale_inserts_);
+  table.set_invalid_inserts(invalid_inserts_);
+  table.set_retryable_insert_errors(retryable_insert_errors_);
+  table.set_sampled_groups(sampled_groups_);
+  table.set_evicted_stale(evictions_.stale);
+  table.set_evicted_max_times_sampled(evictions_.max_times_sampled);
+  table.set_evicted_capacity(evictions_.capacity);
+  HistogramToProto(sampled_group_staleness_, table.mutable_sampled_group_staleness());
+  HistogramToProto(sampled_token_staleness_, table.mutable_sampled_token_staleness());
+  table.set_rate_limiter_inserts(rate_limiter_.inserts());
+  table.set_rate_limiter_samples(rate_limiter_.samples());
+  table.set_max_client_priority(max_client_priority_);
+  for (const auto& [id, lease] : leases_) {
+    v1::storage::SnapshotLease& entry = *table.add_leases();
+    entry.set_lease_id(id);
+    entry.set_worker_id(lease.worker_id);
+    entry.set_worker_incarnation(lease.incarnation);
+  }
+  for (const auto& [worker, incarnation] : worker_incarnations_) {
+    (*table.mutable_worker_incarnations())[worker] = incarnation;
+  }
+  table.set_next_lease_number(next_lease_number_);
+  for (const auto& [key, sequence] : stored_keys_) (*table.mutable_stored_keys())[key] = sequence;
+  data.items.reserve(items_.size());
+  for (const auto& [sequence, item] : items_) {
+    data.items.push_back({item.group, item.times_sampled, item.priority});
+  }
+  return data;
+}
+
+absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Restore(
+    const v1::storage::TableSnapshot& snapshot, std::vector<v1::storage::SnapshotItem> items,
+    RunTableOptions options) {
+  const RunConfig config = RunConfigFromProto(snapshot.config());
+  const std::string where = absl::StrCat("snapshot of run ", config.run_id, ": ");
+  if (static_cast<int64_t>(items.size()) != snapshot.items()) {
+    return absl::DataLossError(absl::StrCat(where, "expected ", snapshot.items(),
+                                            " groups, found ", items.size()));
+  }
+  absl::StatusOr<std::unique_ptr<RunTable>> created =
+      Create(config, options, std::max<uint64_t>(1, snapshot.covered_lsn()));
+  if (!created.ok()) {
+    return absl::DataLossError(absl::StrCat(where, created.status().message()));
+  }
+  std::unique_ptr<RunTable> table = std::move(created).value();
+  RunTable& t = *table;
+  absl::MutexLock lock(&t.mu_);
+  t.last_lsn_ = snapshot.covered_lsn();
+  t.policy_version_ = snapshot.policy_version();
+  t.accepted_ = snapshot.accepted();
+  t.inserted_groups_ = snapshot.inserted_groups();
+  t.duplicate_inserts_ = snapshot.duplicate_inserts();
+  t.rejected_stale_inserts_ = snapshot.rejected_stale_inserts();
+  t.invalid_inserts_ = snapshot.invalid_inserts();
+  t.retryable_insert_errors_ = snapshot.retryable_insert_errors();
+  t.sampled_groups_ = snapshot.sampled_groups();
+  t.evictions_ = EvictionCounts{.stale = snapshot.evicted_stale(),
+                                .max_times_sampled = snapshot.evicted_max_times_sampled(),
+                                .capacity = snapshot.evicted_capacity()};
+  if (!HistogramFromProto(snapshot.sampled_group_staleness(), &t.sampled_group_staleness_) ||
+      !HistogramFromProto(snapshot.sampled_token_staleness(), &t.sampled_token_staleness_)) {
+    return absl::DataLossError(absl::StrCat(where, "staleness histograms have other buckets"));
+  }
+  t.rate_limiter_.Restore(snapshot.rate_limiter_inserts(), snapshot.rate_limiter_samples());
+  t.max_client_priority_ = snapshot.max_client_priority();
+  const absl::Time expires_at = t.options_.clock() + t.options_.lease_ttl;
+  for (const auto& [worker, incarnation] : snapshot.worker_incarnations()) {
+    t.worker_incarnations_[worker] = incarnation;
+  }
+  for (const v1::storage::SnapshotLease& lease : snapshot.leases()) {
+    t.AddLeaseLocked(lease.lease_id(), lease.worker_id(), lease.worker_incarnation(), expires_at);
+  }
+  t.next_lease_number_ = snapshot.next_lease_number();
+  for (const auto& [key, sequence] : snapshot.stored_keys()) t.stored_keys_[key] = sequence;
+  int64_t previous = 0;
+  for (v1::storage::SnapshotItem& entry : items) {
+    auto group = std::make_shared<v1::Group>(std::move(*entry.mutable_group()));
+    const int64_t sequence = group->buffer_sequence();
+    if (sequence <= previous || sequence >= snapshot.next_sequence()) {
+      return absl::DataLossError(absl::StrCat(where, "group ", group->group_id(),
+                                              " has buffer_sequence ", sequence,
+                                              " out of order or past next_sequence"));
+    }
+    previous = sequence;
+    Item item = MakeItem(group);
+    item.times_sampled = entry.times_sampled();
+    item.priority = entry.priority();
+    t.AddItemLocked(sequence, std::move(item));
+  }
+  t.next_sequence_ = snapshot.next_sequence();
+  t.buffer_version_ = snapshot.buffer_version();
+  return table;
+}
+
+absl::Status RunTable::ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& record) {
+  absl::MutexLock lock(&mu_);
+  if (lsn <= last_lsn_) return absl::OkStatus();  // already in the snapshot
+  const auto corrupt = [&](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("write-ahead log record ", lsn, " (run ", run_id_,
+                                            "): ", what));
+  };
+  switch (record.kind_case()) {
+    case v1::storage::WalRecord::kConfigured: {
+      const RunConfig config = RunConfigFromProto(record.configured());
+      if (config.batch_size_groups != batch_size_groups_ ||
+          config.max_staleness != max_staleness_ || config.group_size != group_size_) {
+        return corrupt("reconfigures B, eta or G");
+      }
+      absl::StatusOr<SamplerOptions> options = SamplerOptions::FromConfig(config.buffer, config.seed);
+      if (!options.ok()) return corrupt(options.status().message());
+      absl::StatusOr<std::unique_ptr<Sampler>> sampler = CreateSampler(*options);
+      if (!sampler.ok()) return corrupt(sampler.status().message());
+      ApplyConfigLocked(config, std::move(sampler).value());
+      break;
+    }
+    case v1::storage::WalRecord::kStored: {
+      const v1::storage::GroupStored& stored = record.stored();
+      auto group = std::make_shared<v1::Group>(stored.group());
+      group->set_buffer_sequence(stored.sequence());
+      SetTimestamp(absl::FromUnixMicros(stored.inserted_at_micros()), group->mutable_inserted_at());
+      if (items_.contains(stored.sequence()) || stored_keys_.contains(group->idempotency_key())) {
+        return corrupt(absl::StrCat("stores sequence ", stored.sequence(), " twice"));
+      }
+      Item item = MakeItem(group);
+      item.priority = stored.priority();
+      ApplyStoredLocked(group, std::move(item), stored.sequence(), stored.consumed_lease_id());
+      break;
+    }
+    case v1::storage::WalRecord::kRefused:
+      ApplyRefusedLocked(record.refused().status(), record.refused().released_lease_id());
+      break;
+    case v1::storage::WalRecord::kVersion:
+      ApplyVersionLocked(record.version().policy_version());
+      break;
+    case v1::storage::WalRecord::kStaleEvicted:
+      EvictStaleLocked(record.stale_evicted().reference_version(),
+                       record.stale_evicted().max_staleness());
+      break;
+    case v1::storage::WalRecord::kSampled: {
+      const std::vector<int64_t> sequences(record.sampled().sequences().begin(),
+                                           record.sampled().sequences().end());
+      for (const int64_t sequence : sequences) {
+        if (!items_.contains(sequence)) {
+          return corrupt(absl::StrCat("samples group ", sequence, ", which is not held"));
+        }
+      }
+      SampleResult ignored;
+      ApplySampledLocked(record.sampled().trainer_policy_version(), sequences, &ignored);
+      break;
+    }
+    case v1::storage::WalRecord::kReturned: {
+      std::vector<Item> items;
+      for (const auto& entry : record.returned().groups()) {
+        auto group = std::make_shared<v1::Group>(entry.group());
+        items.push_back(MakeItem(std::move(group)));
+      }
+      ApplyReturnedLocked(record.returned(), &items);
+      break;
+    }
+    case v1::storage::WalRecord::kLeasesGranted:
+      ApplyLeasesGrantedLocked(record.leases_granted(), options_.clock() + options_.lease_ttl);
+      break;
+    case v1::storage::WalRecord::kLeasesReleased:
+      for (const std::string& id : record.leases_released().lease_ids()) ReleaseLeaseLocked(id);
+      break;
+    case v1::storage::WalRecord::kPriorities:
+      ApplyPrioritiesLocked(record.priorities());
+      break;
+    case v1::storage::WalRecord::KIND_NOT_SET:
+      return corrupt("has no kind (written by a newer Sluice?)");
+  }
+  last_lsn_ = lsn;
+  return absl::OkStatus();
 }
 
 void RunTable::Shutdown() {

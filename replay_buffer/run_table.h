@@ -17,9 +17,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "replay_buffer/rate_limiter.h"
 #include "replay_buffer/samplers/sampler.h"
 #include "replay_buffer/staleness_histogram.h"
 #include "sluice/v1/common.pb.h"
+#include "sluice/v1/replay_buffer.pb.h"
+#include "sluice/v1/replay_buffer_storage.pb.h"
 
 namespace sluice::replay_buffer {
 
@@ -36,6 +39,8 @@ struct RunConfig {
   v1::BufferConfig buffer;
   // Version the run starts from (> 0 when resuming from a checkpoint).
   int64_t initial_policy_version = 0;
+  // Seed of the random samplers.
+  uint64_t seed = 0;
 
   // Every problem, one per line, each naming its field:
   // "batch_size_groups: must be > 0, got -3".
@@ -43,6 +48,27 @@ struct RunConfig {
 
   // buffer.max_times_sampled with its default (1: each group trained once).
   int32_t max_times_sampled() const;
+};
+
+RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request);
+v1::ConfigureRunRequest RunConfigToProto(const RunConfig& config);
+
+// Where a table's mutations go before they are acknowledged: the replay
+// buffer's write-ahead log (durable_buffer.h). A table without one keeps its
+// state in memory only.
+class Journal {
+ public:
+  virtual ~Journal() = default;
+  // Appends one record, whose bytes are `prefix` followed by the serialized
+  // `record` (protobuf merges the two; see GroupStored). Called under the
+  // table's lock, so records are in the order of the mutations they
+  // describe; the mutation is applied only when this returns OK. Returns the
+  // record's log sequence number.
+  virtual absl::StatusOr<uint64_t> Append(const std::string& prefix,
+                                          const v1::storage::WalRecord& record) = 0;
+  // Blocks until record `lsn` is as durable as the fsync policy promises.
+  // Called without the table's lock, before an insert is acknowledged.
+  virtual absl::Status Sync(uint64_t lsn) = 0;
 };
 
 // Process-wide settings of every run table.
@@ -53,6 +79,8 @@ struct RunTableOptions {
   // Time for lease expiry and Group.inserted_at; tests pass a fake clock.
   // Waiting (wait_timeout, Sample timeout) always uses real time.
   std::function<absl::Time()> clock = [] { return absl::Now(); };
+  // Null: in memory only. Shared by every table of a buffer.
+  std::shared_ptr<Journal> journal;
 
   absl::Status Validate() const;
 };
@@ -120,6 +148,9 @@ struct InsertResult {
   std::string message;
   // The group's buffer_sequence (kStored and kDuplicate only, else 0).
   int64_t buffer_sequence = 0;
+  // The journal record that stored it (0 without a journal); the caller
+  // syncs it (Journal::Sync) before acknowledging.
+  uint64_t lsn = 0;
 };
 
 // Why a group left the table (sluice.v1.EvictionReason).
@@ -141,6 +172,11 @@ struct SampleRequest {
   absl::Duration timeout = absl::InfiniteDuration();
 };
 
+struct UpdatePrioritiesResult {
+  int32_t updated = 0;
+  std::vector<std::string> not_found_group_ids;
+};
+
 struct SampledGroup {
   // Immutable once stored; shared with the table while it may be sampled
   // again (max_times_sampled > 1), so reading it needs no lock.
@@ -154,9 +190,8 @@ struct SampledGroup {
 };
 
 struct SampleResult {
-  // Exactly the requested count, or empty when timed_out.
+  // Exactly the requested count.
   std::vector<SampledGroup> groups;
-  bool timed_out = false;
   // Mutation counter of the table when the batch was taken.
   int64_t buffer_version = 0;
   // The version staleness was measured against (the trainer's).
@@ -189,6 +224,11 @@ struct RunStats {
   int64_t invalid_inserts = 0;
   int64_t retryable_insert_errors = 0;
   int64_t sampled_groups = 0;
+  // Time inserts / samples waited for the rate limiter.
+  absl::Duration rate_limiter_insert_blocked;
+  absl::Duration rate_limiter_sample_blocked;
+  int64_t rate_limiter_inserts = 0;
+  int64_t rate_limiter_samples = 0;
   EvictionCounts evictions;
   StalenessHistogram sampled_group_staleness;
   StalenessHistogram sampled_token_staleness;
@@ -239,15 +279,41 @@ struct RunStats {
 // calls (AcquireSlots with a wait, Sample) wait on the table's mutex with a
 // deadline and never sleep; Shutdown wakes them.
 //
-// Later issues extend it here: samplers other than FIFO (samplers/), a rate
-// limiter between Insert/Sample and the sampler, and a write-ahead log that
-// Insert appends to before it acknowledges STORED (today "stored" means held
-// in memory).
+// Sampling. The run's sampler (samplers/) chooses the batch among the groups
+// held; each group's priority comes from buffer.priority_source (mean
+// reward, mean |advantage| + priority_epsilon, or the client's value) and can
+// be changed with UpdatePriorities. A group leaves at its
+// max_times_sampled-th sample.
+//
+// Rate limiting (rate_limiter.h): a Sample waits until max(batch,
+// min_size_to_sample_groups) groups are held and the samples-per-insert
+// ratio allows the batch; an Insert waits while the ratio says the trainer
+// is behind. Both wait on the table's mutex (woken by the state change that
+// may admit them) up to their deadline, then Sample returns
+// DEADLINE_EXCEEDED and Insert RETRYABLE_ERROR.
+//
+// Durability. With a Journal (RunTableOptions.journal), every mutation is
+// appended to it as a storage::WalRecord, under the lock and before it is
+// applied; an insert is acknowledged after Journal::Sync. Records describe
+// outcomes (which group got which sequence, which groups a batch took), so
+// ApplyRecord replays them without re-deciding anything. Snapshot copies the
+// state under the lock and serializes it outside; Restore rebuilds a table
+// from a snapshot. Leases survive a restart (they are logged), with a fresh
+// TTL from the restore.
 class RunTable {
  public:
-  // INVALID_ARGUMENT when config or options do not validate.
+  // INVALID_ARGUMENT when config or options do not validate. With a
+  // journal, the creation is journaled (a `configured` record) unless
+  // `replayed_lsn` > 0: the table is being rebuilt from that record.
   static absl::StatusOr<std::unique_ptr<RunTable>> Create(RunConfig config,
-                                                          RunTableOptions options = {});
+                                                          RunTableOptions options = {},
+                                                          uint64_t replayed_lsn = 0);
+
+  // A table in the state a snapshot describes: `table` and its items, oldest
+  // first. INVALID_ARGUMENT / DATA_LOSS for a snapshot that does not add up.
+  static absl::StatusOr<std::unique_ptr<RunTable>> Restore(
+      const v1::storage::TableSnapshot& table, std::vector<v1::storage::SnapshotItem> items,
+      RunTableOptions options);
 
   RunTable(const RunTable&) = delete;
   RunTable& operator=(const RunTable&) = delete;
@@ -278,16 +344,18 @@ class RunTable {
 
   // Validates and stores one group (see "Inserts" above): recomputes min/max
   // policy version from the trajectories, sets buffer_sequence, inserted_at
-  // and times_sampled = 0. Never blocks; O(tokens) outside the lock, O(log n)
-  // under it. After Shutdown: RETRYABLE_ERROR.
-  InsertResult Insert(v1::Group group) ABSL_LOCKS_EXCLUDED(mu_);
+  // and times_sampled = 0. Blocks only for the rate limiter, up to
+  // `rate_limit_wait` (then RETRYABLE_ERROR). O(tokens) outside the lock,
+  // O(log n) under it. After Shutdown: RETRYABLE_ERROR.
+  InsertResult Insert(v1::Group group, absl::Duration rate_limit_wait = absl::Seconds(30))
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Evicts every group staler than the request's bound, then, once at least
-  // max(batch, min_size_to_sample_groups) groups are held, hands out the
-  // batch (FIFO: the oldest) and records their staleness. A group leaves the
-  // table at its max_times_sampled-th sample. Blocks until enough groups are
-  // held or request.timeout passes (then timed_out, no groups).
-  // INVALID_ARGUMENT for a bad request, UNAVAILABLE after Shutdown.
+  // max(batch, min_size_to_sample_groups) groups are held and the rate
+  // limiter allows it, has the sampler choose the batch and records their
+  // staleness. Blocks until then; DEADLINE_EXCEEDED (saying what it waited
+  // for) when request.timeout passes first. INVALID_ARGUMENT for a bad
+  // request, UNAVAILABLE after Shutdown.
   absl::StatusOr<SampleResult> Sample(const SampleRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Puts back a batch that could not be delivered (the trainer went away
@@ -303,12 +371,34 @@ class RunTable {
   absl::StatusOr<UpdateVersionResult> UpdatePolicyVersion(int64_t policy_version)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Priorities only matter to SAMPLER_KIND_PRIORITIZED, which this release
-  // does not have: INVALID_ARGUMENT naming the run's sampler.
-  absl::Status UpdatePriorities() ABSL_LOCKS_EXCLUDED(mu_);
+  // Sets the priority of held groups, by group_id (finite and >= 0);
+  // group ids not held are reported. INVALID_ARGUMENT naming the group for
+  // a bad value (nothing is changed then).
+  absl::StatusOr<UpdatePrioritiesResult> UpdatePriorities(
+      const std::vector<std::pair<std::string, double>>& priorities) ABSL_LOCKS_EXCLUDED(mu_);
 
   // A consistent snapshot (one lock). Drops expired leases first.
   RunStats Stats() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The table's state as snapshot records: the TableSnapshot (with
+  // covered_lsn = the last record this table appended) and its items, oldest
+  // first. Copies pointers under the lock; the caller serializes.
+  struct SnapshotData {
+    v1::storage::TableSnapshot table;
+    struct Item {
+      std::shared_ptr<const v1::Group> group;
+      int32_t times_sampled = 0;
+      double priority = 0;
+    };
+    std::vector<Item> items;
+  };
+  SnapshotData Snapshot() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Applies one journal record of this run during restore (never journals).
+  // Records with lsn <= the restored snapshot's covered_lsn are skipped.
+  // DATA_LOSS naming the lsn for a record that contradicts the state.
+  absl::Status ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& record)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Wakes every blocked call (they return UNAVAILABLE) and makes later
   // AcquireSlots/Sample return UNAVAILABLE and inserts RETRYABLE_ERROR.
@@ -327,6 +417,7 @@ class RunTable {
     std::shared_ptr<const v1::Group> group;
     int64_t min_policy_version = 0;
     int32_t times_sampled = 0;
+    double priority = 0;
     int64_t size_bytes = 0;
     int64_t trajectories = 0;
     // (policy version, completion tokens generated with it), ascending:
@@ -340,36 +431,72 @@ class RunTable {
   // INVALID_ARGUMENT with the field named. Needs no lock (config parts used
   // are immutable).
   absl::Status ValidateGroup(v1::Group& group) const;
-  // The Item for a validated group (everything but times_sampled).
+  // The Item for a validated group (everything but times_sampled, priority).
   static Item MakeItem(std::shared_ptr<const v1::Group> group);
+  // The sampler's priority for a group under the current config.
+  double PriorityForLocked(const v1::Group& group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Appends a record to the journal (no-op without one); the mutation it
+  // describes must only be applied on OK.
+  absl::StatusOr<uint64_t> JournalLocked(v1::storage::WalRecord& record,
+                                         const std::string& prefix = {})
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int64_t AdmissionLimitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t CapacityLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   GateState GateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Await conditions.
   bool CanGrantOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool CanInsertOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct SampleWait {
     const RunTable* table;
     int64_t needed;
   };
-  static bool EnoughGroupsOrShutdown(SampleWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  static bool CanSampleOrShutdown(SampleWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
   void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLeaseLocked(absl::flat_hash_map<std::string, Lease>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when `lease_id` was live (and is now gone).
   bool ReleaseLeaseLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals and drops the leases (not consumed by an insert).
+  absl::Status ReleaseLeasesLocked(const std::vector<std::string>& lease_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddLeaseLocked(const std::string& id, const std::string& worker_id, uint64_t incarnation,
+                      absl::Time expires_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Real time at which the earliest lease expires (InfiniteFuture if none).
   absl::Time NextExpiryRealTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Applies a version (monotonic) and evicts what it made stale; returns the
-  // number evicted.
-  int64_t AdvanceVersionLocked(int64_t policy_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals and applies a version (monotonic), evicting what it made stale;
+  // returns the number evicted.
+  absl::StatusOr<int64_t> AdvanceVersionLocked(int64_t policy_version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t ApplyVersionLocked(int64_t policy_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts groups with reference_version - min_policy_version > max_staleness.
   int64_t EvictStaleLocked(int64_t reference_version, int64_t max_staleness)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether EvictStaleLocked would evict anything.
+  bool HasStaleLocked(int64_t reference_version, int64_t max_staleness) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Evicts the oldest groups beyond buffer.capacity_groups (0 = unbounded).
   void EnforceCapacityLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A group left untrained: capacity back to the gate and the limiter.
+  void DropUntrainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item item, int64_t sequence,
+                         const std::string& consumed_lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyRefusedLocked(v1::InsertStatus status, const std::string& lease_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands out `sequences` (held) as one batch; fills result->groups.
+  void ApplySampledLocked(int64_t trainer_version, const std::vector<int64_t>& sequences,
+                          SampleResult* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyReturnedLocked(const v1::storage::BatchReturned& returned,
+                           std::vector<Item>* items) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sampler> sampler)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyLeasesGrantedLocked(const v1::storage::LeasesGranted& granted, absl::Time expires_at)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyPrioritiesLocked(const v1::storage::PrioritiesUpdated& priorities)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void AddItemLocked(int64_t sequence, Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveItemLocked(int64_t sequence, EvictionReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordSampleLocked(const Item& item, int64_t staleness, int64_t sign)
@@ -388,6 +515,11 @@ class RunTable {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   RunConfig config_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Sampler> sampler_ ABSL_GUARDED_BY(mu_);
+  RateLimiter rate_limiter_ ABSL_GUARDED_BY(mu_);
+  // Largest client-set priority seen (the default for groups without one).
+  double max_client_priority_ ABSL_GUARDED_BY(mu_) = 0;
+  // LSN of the last record this table journaled or replayed.
+  uint64_t last_lsn_ ABSL_GUARDED_BY(mu_) = 0;
 
   // The gate.
   int64_t policy_version_ ABSL_GUARDED_BY(mu_) = 0;
@@ -399,11 +531,15 @@ class RunTable {
   absl::flat_hash_map<std::string, uint64_t> worker_incarnations_ ABSL_GUARDED_BY(mu_);
   int64_t next_lease_number_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Duration admission_blocked_ ABSL_GUARDED_BY(mu_);
+  absl::Duration insert_blocked_ ABSL_GUARDED_BY(mu_);
+  absl::Duration sample_blocked_ ABSL_GUARDED_BY(mu_);
 
   // The groups, by buffer_sequence (ascending = insertion order).
   absl::btree_map<int64_t, Item> items_ ABSL_GUARDED_BY(mu_);
   // (min_policy_version, buffer_sequence): stale eviction in O(evicted log n).
   std::set<std::pair<int64_t, int64_t>> by_min_version_ ABSL_GUARDED_BY(mu_);
+  // group_id -> buffer_sequence of the groups held (UpdatePriorities).
+  absl::flat_hash_map<std::string, int64_t> held_group_ids_ ABSL_GUARDED_BY(mu_);
   // Idempotency key -> buffer_sequence of every group ever stored.
   absl::flat_hash_map<std::string, int64_t> stored_keys_ ABSL_GUARDED_BY(mu_);
   int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;

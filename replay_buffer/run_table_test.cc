@@ -298,7 +298,7 @@ TEST(RunTableTest, DuplicateInsertIsAcknowledgedAndStoredOnce) {
   EXPECT_EQ(stats.gate.running, 0);
 
   // Still a duplicate after the group was trained and left the table.
-  ASSERT_FALSE(table->Sample(Request(0, absl::ZeroDuration(), 1))->timed_out);
+  ASSERT_TRUE(table->Sample(Request(0, absl::ZeroDuration(), 1)).ok());
   EXPECT_EQ(table->Insert(Group(7, 0)).status, InsertStatus::kDuplicate);
 }
 
@@ -486,9 +486,8 @@ TEST(RunTableTest, SampleBoundIsNeverLooserThanTheRunsEta) {
   ASSERT_EQ(table->Insert(Group(2, 0)).status, InsertStatus::kStored);
   SampleRequest loose = Request(3);
   loose.max_staleness = 10;  // tightened to eta = 2: g2 (3 stale) is evicted
-  absl::StatusOr<SampleResult> result = table->Sample(loose);
-  EXPECT_TRUE(result->timed_out);
-  EXPECT_EQ(result->evicted_stale_groups, 1);
+  EXPECT_EQ(table->Sample(loose).status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(table->Stats().evictions.stale, 2);
 }
 
 // ---------------------------------------------------------------------------
@@ -500,7 +499,8 @@ TEST(RunTableTest, SampleHandsOutTheOldestFirstAndUsesEachGroupOnce) {
   for (int i = 0; i < 5; ++i) ASSERT_EQ(table->Insert(Group(i, 0)).status, InsertStatus::kStored);
   EXPECT_THAT(GroupIds(*table->Sample(Request(0))), ElementsAre("g0", "g1"));
   EXPECT_THAT(GroupIds(*table->Sample(Request(0))), ElementsAre("g2", "g3"));
-  EXPECT_TRUE(table->Sample(Request(0))->timed_out);  // one left, B = 2
+  EXPECT_EQ(table->Sample(Request(0)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);  // one left, B = 2
   const RunStats stats = table->Stats();
   EXPECT_EQ(stats.size_groups, 1);
   EXPECT_EQ(stats.sampled_groups, 4);
@@ -521,7 +521,8 @@ TEST(RunTableTest, MaxTimesSampledKeepsAGroupUntilItsKthSample) {
   EXPECT_THAT(GroupIds(*second), ElementsAre("g0", "g1"));
   EXPECT_EQ(second->groups[1].times_sampled, 2);
   EXPECT_TRUE(second->groups[1].removed);
-  EXPECT_TRUE(table->Sample(Request(0))->timed_out);  // only g2 left
+  EXPECT_EQ(table->Sample(Request(0)).status().code(),
+            absl::StatusCode::kDeadlineExceeded);  // only g2 left
   ASSERT_EQ(table->Insert(Group(3, 0)).status, InsertStatus::kStored);
   EXPECT_THAT(GroupIds(*table->Sample(Request(0))), ElementsAre("g2", "g3"));
   EXPECT_EQ(table->Stats().sampled_groups, 6);
@@ -542,7 +543,6 @@ TEST(RunTableTest, SampleBlocksUntilEnoughGroupsAreInserted) {
   EXPECT_TRUE(returned.WaitForNotificationWithTimeout(kReturns));
   sampler.join();
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_FALSE(result->timed_out);
   EXPECT_THAT(GroupIds(*result), ElementsAre("g0", "g1", "g2"));
 }
 
@@ -551,9 +551,10 @@ TEST(RunTableTest, SampleTimesOutWithNoGroups) {
   ASSERT_EQ(table->Insert(Group(0, 0)).status, InsertStatus::kStored);
   const absl::Time start = absl::Now();
   absl::StatusOr<SampleResult> result = table->Sample(Request(0, absl::Milliseconds(50)));
-  ASSERT_TRUE(result.ok());
-  EXPECT_TRUE(result->timed_out);
-  EXPECT_THAT(result->groups, IsEmpty());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(result.status().message(),
+            "no batch within 50ms: 1 groups held, a batch needs 2 (max of batch size and "
+            "min_size_to_sample_groups)");
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
   EXPECT_EQ(table->Stats().size_groups, 1);
 }
@@ -564,7 +565,7 @@ TEST(RunTableTest, SampleWaitsForMinSizeToSample) {
   auto table = MakeTable(config);
   ASSERT_EQ(table->Insert(Group(0, 0)).status, InsertStatus::kStored);
   ASSERT_EQ(table->Insert(Group(1, 0)).status, InsertStatus::kStored);
-  EXPECT_TRUE(table->Sample(Request(0))->timed_out);
+  EXPECT_EQ(table->Sample(Request(0)).status().code(), absl::StatusCode::kDeadlineExceeded);
   ASSERT_EQ(table->Insert(Group(2, 0)).status, InsertStatus::kStored);
   EXPECT_THAT(GroupIds(*table->Sample(Request(0))), ElementsAre("g0", "g1"));
 }
@@ -606,11 +607,14 @@ TEST(RunTableTest, SampleValidationNamesTheField) {
   request = Request(0);
   request.sampler_override = v1::SAMPLER_KIND_UNIFORM;
   EXPECT_EQ(table->Sample(request).status().message(),
-            "sampler_override: SAMPLER_KIND_UNIFORM is not available yet; this release "
-            "implements SAMPLER_KIND_FIFO");
-  EXPECT_EQ(table->UpdatePriorities().message(),
-            "priorities: run run-1 samples with SAMPLER_KIND_FIFO, which does not use "
-            "priorities; only SAMPLER_KIND_PRIORITIZED does");
+            "sampler_override: run run-1 samples with SAMPLER_KIND_FIFO; a per-request "
+            "SAMPLER_KIND_UNIFORM is not supported (set buffer.sampler in the run's "
+            "configuration)");
+  request.sampler_override = static_cast<v1::SamplerKind>(42);
+  EXPECT_EQ(table->Sample(request).status().message(),
+            "sampler_override: unknown sampler kind 42");
+  EXPECT_EQ(table->UpdatePriorities({{"g1", -1.0}}).status().message(),
+            "priorities[g1]: must be finite and >= 0, got -1; nothing was updated");
 }
 
 TEST(RunTableTest, UndeliveredBatchGoesBackAsIfNeverSampled) {
@@ -722,8 +726,7 @@ TEST(RunTableTest, StressEveryGroupIsCountedExactlyOnce) {
         const int64_t trainer_version = version.load();
         absl::StatusOr<SampleResult> batch =
             table->Sample(Request(trainer_version, absl::Milliseconds(20)));
-        ASSERT_TRUE(batch.ok()) << batch.status();
-        if (batch->timed_out) {
+        if (batch.status().code() == absl::StatusCode::kDeadlineExceeded) {
           if (inserters_done.load() == kInserters) return;
           continue;
         }

@@ -28,4 +28,12 @@ int64_t StalenessHistogram::total_count() const {
   return std::accumulate(counts_.begin(), counts_.end(), int64_t{0});
 }
 
+bool StalenessHistogram::Restore(const std::vector<int64_t>& bounds,
+                                 const std::vector<int64_t>& counts, int64_t sum) {
+  if (bounds != bounds_ || counts.size() != counts_.size()) return false;
+  counts_ = counts;
+  sum_ = sum;
+  return true;
+}
+
 }  // namespace sluice::replay_buffer

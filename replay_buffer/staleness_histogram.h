@@ -31,6 +31,11 @@ class StalenessHistogram {
   int64_t sum() const { return sum_; }
   int64_t total_count() const;
 
+  // Replaces the counts (restoring a snapshot); false, and no change, when
+  // `bounds` differ from this histogram's or counts has the wrong length.
+  bool Restore(const std::vector<int64_t>& bounds, const std::vector<int64_t>& counts,
+               int64_t sum);
+
  private:
   size_t BucketOf(int64_t staleness) const;
 

@@ -138,6 +138,7 @@ bool RunDriver::StartServices() {
   configure.set_max_staleness(spec_.algorithm().max_staleness());
   configure.set_group_size(spec_.algorithm().group_size());
   configure.set_initial_policy_version(0);
+  configure.set_seed(spec_.seed());
   if (absl::Status status = clients_.replay_buffer->ConfigureRun(configure); !status.ok()) {
     Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
     return false;

@@ -1,5 +1,7 @@
 #include "services/controller/run_spec.h"
 
+#include "replay_buffer/run_table.h"
+
 #include <cmath>
 #include <string>
 #include <vector>
@@ -306,37 +308,22 @@ void ValidateReward(const RunSpec& spec, Problems& problems) {
 }
 
 void ValidateBuffer(const RunSpec& spec, Problems& problems) {
-  const v1::BufferConfig& b = spec.buffer();
-  if (b.sampler() != v1::SAMPLER_KIND_FIFO) {
-    const std::string name = v1::SamplerKind_Name(b.sampler());
-    problems.Add("buffer.sampler",
-                 name.empty() ? std::to_string(static_cast<int>(b.sampler())) : name,
-                 " is not available yet; this release implements SAMPLER_KIND_FIFO");
-  }
-  if (b.has_priority_alpha() && !NonNegative(b.priority_alpha())) {
-    problems.Add("buffer.priority_alpha", "must be >= 0, got ", b.priority_alpha());
-  }
-  if (!InClosedUnit(b.recency_probability())) {
-    problems.Add("buffer.recency_probability", "must be in [0, 1], got ", b.recency_probability());
-  }
-  if (b.max_times_sampled() < 1) {
-    problems.Add("buffer.max_times_sampled", "must be >= 1, got ", b.max_times_sampled());
-  }
-  if (b.capacity_groups() < 0) {
-    problems.Add("buffer.capacity_groups", "must be >= 0 (0 = unbounded), got ",
-                 b.capacity_groups());
-  }
-  if (b.min_size_to_sample_groups() < 0) {
-    problems.Add("buffer.min_size_to_sample_groups", "must be >= 0, got ",
-                 b.min_size_to_sample_groups());
-  }
-  if (!NonNegative(b.samples_per_insert())) {
-    problems.Add("buffer.samples_per_insert", "must be >= 0 (0 = no rate limiting), got ",
-                 b.samples_per_insert());
-  }
-  if (!NonNegative(b.samples_per_insert_tolerance())) {
-    problems.Add("buffer.samples_per_insert_tolerance", "must be >= 0, got ",
-                 b.samples_per_insert_tolerance());
+  // The replay buffer's own validation, so that a spec the controller
+  // accepts is never refused at ConfigureRun. Its lines about B, eta and G
+  // repeat algorithm.* problems reported above; only buffer.* ones are kept.
+  replay_buffer::RunConfig config;
+  config.run_id = "spec";
+  config.batch_size_groups = std::max(1, spec.algorithm().batch_size_groups());
+  config.max_staleness = std::max(0, spec.algorithm().max_staleness());
+  config.group_size = std::max(1, spec.algorithm().group_size());
+  config.buffer = spec.buffer();
+  config.seed = spec.seed();
+  const absl::Status status = config.Validate();
+  for (absl::string_view line : absl::StrSplit(status.message(), '\n', absl::SkipEmpty())) {
+    if (!absl::StartsWith(line, "buffer.")) continue;
+    const size_t colon = line.find(": ");
+    problems.Add(line.substr(0, colon), line.substr(colon == absl::string_view::npos ? line.size()
+                                                                                      : colon + 2));
   }
 }
 

@@ -198,12 +198,18 @@ TEST(ValidateRunSpecTest, TrajectoryBalanceIsNotImplementedYet) {
   EXPECT_EQ(ProblemsOf(spec), "");
 }
 
-TEST(ValidateRunSpecTest, OnlyTheFifoSamplerIsAvailable) {
+TEST(ValidateRunSpecTest, BufferFieldsAreCheckedAsTheReplayBufferChecksThem) {
   v1::RunSpec spec = ArithmeticSpec();
   spec.mutable_buffer()->set_sampler(v1::SAMPLER_KIND_PRIORITIZED);
+  EXPECT_EQ(ProblemsOf(spec), "");
+  spec.mutable_buffer()->set_sampler(static_cast<v1::SamplerKind>(12));
+  spec.mutable_buffer()->set_samples_per_insert(2);
+  spec.mutable_buffer()->set_samples_per_insert_tolerance(1);
   EXPECT_EQ(ProblemsOf(spec),
-            "buffer.sampler: SAMPLER_KIND_PRIORITIZED is not available yet; this release "
-            "implements SAMPLER_KIND_FIFO");
+            "buffer.sampler: unknown sampler kind 12\n"
+            "buffer.samples_per_insert_tolerance: must be >= (batch_size_groups + "
+            "samples_per_insert) / 2 = 9, got 1; with less, inserts could block before a whole "
+            "batch may be sampled and both sides would wait for ever");
 }
 
 TEST(ValidateRunSpecTest, Ranges) {

@@ -1,0 +1,281 @@
+// The run table's journal contract, with an in-memory journal: replaying
+// the records a table wrote rebuilds exactly its state, from the beginning
+// or from any snapshot; a failing journal changes nothing.
+#include <memory>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "replay_buffer/run_table.h"
+#include "replay_buffer/test_util.h"
+
+namespace sluice::replay_buffer {
+namespace {
+
+using google::protobuf::util::MessageDifferencer;
+using testing::FakeClock;
+using testing::MakeGroup;
+
+constexpr char kRun[] = "run-j";
+
+class MemoryJournal : public Journal {
+ public:
+  absl::StatusOr<uint64_t> Append(const std::string& prefix,
+                                  const v1::storage::WalRecord& record) override {
+    if (fail) return absl::InternalError("disk full (test)");
+    records.emplace_back(++last_lsn, prefix + record.SerializeAsString());
+    return last_lsn;
+  }
+  absl::Status Sync(uint64_t) override { return absl::OkStatus(); }
+
+  bool fail = false;
+  uint64_t last_lsn = 0;
+  std::vector<std::pair<uint64_t, std::string>> records;
+};
+
+RunConfig Config(v1::SamplerKind sampler) {
+  RunConfig config;
+  config.run_id = kRun;
+  config.batch_size_groups = 3;
+  config.max_staleness = 2;
+  config.group_size = 2;
+  config.seed = 7;
+  config.buffer.set_sampler(sampler);
+  config.buffer.set_max_times_sampled(2);
+  config.buffer.set_capacity_groups(12);
+  return config;
+}
+
+// Rebuilds a table from `journal` records after `from_lsn`, starting from
+// `snapshot` (or from the first record, a `configured`).
+std::unique_ptr<RunTable> Replay(const MemoryJournal& journal, const RunTableOptions& options,
+                                 const RunTable::SnapshotData* snapshot = nullptr) {
+  std::unique_ptr<RunTable> table;
+  size_t next = 0;
+  if (snapshot != nullptr) {
+    std::vector<v1::storage::SnapshotItem> items;
+    for (const auto& item : snapshot->items) {
+      v1::storage::SnapshotItem& entry = items.emplace_back();
+      *entry.mutable_group() = *item.group;
+      entry.set_times_sampled(item.times_sampled);
+      entry.set_priority(item.priority);
+    }
+    absl::StatusOr<std::unique_ptr<RunTable>> restored =
+        RunTable::Restore(snapshot->table, std::move(items), options);
+    EXPECT_TRUE(restored.ok()) << restored.status();
+    table = std::move(restored).value();
+  } else {
+    v1::storage::WalRecord first;
+    EXPECT_TRUE(first.ParseFromString(journal.records.at(0).second));
+    EXPECT_TRUE(first.has_configured());
+    absl::StatusOr<std::unique_ptr<RunTable>> created = RunTable::Create(
+        RunConfigFromProto(first.configured()), options, journal.records[0].first);
+    EXPECT_TRUE(created.ok()) << created.status();
+    table = std::move(created).value();
+    next = 1;
+  }
+  for (; next < journal.records.size(); ++next) {
+    v1::storage::WalRecord record;
+    EXPECT_TRUE(record.ParseFromString(journal.records[next].second));
+    EXPECT_EQ(record.run_id(), kRun);
+    const absl::Status applied = table->ApplyRecord(journal.records[next].first, record);
+    EXPECT_TRUE(applied.ok()) << applied;
+  }
+  return table;
+}
+
+// Everything a snapshot holds, compared field by field (maps unordered).
+void ExpectSameState(RunTable& expected, RunTable& actual) {
+  RunTable::SnapshotData want = expected.Snapshot();
+  RunTable::SnapshotData got = actual.Snapshot();
+  std::string diff;
+  MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(want.table, got.table)) << diff;
+  ASSERT_EQ(want.items.size(), got.items.size());
+  for (size_t i = 0; i < want.items.size(); ++i) {
+    EXPECT_TRUE(MessageDifferencer::Equals(*want.items[i].group, *got.items[i].group)) << i;
+    EXPECT_EQ(want.items[i].times_sampled, got.items[i].times_sampled) << i;
+    EXPECT_EQ(want.items[i].priority, got.items[i].priority) << i;
+  }
+  const RunStats a = expected.Stats();
+  const RunStats b = actual.Stats();
+  EXPECT_EQ(a.gate.accepted, b.gate.accepted);
+  EXPECT_EQ(a.gate.running, b.gate.running);
+  EXPECT_EQ(a.gate.admission_limit, b.gate.admission_limit);
+  EXPECT_EQ(a.size_bytes, b.size_bytes);
+  EXPECT_EQ(a.size_trajectories, b.size_trajectories);
+}
+
+class RunTableJournalTest : public ::testing::TestWithParam<v1::SamplerKind> {};
+
+// Random traffic of every kind; snapshots along the way. Replaying the whole
+// journal, and restoring each snapshot then replaying what followed it, both
+// give the live table's state.
+TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
+  FakeClock clock;
+  auto journal = std::make_shared<MemoryJournal>();
+  RunTableOptions options;
+  options.clock = [&clock] { return clock.Now(); };
+  options.journal = journal;
+  absl::StatusOr<std::unique_ptr<RunTable>> created = RunTable::Create(Config(GetParam()), options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  RunTable& table = **created;
+
+  std::mt19937_64 random(42);
+  int64_t version = 0;
+  int next_group = 0;
+  std::vector<std::string> leases;
+  std::vector<std::pair<RunTable::SnapshotData, size_t>> snapshots;
+  for (int step = 0; step < 600; ++step) {
+    switch (random() % 10) {
+      case 0:
+      case 1: {
+        AcquireRequest acquire{.worker_id = absl::StrCat("w", random() % 3),
+                               .worker_incarnation = 1 + random() % 2,
+                               .num_groups = static_cast<int32_t>(1 + random() % 3)};
+        absl::StatusOr<AcquireResult> granted = table.AcquireSlots(acquire);
+        if (granted.ok()) leases.insert(leases.end(), granted->lease_ids.begin(), granted->lease_ids.end());
+        break;
+      }
+      case 2:
+      case 3:
+      case 4: {
+        const int id = (random() % 8 == 0 && next_group > 0) ? next_group - 1 : next_group++;
+        const int64_t group_version = std::max<int64_t>(0, version - static_cast<int64_t>(random() % 4));
+        v1::Group group = MakeGroup(kRun, absl::StrCat("g", id), random() % 15 == 0 ? 3 : 2,
+                                    group_version, 3);
+        group.mutable_trajectories(0)->set_reward(static_cast<float>(random() % 3));
+        if (!leases.empty()) {
+          group.set_slot_lease_id(leases.back());
+          leases.pop_back();
+        }
+        table.Insert(std::move(group));
+        break;
+      }
+      case 5:
+      case 6: {
+        SampleRequest sample{.batch_size_groups = static_cast<int32_t>(1 + random() % 3),
+                             .trainer_policy_version = version,
+                             .timeout = absl::ZeroDuration()};
+        if (random() % 4 == 0) sample.max_staleness = 1;
+        absl::StatusOr<SampleResult> batch = table.Sample(sample);
+        if (batch.ok() && random() % 5 == 0) table.ReturnUndelivered(*batch);
+        break;
+      }
+      case 7:
+        if (random() % 3 == 0) ASSERT_TRUE(table.UpdatePolicyVersion(++version).ok());
+        break;
+      case 8: {
+        ReleaseRequest release{.worker_id = absl::StrCat("w", random() % 3),
+                               .release_all = random() % 4 == 0};
+        if (!leases.empty()) release.lease_ids.push_back(leases.front());
+        table.ReleaseSlots(release);
+        const int id = static_cast<int>(random() % std::max(1, next_group));
+        ASSERT_TRUE(table.UpdatePriorities({{absl::StrCat("g", id), 0.5 + random() % 4}}).ok());
+        break;
+      }
+      case 9:
+        snapshots.emplace_back(table.Snapshot(), journal->records.size());
+        break;
+    }
+  }
+  const RunStats stats = table.Stats();
+  ASSERT_GT(stats.inserted_groups, 50);
+  ASSERT_GT(stats.sampled_groups, 50);
+  ASSERT_GT(stats.duplicate_inserts + stats.invalid_inserts + stats.rejected_stale_inserts, 5);
+  ASSERT_GT(stats.evictions.stale + stats.evictions.capacity, 0);
+
+  RunTableOptions replay_options;
+  replay_options.clock = options.clock;
+  std::unique_ptr<RunTable> replayed = Replay(*journal, replay_options);
+  ExpectSameState(table, *replayed);
+
+  ASSERT_GT(snapshots.size(), 10u);
+  for (size_t i = 0; i < snapshots.size(); i += 7) {
+    SCOPED_TRACE(absl::StrCat("snapshot ", i));
+    std::unique_ptr<RunTable> restored = Replay(*journal, replay_options, &snapshots[i].first);
+    ExpectSameState(table, *restored);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Samplers, RunTableJournalTest,
+                         ::testing::Values(v1::SAMPLER_KIND_FIFO, v1::SAMPLER_KIND_UNIFORM,
+                                           v1::SAMPLER_KIND_PRIORITIZED,
+                                           v1::SAMPLER_KIND_RECENCY),
+                         [](const auto& info) { return v1::SamplerKind_Name(info.param); });
+
+// AReaL#1388: after a restart the gate must have the capacity it had, not
+// start from zero and let generation run far ahead.
+TEST(RunTableJournalTest, RestoredGateHasTheSameCapacity) {
+  auto journal = std::make_shared<MemoryJournal>();
+  RunTableOptions options;
+  options.journal = journal;
+  RunConfig config = Config(v1::SAMPLER_KIND_FIFO);
+  config.buffer.clear_capacity_groups();
+  std::unique_ptr<RunTable> table = std::move(RunTable::Create(config, options)).value();
+  // Version 4: limit (2 + 4 + 1) * 3 = 21; fill it with leases and groups.
+  ASSERT_TRUE(table->UpdatePolicyVersion(4).ok());
+  absl::StatusOr<AcquireResult> granted =
+      table->AcquireSlots({.worker_id = "w", .worker_incarnation = 1, .num_groups = 21});
+  ASSERT_EQ(granted->lease_ids.size(), 21u);
+  for (int i = 0; i < 15; ++i) {
+    v1::Group group = MakeGroup(kRun, absl::StrCat("g", i), 2, 4);
+    group.set_slot_lease_id(granted->lease_ids[i]);
+    ASSERT_EQ(table->Insert(std::move(group)).status, InsertStatus::kStored);
+  }
+  ASSERT_TRUE(table->Sample({.batch_size_groups = 3, .trainer_policy_version = 4,
+                             .timeout = absl::ZeroDuration()})
+                  .ok());
+  const GateState before = table->Stats().gate;
+  EXPECT_EQ(before.accepted, 15);
+  EXPECT_EQ(before.running, 6);
+
+  std::unique_ptr<RunTable> restored = Replay(*journal, RunTableOptions{});
+  const GateState after = restored->Stats().gate;
+  EXPECT_EQ(after.policy_version, 4);
+  EXPECT_EQ(after.accepted, 15);
+  EXPECT_EQ(after.running, 6);
+  EXPECT_EQ(after.admission_limit, 21);
+  // No slot is free until the trainer moves on, as before the restart.
+  EXPECT_TRUE(restored->AcquireSlots({.worker_id = "w", .worker_incarnation = 1, .num_groups = 1})
+                  ->lease_ids.empty());
+}
+
+TEST(RunTableJournalTest, AFailingJournalChangesNothing) {
+  auto journal = std::make_shared<MemoryJournal>();
+  RunTableOptions options;
+  options.journal = journal;
+  std::unique_ptr<RunTable> table =
+      std::move(RunTable::Create(Config(v1::SAMPLER_KIND_FIFO), options)).value();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(table->Insert(MakeGroup(kRun, absl::StrCat("g", i), 2, 0)).status,
+              InsertStatus::kStored);
+  }
+  const RunTable::SnapshotData before = table->Snapshot();
+  journal->fail = true;
+  const InsertResult insert = table->Insert(MakeGroup(kRun, "g9", 2, 0));
+  EXPECT_EQ(insert.status, InsertStatus::kRetryableError);
+  EXPECT_THAT(insert.message, ::testing::HasSubstr("write-ahead log failed (disk full (test))"));
+  absl::StatusOr<SampleResult> sample =
+      table->Sample({.trainer_policy_version = 0, .timeout = absl::ZeroDuration()});
+  EXPECT_EQ(sample.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(table->UpdatePolicyVersion(3).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(
+      table->AcquireSlots({.worker_id = "w", .worker_incarnation = 1, .num_groups = 1}).status().code() ==
+      absl::StatusCode::kUnavailable);
+  RunTable::SnapshotData after = table->Snapshot();
+  after.table.set_retryable_insert_errors(before.table.retryable_insert_errors());
+  EXPECT_TRUE(MessageDifferencer::Equals(before.table, after.table));
+  EXPECT_EQ(after.items.size(), 3u);
+  journal->fail = false;
+  EXPECT_EQ(table->Insert(MakeGroup(kRun, "g9", 2, 0)).status, InsertStatus::kStored);
+}
+
+}  // namespace
+}  // namespace sluice::replay_buffer

@@ -19,6 +19,7 @@
 #include "common/status_macros.h"
 #include "common/task/char_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
+#include "services/clients/group_inserter.h"
 
 namespace sluice::rollout_worker {
 namespace {
@@ -27,7 +28,6 @@ using google::protobuf::util::TimeUtil;
 
 constexpr int64_t kAcquireWaitMs = 1000;
 constexpr int kScoreAttempts = 3;
-constexpr int kInsertAttempts = 5;
 
 v1::FinishReason ToFinishReason(model::Finish finish) {
   switch (finish) {
@@ -57,6 +57,7 @@ class RolloutRun::Impl {
   }
 
   absl::Status Run() {
+    RETURN_IF_ERROR(Init());
     ASSIGN_OR_RETURN(config_, model::BuiltinModelConfig(spec_.model().builtin(), tokenizer_.vocab_size()));
     follower_ = std::thread([this] { FollowWeights(); });
     absl::Status status = Loop();
@@ -95,6 +96,34 @@ class RolloutRun::Impl {
   void Pause(absl::Duration d) {
     absl::MutexLock lock(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
+  }
+
+  // Builds what Run needs beyond the constructor.
+  absl::Status Init() {
+    if (deps_.buffer == nullptr) return absl::InvalidArgumentError("no replay buffer client");
+    clients::GroupInserterOptions options;
+    // The groups are generated and scored: waiting is cheaper than making
+    // them again. So the deadline, not an attempt count, ends the retries,
+    // and it is long enough to ride out a buffer restart and the buffer's
+    // rate limiter (which holds an insert up to 30 s, then answers
+    // RETRYABLE_ERROR). A stopping run gives up at its next backoff.
+    options.deadline = absl::Minutes(5);
+    options.max_attempts = 1000;
+    options.initial_backoff = absl::Milliseconds(200);
+    options.max_backoff = absl::Seconds(5);
+    options.seed = absl::HashOf(deps_.worker_id, deps_.incarnation);
+    options.sleep = [this](absl::Duration d) {
+      Pause(d);
+      return !stopping();
+    };
+    options.on_retry = [this](const absl::Status& why, int attempts, absl::Duration backoff) {
+      log::Warning("insert failed; retrying", {{"run_id", run_id_},
+                                               {"attempts", attempts},
+                                               {"backoff", absl::FormatDuration(backoff)},
+                                               {"error", std::string(why.message())}});
+    };
+    ASSIGN_OR_RETURN(inserter_, clients::GroupInserter::Create(*deps_.buffer, std::move(options)));
+    return absl::OkStatus();
   }
 
   // ---- weights -----------------------------------------------------------
@@ -417,61 +446,87 @@ class RolloutRun::Impl {
       completed.push_back(prompt.prompt_id());
     }
     int64_t inserted = 0;
+    absl::Status fatal;
     if (insert.groups_size() > 0) {
-      ASSIGN_OR_RETURN(inserted, Insert(insert, &completed, &abandoned));
+      fatal = Insert(std::move(insert), &completed, &abandoned, &inserted);
     }
     if (deps_.on_groups_inserted && inserted > 0) deps_.on_groups_inserted(inserted);
     Report(completed, abandoned, inserted);
-    return absl::OkStatus();
+    return fatal;
   }
 
-  // Inserts with retries of retryable results; moves prompts of groups the
-  // buffer refused for good from `completed` to `abandoned`.
-  absl::StatusOr<int64_t> Insert(v1::InsertGroupsRequest request, std::vector<std::string>* completed,
-                                 std::vector<std::string>* abandoned) {
-    int64_t stored = 0;
-    for (int attempt = 0; attempt < kInsertAttempts && request.groups_size() > 0; ++attempt) {
-      auto response = deps_.buffer->InsertGroups(request);
-      if (!response.ok()) {
-        if (stopping()) break;
-        log::Warning("insert failed; retrying", {{"run_id", run_id_},
-                                                 {"error", std::string(response.status().message())}});
-        Pause(absl::Milliseconds(200 << attempt));
-        continue;  // same idempotency keys: a retry cannot duplicate
+  // Inserts the groups (GroupInserter: retries, backoff, deadline) and sorts
+  // their prompts: a group stored (or a DUPLICATE) keeps its prompt in
+  // `completed`; one the buffer refused for good (stale, invalid, unknown
+  // run) or that could not be confirmed moves its prompt to `abandoned`, so
+  // the controller leases it again, and counts as dropped. (An unconfirmed
+  // group may have been stored with its ack lost; generating its prompt
+  // again costs a second group, where keeping it completed would lose the
+  // prompt for good if it was not stored.) The slots of unconfirmed groups
+  // are released; the buffer already released those of refused ones.
+  //
+  // Returns the error that should end the run: a fatal InsertGroups error
+  // (GroupInserter makes it sticky, so every later batch would fail too).
+  absl::Status Insert(v1::InsertGroupsRequest request, std::vector<std::string>* completed,
+                      std::vector<std::string>* abandoned, int64_t* stored) {
+    std::vector<v1::Group> groups;
+    groups.reserve(request.groups_size());
+    for (v1::Group& group : *request.mutable_groups()) groups.push_back(std::move(group));
+    std::vector<std::string> prompt_ids, slot_leases;
+    for (const v1::Group& group : groups) {
+      prompt_ids.push_back(group.prompt_id());
+      slot_leases.push_back(group.slot_lease_id());
+    }
+    const auto abandon = [&](size_t i) {
+      completed->erase(std::remove(completed->begin(), completed->end(), prompt_ids[i]),
+                       completed->end());
+      abandoned->push_back(prompt_ids[i]);
+      absl::MutexLock lock(&mu_);
+      status_.set_groups_dropped(status_.groups_dropped() + 1);
+    };
+
+    absl::StatusOr<clients::InsertOutcome> outcome = inserter_->Insert(std::move(groups));
+    if (!outcome.ok()) {
+      // Nothing was sent: a fatal error of an earlier batch, or groups
+      // without keys (a bug here).
+      for (size_t i = 0; i < prompt_ids.size(); ++i) abandon(i);
+      Release(slot_leases, "insert failed");
+      return absl::Status(outcome.status().code(),
+                          absl::StrCat("inserting groups: ", outcome.status().message()));
+    }
+    *stored = 0;
+    std::vector<std::string> unconfirmed_leases;
+    for (size_t i = 0; i < outcome->groups.size(); ++i) {
+      const clients::GroupInsertResult& result = outcome->groups[i];
+      if (result.stored()) {
+        ++*stored;
+        continue;
       }
-      v1::InsertGroupsRequest retry;
-      for (int i = 0; i < response->results_size() && i < request.groups_size(); ++i) {
-        const auto& result = response->results(i);
-        switch (result.status()) {
-          case v1::INSERT_STATUS_STORED:
-          case v1::INSERT_STATUS_DUPLICATE:
-            ++stored;
-            break;
-          case v1::INSERT_STATUS_RETRYABLE_ERROR:
-            *retry.add_groups() = request.groups(i);
-            break;
-          default: {
-            log::Warning("buffer refused a group",
-                         {{"run_id", run_id_},
-                          {"group", request.groups(i).group_id()},
-                          {"status", v1::InsertStatus_Name(result.status())},
-                          {"message", result.message()}});
-            const std::string& prompt_id = request.groups(i).prompt_id();
-            completed->erase(std::remove(completed->begin(), completed->end(), prompt_id),
-                             completed->end());
-            abandoned->push_back(prompt_id);
-            absl::MutexLock lock(&mu_);
-            status_.set_groups_dropped(status_.groups_dropped() + 1);
-          }
-        }
+      if (result.resolved()) {
+        log::Warning("buffer refused a group", {{"run_id", run_id_},
+                                                {"group", result.group_id},
+                                                {"status", v1::InsertStatus_Name(result.status)},
+                                                {"message", result.message}});
+      } else {
+        unconfirmed_leases.push_back(slot_leases[i]);
       }
-      request = std::move(retry);
+      abandon(i);
+    }
+    if (!outcome->status.ok()) {
+      log::Warning("groups not confirmed by the buffer; their prompts go back to the pool",
+                   {{"run_id", run_id_},
+                    {"groups", unconfirmed_leases.size()},
+                    {"error", std::string(outcome->status.message())}});
+      Release(unconfirmed_leases, "insert not confirmed");
     }
     {
       absl::MutexLock lock(&mu_);
-      status_.set_groups_inserted(status_.groups_inserted() + stored);
+      status_.set_groups_inserted(status_.groups_inserted() + *stored);
     }
-    return stored;
+    if (absl::Status fatal = inserter_->fatal_error(); !fatal.ok()) {
+      return absl::Status(fatal.code(), absl::StrCat("inserting groups: ", fatal.message()));
+    }
+    return absl::OkStatus();
   }
 
   void Report(const std::vector<std::string>& completed, const std::vector<std::string>& abandoned,
@@ -504,6 +559,7 @@ class RolloutRun::Impl {
   task::CharTokenizer tokenizer_;
   model::ModelConfig config_;
   std::thread follower_;
+  std::unique_ptr<clients::GroupInserter> inserter_;
   uint64_t batch_counter_ = 0;
   int64_t tokens_since_report_ = 0;
 

@@ -207,6 +207,14 @@ grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* cont
 grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
                                                const v1::GetStatsRequest* request,
                                                v1::GetStatsResponse* response) {
+  if (request->run_id().empty()) {
+    for (const std::string& run_id : buffer_->RunIds()) {
+      absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id);
+      if (!table.ok()) continue;
+      RunStatsToProto((*table)->Stats(), response->add_runs());
+    }
+    return grpc::Status::OK;
+  }
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   RunStatsToProto((*table)->Stats(), response->mutable_stats());

@@ -371,8 +371,11 @@ TEST_F(ReplayBufferServiceTest, ErrorsNameTheField) {
     v1::GetStatsResponse response;
     grpc::ClientContext context;
     const grpc::Status status = stub_->GetStats(&context, request, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    EXPECT_EQ(status.error_message(), "run_id: required");
+    // No run id: every run.
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.runs_size(), 1);
+    EXPECT_EQ(response.runs(0).run_id(), kRun);
+    EXPECT_FALSE(response.has_stats());
   }
   {
     v1::UpdatePrioritiesRequest request;

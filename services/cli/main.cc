@@ -5,6 +5,7 @@
 //   sluice quickstart [--runs-dir DIR]  up + submit the built-in run + watch + tear down
 //   sluice submit SPEC.yaml [--target ADDR] [--watch] [--validate-only]
 //   sluice runs get|cancel|watch RUN_ID [--target ADDR]; sluice runs list
+//   sluice buffer stats --target ADDR --run-id ID [--json]
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -25,6 +26,7 @@
 #include "common/build_info.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
+#include "services/cli/buffer_command.h"
 #include "services/cli/local_stack.h"
 #include "services/cli/quickstart_spec.h"
 #include "services/cli/run_client.h"
@@ -418,6 +420,9 @@ int main(int argc, char** argv) {
   list->add_option("--target", runs_target, "controller HOST:PORT");
   list->callback([&runs_command] { runs_command = "list"; });
 
+  sluice::cli::BufferStatsFlags buffer_stats_flags;
+  CLI::App* buffer = sluice::cli::AddBufferCommand(app, &buffer_stats_flags);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -442,6 +447,10 @@ int main(int argc, char** argv) {
   if (*runs) {
     UnblockTerminationSignals();
     return RunRunsCommand(runs_command, run_id, runs_target, cancel_reason);
+  }
+  if (*buffer) {
+    UnblockTerminationSignals();
+    return sluice::cli::RunBufferStats(buffer_stats_flags, std::cout, std::cerr);
   }
   return 2;
 }

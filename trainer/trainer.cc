@@ -38,6 +38,9 @@ constexpr int64_t kWarmStartCheckEvery = 10;
 // held-out eval split is never touched before "before").
 constexpr size_t kDevSplitSize = 200;
 constexpr int64_t kSampleTimeoutMs = 1000;
+// How long the trainer keeps retrying a replay buffer that is unreachable
+// (restarting) before it fails the run.
+constexpr double kSampleRetrySeconds = 120;
 
 double Now() { return absl::ToUnixMicros(absl::Now()) / 1e6; }
 
@@ -379,6 +382,7 @@ class TrainerRun::Impl {
       SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
       const double wait_start = Now();
       v1::SampleResponse batch;
+      double failing_since = -1;
       while (true) {
         if (stop_.load()) return absl::CancelledError("stopped");
         v1::SampleRequest request;
@@ -387,7 +391,24 @@ class TrainerRun::Impl {
         request.set_max_staleness(alg.max_staleness());
         request.set_trainer_policy_version(step_);
         request.set_timeout_ms(kSampleTimeoutMs);
-        ASSIGN_OR_RETURN(batch, deps_.buffer->Sample(request));
+        absl::StatusOr<v1::SampleResponse> sampled = deps_.buffer->Sample(request);
+        if (!sampled.ok()) {
+          // A buffer that restarts (it restores its state from its data
+          // directory) is unreachable for a moment: ride it out, up to a
+          // limit, rather than failing the run. Other errors are final.
+          const absl::StatusCode code = sampled.status().code();
+          const bool transient = code == absl::StatusCode::kUnavailable ||
+                                 code == absl::StatusCode::kCancelled ||
+                                 code == absl::StatusCode::kDeadlineExceeded;
+          if (failing_since < 0) failing_since = Now();
+          if (!transient || Now() - failing_since > kSampleRetrySeconds) return sampled.status();
+          log::Warning("sampling from the replay buffer failed; retrying",
+                       {{"run_id", run_id_}, {"error", std::string(sampled.status().message())}});
+          for (int i = 0; i < 10 && !stop_.load(); ++i) absl::SleepFor(absl::Milliseconds(100));
+          continue;
+        }
+        failing_since = -1;
+        batch = std::move(sampled).value();
         if (!batch.timed_out() && batch.groups_size() == alg.batch_size_groups()) break;
       }
       const double wait_seconds = Now() - wait_start;

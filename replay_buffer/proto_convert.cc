@@ -126,11 +126,30 @@ void SampleResultToProto(const SampleResult& result, v1::SampleResponse* respons
   for (const SampledGroup& sampled : result.groups) {
     v1::SampledGroup* out = response->add_groups();
     *out->mutable_group() = *sampled.group;
-    out->mutable_group()->set_times_sampled(sampled.times_sampled);
+    out->set_times_sampled(sampled.times_sampled);
     out->set_staleness(sampled.staleness);
   }
   response->set_buffer_version(result.buffer_version);
   response->set_policy_version(result.policy_version);
+}
+
+AliasedSampleResponse::AliasedSampleResponse(const SampleResult& result) {
+  response_.mutable_groups()->Reserve(static_cast<int>(result.groups.size()));
+  for (const SampledGroup& sampled : result.groups) {
+    v1::SampledGroup* out = response_.add_groups();
+    // The table's group is immutable once stored and outlives this object
+    // (`result` holds a reference); protobuf only reads it to serialize
+    // (its cached sizes are atomics, so concurrent streams may share it).
+    out->unsafe_arena_set_allocated_group(const_cast<v1::Group*>(sampled.group.get()));
+    out->set_times_sampled(sampled.times_sampled);
+    out->set_staleness(sampled.staleness);
+  }
+  response_.set_buffer_version(result.buffer_version);
+  response_.set_policy_version(result.policy_version);
+}
+
+AliasedSampleResponse::~AliasedSampleResponse() {
+  for (v1::SampledGroup& out : *response_.mutable_groups()) out.unsafe_arena_release_group();
 }
 
 }  // namespace sluice::replay_buffer

@@ -30,6 +30,22 @@ SampleRequest SampleRequestFromProto(const v1::SampleRequest& request,
 // times_sampled.
 void SampleResultToProto(const SampleResult& result, v1::SampleResponse* response);
 
+// The same response without copying the groups: it points at the table's
+// stored groups (kept alive by `result`, which must outlive this) and lets go
+// of them on destruction. Only to serialize (e.g. one synchronous Write);
+// copying 64 KB per group costs more than the rest of the sample path.
+class AliasedSampleResponse {
+ public:
+  explicit AliasedSampleResponse(const SampleResult& result);
+  ~AliasedSampleResponse();
+  AliasedSampleResponse(const AliasedSampleResponse&) = delete;
+  AliasedSampleResponse& operator=(const AliasedSampleResponse&) = delete;
+  const v1::SampleResponse& get() const { return response_; }
+
+ private:
+  v1::SampleResponse response_;
+};
+
 void TimeToProto(absl::Time time, google::protobuf::Timestamp* timestamp);
 
 }  // namespace sluice::replay_buffer

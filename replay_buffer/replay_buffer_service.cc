@@ -159,9 +159,13 @@ grpc::Status ReplayBufferServiceImpl::Sample(
       status = ToGrpcStatus(result.status());
       break;
     }
-    v1::SampleResponse response;
-    SampleResultToProto(*result, &response);
-    if (!stream->Write(response)) {
+    bool written;
+    {
+      // Serialized by Write itself (synchronous), so the groups need no copy.
+      const AliasedSampleResponse response(*result);
+      written = stream->Write(response.get());
+    }
+    if (!written) {
       (*table)->ReturnUndelivered(*result);
       metrics_.Sync(**table);
       status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");

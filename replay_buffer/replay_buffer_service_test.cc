@@ -228,7 +228,7 @@ TEST_F(ReplayBufferServiceTest, AcquireInsertAndSampleAGroupsLifecycle) {
   EXPECT_EQ(batch.policy_version(), 1);
   for (const v1::SampledGroup& sampled : batch.groups()) {
     EXPECT_EQ(sampled.staleness(), 1);
-    EXPECT_EQ(sampled.group().times_sampled(), 1);
+    EXPECT_EQ(sampled.times_sampled(), 1);
     EXPECT_EQ(sampled.group().min_policy_version(), 0);
     EXPECT_GT(sampled.group().inserted_at().seconds(), 0);
     EXPECT_EQ(sampled.group().trajectories_size(), 2);

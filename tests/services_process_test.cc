@@ -251,12 +251,22 @@ TEST(ServiceProcessErrorsTest, ABadRequestGetsAClearErrorNotACrash) {
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   auto stub = v1::ReplayBufferService::NewStub(channel);
-  v1::GetStatsRequest request;
-  v1::GetStatsResponse response;
-  const grpc::Status status = stub->GetStats(&context, request, &response);
-  // No run id: the answer names the field, and the process keeps serving.
+  v1::ConfigureRunRequest request;
+  request.set_run_id("r");
+  request.set_batch_size_groups(-4);
+  request.set_group_size(2);
+  request.mutable_config()->set_sampler(static_cast<v1::SamplerKind>(77));
+  v1::ConfigureRunResponse response;
+  const grpc::Status status = stub->ConfigureRun(&context, request, &response);
+  // Negative size, unknown sampler: the answer names both fields, and the
+  // process keeps serving.
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_NE(status.error_message().find("run_id"), std::string::npos) << status.error_message();
+  EXPECT_NE(status.error_message().find("batch_size_groups: must be > 0, got -4"),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_NE(status.error_message().find("buffer.sampler: unknown sampler kind 77"),
+            std::string::npos)
+      << status.error_message();
   EXPECT_EQ(*runtime::CheckHealth(service.grpc, "", absl::Seconds(20)), "SERVING");
 }
 

@@ -1,5 +1,7 @@
 #include "rollout_worker/rollout_run.h"
 
+#include <atomic>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -83,7 +85,14 @@ class FakeBuffer : public clients::ReplayBufferClient {
     released += request.lease_ids_size();
     return v1::ReleaseGenerationSlotsResponse();
   }
+  std::function<absl::StatusOr<v1::InsertGroupsResponse>(const v1::InsertGroupsRequest&, int)> hook;
+  std::atomic<int> insert_calls{0};
   absl::StatusOr<v1::InsertGroupsResponse> InsertGroups(const v1::InsertGroupsRequest& request) override {
+    const int call = insert_calls++;
+    if (hook) {
+      auto r = hook(request, call);
+      if (!r.ok() || r->results_size() > 0) return r;
+    }
     absl::MutexLock lock(&mu);
     v1::InsertGroupsResponse response;
     for (const auto& g : request.groups()) {
@@ -140,6 +149,7 @@ class FakeController : public clients::ControllerClient {
       const v1::ReportRolloutProgressRequest& request) override {
     absl::MutexLock lock(&mu);
     completed += request.completed_prompt_ids_size();
+    abandoned += request.abandoned_prompt_ids_size();
     tokens += request.tokens_generated();
     return v1::ReportRolloutProgressResponse();
   }
@@ -150,6 +160,7 @@ class FakeController : public clients::ControllerClient {
   absl::Mutex mu;
   int leases ABSL_GUARDED_BY(mu) = 0;
   int completed ABSL_GUARDED_BY(mu) = 0;
+  int abandoned ABSL_GUARDED_BY(mu) = 0;
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;
 
  private:
@@ -280,6 +291,97 @@ TEST(RolloutRunTest, StopReturnsPromptlyWhileWaitingForWeights) {
   absl::MutexLock lock(&buffer.mu);
   EXPECT_TRUE(buffer.groups.empty());
   EXPECT_GT(buffer.released, 0);  // the slots it held went back
+}
+
+
+TEST(RolloutInsertTest, TransientFailureIsRetried) {
+  FakeTrainer trainer; trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [](const v1::InsertGroupsRequest&, int call) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    if (call == 0) return absl::UnavailableError("down");
+    return v1::InsertGroupsResponse();
+  };
+  FakeController controller(1);
+  FakeReward reward;
+  RolloutRun run("run-t", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  ASSERT_TRUE(run.Run().ok());
+  EXPECT_EQ(buffer.insert_calls.load(), 2);
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_EQ(buffer.groups.size(), 3u);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 3);
+  EXPECT_EQ(controller.abandoned, 0);
+  EXPECT_EQ(run.Status().groups_inserted(), 3);
+  EXPECT_EQ(run.Status().groups_dropped(), 0);
+}
+
+TEST(RolloutInsertTest, RefusedGroupAbandonsItsPrompt) {
+  FakeTrainer trainer; trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [](const v1::InsertGroupsRequest& request, int call) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    v1::InsertGroupsResponse response;
+    for (int i = 0; i < request.groups_size(); ++i) {
+      auto* r = response.add_results();
+      r->set_idempotency_key(request.groups(i).idempotency_key());
+      r->set_status(i == 1 ? v1::INSERT_STATUS_REJECTED_STALE : v1::INSERT_STATUS_STORED);
+    }
+    return response;
+  };
+  FakeController controller(1);
+  FakeReward reward;
+  RolloutRun run("run-r", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  ASSERT_TRUE(run.Run().ok());
+  EXPECT_EQ(buffer.insert_calls.load(), 1);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 2);
+  EXPECT_EQ(controller.abandoned, 1);
+  EXPECT_EQ(run.Status().groups_inserted(), 2);
+  EXPECT_EQ(run.Status().groups_dropped(), 1);
+}
+
+TEST(RolloutInsertTest, FatalErrorEndsTheRun) {
+  FakeTrainer trainer; trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [](const v1::InsertGroupsRequest&, int) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    return absl::UnimplementedError("no such method");
+  };
+  FakeController controller(3);
+  FakeReward reward;
+  RolloutRun run("run-f", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  absl::Status status = run.Run();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_EQ(buffer.insert_calls.load(), 1);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 0);
+  EXPECT_EQ(controller.abandoned, 3);
+  EXPECT_EQ(run.Status().groups_dropped(), 3);
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_GE(buffer.released, 3);  // the three slots, and the run's release-all at the end
+}
+
+TEST(RolloutInsertTest, StopDuringRetriesAbandons) {
+  FakeTrainer trainer; trainer.Publish(0);
+  FakeBuffer buffer(0);
+  absl::Notification retrying;
+  buffer.hook = [&](const v1::InsertGroupsRequest&,
+                    int call) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    if (call >= 1 && !retrying.HasBeenNotified()) retrying.Notify();
+    return absl::UnavailableError("down");
+  };
+  FakeController controller(3);
+  FakeReward reward;
+  RolloutRun run("run-s", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  absl::Notification done;
+  std::thread thread([&] { EXPECT_TRUE(run.Run().ok()); done.Notify(); });
+  ASSERT_TRUE(retrying.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  run.Stop(false);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  thread.join();
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 0);
+  EXPECT_EQ(controller.abandoned, 3);
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_GE(buffer.released, 3);
 }
 
 }  // namespace

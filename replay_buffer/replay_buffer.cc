@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "replay_buffer/wire.h"
 #include "sluice/v1/replay_buffer_storage.pb.h"
 
 namespace sluice::replay_buffer {
@@ -276,12 +277,13 @@ absl::Status ReplayBuffer::SnapshotLocked() {
     record.AppendToString(&payload);
     RETURN_IF_ERROR(writer->Append(payload));
     for (const RunTable::SnapshotData::Item& item : data.items) {
-      storage::SnapshotItem& entry = *record.mutable_item();
-      *entry.mutable_group() = *item.group;
-      entry.set_times_sampled(item.times_sampled);
-      entry.set_priority(item.priority);
+      // SnapshotRecord.item (2) { group (1), times_sampled, priority },
+      // serialized without copying the group.
+      storage::SnapshotItem counts;
+      counts.set_times_sampled(item.times_sampled);
+      counts.set_priority(item.priority);
       payload.clear();
-      record.AppendToString(&payload);
+      wire::AppendNested(2, 1, *item.group, counts.SerializeAsString(), &payload);
       RETURN_IF_ERROR(writer->Append(payload));
     }
   }

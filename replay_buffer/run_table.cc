@@ -11,6 +11,7 @@
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
+#include "replay_buffer/wire.h"
 
 namespace sluice::replay_buffer {
 namespace {
@@ -579,9 +580,8 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   if (valid.ok()) {
     item = MakeItem(stored);
     if (options_.journal != nullptr) {
-      v1::storage::WalRecord bulk;
-      *bulk.mutable_stored()->mutable_group() = *stored;
-      prefix = bulk.SerializeAsString();
+      // WalRecord.stored (3) { group (1) }, without copying the group.
+      wire::AppendNested(3, 1, *stored, /*extra=*/"", &prefix);
     }
   }
   const absl::Time deadline = absl::Now() + rate_limit_wait;

@@ -170,6 +170,7 @@ absl::Status ReplayBuffer::Restore() {
     for (const auto& [run_id, table] : runs_) report.groups += table->Stats().size_groups;
   }
   report.duration = absl::Now() - start;
+  restored_ = true;
   absl::MutexLock snapshot_lock(&snapshot_mu_);
   last_snapshot_lsn_ = loaded.lsn.value_or(0);
   wal_bytes_at_snapshot_ = 0;
@@ -339,7 +340,9 @@ void ReplayBuffer::Shutdown() {
     for (const auto& [run_id, table] : runs_) tables.push_back(table);
   }
   for (const auto& table : tables) table->Shutdown();
-  if (wal_ == nullptr) return;
+  // A buffer whose restore failed must not snapshot: it would record a
+  // partial state as complete and hide the log from the next start.
+  if (wal_ == nullptr || !restored_) return;
   {
     absl::MutexLock lock(&snapshot_mu_);
     snapshot_stop_ = true;

@@ -154,6 +154,8 @@ class ReplayBuffer {
   std::unique_ptr<durability::WalWriter> wal_;
   std::unique_ptr<durability::SnapshotStore> snapshots_;
   RestoreReport restore_report_;
+  // Restore() completed: only then may Shutdown take a final snapshot.
+  bool restored_ = false;
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

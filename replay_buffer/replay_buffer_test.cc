@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -202,6 +203,46 @@ TEST(ReplayBufferTest, ADataDirectoryBringsEveryRunBack) {
   EXPECT_GT((*replayed)->restore_report().wal_records_replayed, 0);
   check(**replayed);
   replayed->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// A log damaged in the middle refuses to start (DATA_LOSS naming the file)
+// and leaves the directory as it was: no snapshot of the partial state.
+TEST(ReplayBufferTest, ADamagedLogIsRefusedAndLeftAlone) {
+  const std::string dir = ::testing::TempDir() + "/replay-buffer-damaged-" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  DurabilityOptions durability;
+  durability.data_dir = dir;
+  durability.fsync_policy = durability::FsyncPolicy::kNever;
+  {
+    auto buffer = ReplayBuffer::Create({}, durability);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE((*buffer)->ConfigureRun(Config("a", 2)).ok());
+    for (int i = 0; i < 20; ++i) {
+      ASSERT_EQ((*buffer)->Insert({MakeGroup("a", "g" + std::to_string(i), 2, 0)})[0].status,
+                InsertStatus::kStored);
+    }
+  }
+  // No snapshot may cover the log, or it would not be read: remove them.
+  std::filesystem::remove_all(dir + "/snapshots");
+  std::string segment;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/wal")) {
+    if (entry.path().extension() == ".log") segment = entry.path();
+  }
+  ASSERT_FALSE(segment.empty());
+  const auto size = std::filesystem::file_size(segment);
+  {
+    std::fstream file(segment, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size / 2));
+    file.put('\x5a');
+    file.put('\x5a');
+  }
+  absl::StatusOr<std::unique_ptr<ReplayBuffer>> refused = ReplayBuffer::Create({}, durability);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("wal-"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/snapshots") &&
+               !std::filesystem::is_empty(dir + "/snapshots"));
   std::filesystem::remove_all(dir);
 }
 

@@ -117,7 +117,7 @@ absl::StatusOr<std::vector<StageCost>> MeasureStageCosts(const v1::Group& protot
                      back.ParseFromString(scratch);
                    })});
 
-  // --- The sample path: core sample, copy into the response, server
+  // --- The sample path: core sample, the response aliasing the groups, server
   // serialize, metrics sync, client parse.
   replay_buffer::SampleRequest sample;
   sample.batch_size_groups = batch;
@@ -134,10 +134,10 @@ absl::StatusOr<std::vector<StageCost>> MeasureStageCosts(const v1::Group& protot
   // The service answers with the stored groups aliased, not copied.
   costs.push_back(
       {"sample.to_proto_alias", "service_sample", TimePerItem(min_time, batch, kNoPrepare, [&](int) {
-         const replay_buffer::AliasedSampleResponse aliased(sampled);
+         const replay_buffer::AliasedSampleResponse timed(sampled);
        })});
-  v1::SampleResponse response;
-  replay_buffer::SampleResultToProto(sampled, &response);
+  const replay_buffer::AliasedSampleResponse aliased(sampled);
+  const v1::SampleResponse& response = aliased.get();
   costs.push_back({"sample.server_serialize", "service_sample",
                    TimePerItem(min_time, batch, kNoPrepare, [&](int) {
                      scratch.clear();

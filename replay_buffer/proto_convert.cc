@@ -121,18 +121,6 @@ SampleRequest SampleRequestFromProto(const v1::SampleRequest& request,
   return core;
 }
 
-void SampleResultToProto(const SampleResult& result, v1::SampleResponse* response) {
-  response->mutable_groups()->Reserve(static_cast<int>(result.groups.size()));
-  for (const SampledGroup& sampled : result.groups) {
-    v1::SampledGroup* out = response->add_groups();
-    *out->mutable_group() = *sampled.group;
-    out->set_times_sampled(sampled.times_sampled);
-    out->set_staleness(sampled.staleness);
-  }
-  response->set_buffer_version(result.buffer_version);
-  response->set_policy_version(result.policy_version);
-}
-
 AliasedSampleResponse::AliasedSampleResponse(const SampleResult& result) {
   response_.mutable_groups()->Reserve(static_cast<int>(result.groups.size()));
   for (const SampledGroup& sampled : result.groups) {

@@ -26,11 +26,7 @@ void InsertResultToProto(const InsertResult& result, v1::InsertGroupResult* prot
 // timeout_ms 0 becomes `default_timeout`.
 SampleRequest SampleRequestFromProto(const v1::SampleRequest& request,
                                      absl::Duration default_timeout);
-// Copies each group (the table keeps sharing its own) and fills in
-// times_sampled.
-void SampleResultToProto(const SampleResult& result, v1::SampleResponse* response);
-
-// The same response without copying the groups: it points at the table's
+// A Sample response without copying the groups: it points at the table's
 // stored groups (kept alive by `result`, which must outlive this) and lets go
 // of them on destruction. Only to serialize (e.g. one synchronous Write);
 // copying 64 KB per group costs more than the rest of the sample path.

@@ -19,12 +19,9 @@ class ReplayBuffer::WalJournal final : public Journal {
  public:
   explicit WalJournal(durability::WalWriter* wal) : wal_(wal) {}
 
-  absl::StatusOr<uint64_t> Append(const std::string& prefix,
+  absl::StatusOr<uint64_t> Append(std::string payload,
                                   const storage::WalRecord& record) override {
-    std::string payload;
-    payload.reserve(prefix.size() + record.ByteSizeLong());
-    payload.append(prefix);
-    record.AppendToString(&payload);
+    record.AppendToString(&payload);  // after the prefix, in place
     // Under the table's lock: write(2) only; the fsync (kAlways) happens in
     // Sync, after the lock is released, shared by concurrent inserts.
     return wal_->AppendWithoutSync(payload);

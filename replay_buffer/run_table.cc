@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -169,10 +170,10 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
 }
 
 absl::StatusOr<uint64_t> RunTable::JournalLocked(v1::storage::WalRecord& record,
-                                                 const std::string& prefix) {
+                                                 std::string prefix) {
   if (options_.journal == nullptr) return uint64_t{0};
   record.set_run_id(run_id_);
-  absl::StatusOr<uint64_t> lsn = options_.journal->Append(prefix, record);
+  absl::StatusOr<uint64_t> lsn = options_.journal->Append(std::move(prefix), record);
   if (!lsn.ok()) {
     return absl::UnavailableError(
         absl::StrCat("replay buffer write-ahead log failed (", lsn.status().message(),
@@ -580,7 +581,10 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   if (valid.ok()) {
     item = MakeItem(stored);
     if (options_.journal != nullptr) {
-      // WalRecord.stored (3) { group (1) }, without copying the group.
+      // WalRecord.stored (3) { group (1) }, without copying the group; room
+      // for the small fields appended under the lock (JournalLocked), so
+      // that appending them does not reallocate.
+      prefix.reserve(stored->ByteSizeLong() + 512);
       wire::AppendNested(3, 1, *stored, /*extra=*/"", &prefix);
     }
   }
@@ -660,7 +664,7 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   stored_record.set_priority(PriorityForLocked(*stored));
   stored_record.set_inserted_at_micros(absl::ToUnixMicros(inserted_at));
   if (leases_.contains(lease_id)) stored_record.set_consumed_lease_id(lease_id);
-  absl::StatusOr<uint64_t> lsn = JournalLocked(record, prefix);
+  absl::StatusOr<uint64_t> lsn = JournalLocked(record, std::move(prefix));
   if (!lsn.ok()) return retryable(std::string(lsn.status().message()));
 
   stored->set_buffer_sequence(sequence);

@@ -60,11 +60,12 @@ class Journal {
  public:
   virtual ~Journal() = default;
   // Appends one record, whose bytes are `prefix` followed by the serialized
-  // `record` (protobuf merges the two; see GroupStored). Called under the
+  // `record` (protobuf merges the two; see GroupStored); `prefix` is taken
+  // by value so the record can be appended to it in place. Called under the
   // table's lock, so records are in the order of the mutations they
   // describe; the mutation is applied only when this returns OK. Returns the
   // record's log sequence number.
-  virtual absl::StatusOr<uint64_t> Append(const std::string& prefix,
+  virtual absl::StatusOr<uint64_t> Append(std::string prefix,
                                           const v1::storage::WalRecord& record) = 0;
   // Blocks until record `lsn` is as durable as the fsync policy promises.
   // Called without the table's lock, before an insert is acknowledged.
@@ -439,7 +440,7 @@ class RunTable {
   // Appends a record to the journal (no-op without one); the mutation it
   // describes must only be applied on OK.
   absl::StatusOr<uint64_t> JournalLocked(v1::storage::WalRecord& record,
-                                         const std::string& prefix = {})
+                                         std::string prefix = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   int64_t AdmissionLimitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -25,7 +25,7 @@ constexpr char kRun[] = "run-j";
 
 class MemoryJournal : public Journal {
  public:
-  absl::StatusOr<uint64_t> Append(const std::string& prefix,
+  absl::StatusOr<uint64_t> Append(std::string prefix,
                                   const v1::storage::WalRecord& record) override {
     if (fail) return absl::InternalError("disk full (test)");
     records.emplace_back(++last_lsn, prefix + record.SerializeAsString());

@@ -5,6 +5,8 @@ function(sluice_test name)
   add_executable(${name} ${ARG_SOURCES})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests)
+  # Third-party test data kept in the repo (testdata/README.md).
+  target_compile_definitions(${name} PRIVATE SLUICE_TESTDATA_DIR="${PROJECT_SOURCE_DIR}/testdata")
   set(labels unit)
   if(ARG_LABELS)
     set(labels ${ARG_LABELS})
@@ -12,5 +14,5 @@ function(sluice_test name)
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
     PROPERTIES LABELS "${labels}" TIMEOUT 300
-               ENVIRONMENT "SLUICE_BIN_DIR=${CMAKE_BINARY_DIR}/bin")
+               ENVIRONMENT "SLUICE_BIN_DIR=${CMAKE_BINARY_DIR}/bin;SLUICE_TESTDATA_DIR=${PROJECT_SOURCE_DIR}/testdata")
 endfunction()

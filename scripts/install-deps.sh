@@ -17,6 +17,11 @@ packages=(
   libtorch-dev libopenblas0-pthread
   # Observability, config, CLI, logging.
   prometheus-cpp-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
+  # Reward server: GiNaC for symbolic math equivalence; bubblewrap and
+  # libseccomp for the code sandbox; python3 runs the sandboxed programs and
+  # python3-sympy is bench_reward's baseline checker; clang builds the
+  # libFuzzer target (libclang-rt-dev holds libFuzzer itself).
+  libginac-dev libcln-dev bubblewrap libseccomp-dev python3 python3-sympy clang libclang-rt-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # Used by tests and scripts to talk HTTP to /metrics.

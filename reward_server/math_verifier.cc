@@ -9,6 +9,7 @@
 #include "absl/strings/charconv.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/strip.h"
 
 namespace sluice::reward_server {
@@ -16,6 +17,7 @@ namespace {
 
 constexpr absl::string_view kUnicodeMinus = "\xE2\x88\x92";  // U+2212
 constexpr absl::string_view kBoxedOpen = "\\boxed{";
+constexpr absl::string_view kFboxOpen = "\\fbox{";
 // Numbers quoted in details are cut to this many bytes.
 constexpr size_t kDetailNumberBytes = 80;
 
@@ -263,10 +265,13 @@ std::optional<absl::string_view> LastBoxed(absl::string_view s) {
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
     if (c == '\\') {
-      if (s.compare(i, kBoxedOpen.size(), kBoxedOpen) == 0) {
-        open_boxes.push_back({i + kBoxedOpen.size(), depth});
+      const size_t open_length = s.compare(i, kBoxedOpen.size(), kBoxedOpen) == 0 ? kBoxedOpen.size()
+                                 : s.compare(i, kFboxOpen.size(), kFboxOpen) == 0  ? kFboxOpen.size()
+                                                                                   : 0;
+      if (open_length > 0) {
+        open_boxes.push_back({i + open_length, depth});
         ++depth;
-        i += kBoxedOpen.size() - 1;
+        i += open_length - 1;
       } else if (i + 1 < s.size() && (s[i + 1] == '{' || s[i + 1] == '}')) {
         ++i;
       }
@@ -356,6 +361,46 @@ std::optional<absl::string_view> LastNumber(absl::string_view s) {
   return last;
 }
 
+// Content of the last non-blank math span ($..$, $$..$$, \(..\), \[..\]).
+// Linear: a delimiter that fails to close once is not searched for again.
+std::optional<absl::string_view> LastMathSpan(absl::string_view s) {
+  std::optional<absl::string_view> last;
+  bool dead[3] = {false, false, false};
+  size_t i = 0;
+  while (i < s.size()) {
+    int kind = -1;
+    absl::string_view open, close;
+    if (s.compare(i, 2, "$$") == 0) {
+      kind = 0, open = "$$", close = "$$";
+    } else if (s[i] == '$' && (i == 0 || s[i - 1] != '\\')) {
+      kind = 0, open = "$", close = "$";
+    } else if (s.compare(i, 2, "\\(") == 0) {
+      kind = 1, open = "\\(", close = "\\)";
+    } else if (s.compare(i, 2, "\\[") == 0) {
+      kind = 2, open = "\\[", close = "\\]";
+    }
+    if (kind < 0 || dead[kind]) {
+      ++i;
+      continue;
+    }
+    const size_t end = s.find(close, i + open.size());
+    if (end == absl::string_view::npos) {
+      dead[kind] = true;
+      i += open.size();
+      continue;
+    }
+    // "$5 and $6" is money, not math: a closing "$" right before a digit.
+    if (open == "$" && end + 1 < s.size() && IsDigit(s[end + 1])) {
+      ++i;
+      continue;
+    }
+    const absl::string_view content = s.substr(i + open.size(), end - i - open.size());
+    if (!TrimAnswer(content).empty()) last = content;
+    i = end + close.size();
+  }
+  return last;
+}
+
 // Removes whitespace and "$" for the non-numeric fallback comparison.
 std::string LooseForm(absl::string_view text) {
   std::string loose;
@@ -385,6 +430,8 @@ absl::string_view AnswerSourceName(AnswerSource source) {
       return "answer is";
     case AnswerSource::kAnswerColon:
       return "answer:";
+    case AnswerSource::kMathSpan:
+      return "math span";
     case AnswerSource::kLastNumber:
       return "last number";
   }
@@ -411,6 +458,9 @@ std::optional<ExtractedAnswer> ExtractAnswer(absl::string_view response) {
       at != absl::string_view::npos) {
     const absl::string_view answer = AnswerAfterMarker(RestOfLine(response, at + 7));
     if (!answer.empty()) return ExtractedAnswer{std::string(answer), AnswerSource::kAnswerColon};
+  }
+  if (std::optional<absl::string_view> span = LastMathSpan(response)) {
+    return ExtractedAnswer{std::string(TrimAnswer(*span)), AnswerSource::kMathSpan};
   }
   if (std::optional<absl::string_view> number = LastNumber(response)) {
     return ExtractedAnswer{std::string(*number), AnswerSource::kLastNumber};
@@ -452,50 +502,95 @@ absl::Status MathVerifierOptions::Validate() const {
 MathVerifier::MathVerifier(MathVerifierOptions options)
     : Verifier({
           .name = "math",
-          .description = "Numeric answer equivalence: extracts the final answer (\\boxed{}, "
-                         "####, 'the answer is', 'Answer:', else the last number) and "
-                         "compares it with reference_answer (integers exactly, decimals "
-                         "and fractions within a relative tolerance).",
+          .description = "Math answer equivalence in the manner of Math-Verify: extracts the "
+                         "final answer of response and reference_answer (\\boxed{}, ####, "
+                         "'final answer is', 'Answer:', math spans, numbers) and compares "
+                         "them numerically and symbolically (fractions, radicals, pi, "
+                         "expressions, equations, tuples, sets, intervals, matrices, percent). "
+                         "metadata: precision (decimal places, default 6), strict "
+                         "(true/false, default true).",
           .default_timeout = options.default_timeout,
           .max_timeout = options.max_timeout,
           .required_fields = {"reference_answer"},
       }),
       options_(options) {}
 
-VerifyOutcome MathVerifier::Verify(const VerifyRequest& request) const {
-  // The reference may be a whole solution ("... #### 72", "\boxed{72}").
-  std::string reference(TrimAnswer(request.reference_answer));
-  if (absl::StrContains(reference, kBoxedOpen) || absl::StrContains(reference, "####")) {
-    if (std::optional<ExtractedAnswer> answer = ExtractAnswer(reference)) {
-      reference = std::move(answer->text);
+absl::StatusOr<MathCompareOptions> MathCompareOptionsFromMetadata(
+    const std::map<std::string, std::string>& metadata) {
+  MathCompareOptions options;
+  if (auto it = metadata.find("precision"); it != metadata.end()) {
+    if (!absl::SimpleAtoi(it->second, &options.precision)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata precision must be an integer, got \"", it->second, "\""));
     }
   }
+  if (auto it = metadata.find("strict"); it != metadata.end()) {
+    if (!absl::SimpleAtob(it->second, &options.strict)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata strict must be true or false, got \"", it->second, "\""));
+    }
+  }
+  if (absl::Status status = options.Validate(); !status.ok()) return status;
+  return options;
+}
 
+VerifyOutcome MathVerifier::Verify(const VerifyRequest& request) const {
+  absl::StatusOr<MathCompareOptions> compare_options =
+      MathCompareOptionsFromMetadata(request.metadata);
+  if (!compare_options.ok()) {
+    return VerifyOutcome::Error(VerifierErrorKind::kInvalidInput,
+                                std::string(compare_options.status().message()));
+  }
   std::optional<ExtractedAnswer> answer = ExtractAnswer(request.response);
   if (!answer.has_value()) {
     return VerifyOutcome::Error(VerifierErrorKind::kParse, "no answer found in the response");
   }
   VerifyOutcome outcome;
-  outcome.extracted_answer = answer->text;
   const absl::string_view source = AnswerSourceName(answer->source);
 
-  const std::optional<ParsedNumber> expected = ParseNumber(reference);
-  bool correct = false;
-  if (expected.has_value()) {
-    const std::optional<ParsedNumber> got = ParseNumber(answer->text);
-    if (!got.has_value()) {
-      outcome.detail =
-          absl::StrCat("answer (", source, ") is not a number; expected ", Quoted(reference));
-      return outcome;
+  // Integers on both sides (the arithmetic task, GSM8K): exact and fast, no
+  // symbolic machinery.
+  std::string reference(TrimAnswer(request.reference_answer));
+  if (absl::StrContains(reference, kBoxedOpen) || absl::StrContains(reference, "####")) {
+    if (std::optional<ExtractedAnswer> extracted = ExtractAnswer(reference)) {
+      reference = std::move(extracted->text);
     }
-    correct = ParsedNumbersEqual(*got, *expected, options_.relative_tolerance);
-  } else {
-    correct = LooseForm(answer->text) == LooseForm(reference);
   }
-  outcome.reward = correct ? 1.0 : 0.0;
-  outcome.detail = correct ? absl::StrCat("correct (", source, ")")
-                           : absl::StrCat("expected ", Quoted(reference), ", got ",
-                                          Quoted(answer->text), " (", source, ")");
+  const std::optional<ParsedNumber> expected = ParseNumber(reference);
+  const std::optional<ParsedNumber> got = ParseNumber(answer->text);
+  if (expected.has_value() && got.has_value() && expected->IsInteger() && got->IsInteger()) {
+    outcome.extracted_answer = answer->text;
+    const bool correct = ParsedNumbersEqual(*got, *expected, options_.relative_tolerance);
+    outcome.reward = correct ? 1.0 : 0.0;
+    outcome.detail = correct ? absl::StrCat("correct (", source, ")")
+                             : absl::StrCat("expected ", Quoted(reference), ", got ",
+                                            Quoted(answer->text), " (", source, ")");
+    return outcome;
+  }
+
+  MathComparison comparison =
+      CompareMathAnswers(request.reference_answer, request.response, *compare_options);
+  outcome.extracted_answer =
+      comparison.prediction_answer.empty() ? answer->text : comparison.prediction_answer;
+  if (comparison.equal) {
+    outcome.reward = 1.0;
+    outcome.detail = absl::StrCat("correct: ", Quoted(comparison.prediction_normalized));
+    return outcome;
+  }
+  if (comparison.prediction_answer.empty()) {
+    outcome.detail = expected.has_value()
+                         ? absl::StrCat("answer (", source, ") is not a number; expected ",
+                                        Quoted(reference))
+                         : absl::StrCat("expected ", Quoted(comparison.gold_answer), ", got ",
+                                        Quoted(answer->text), " (", source, ")");
+    return outcome;
+  }
+  outcome.detail = absl::StrCat("expected ", Quoted(comparison.gold_answer), ", got ",
+                                Quoted(comparison.prediction_answer));
+  if (comparison.error != MathCompareError::kNone) {
+    absl::StrAppend(&outcome.detail, " (", MathCompareErrorName(comparison.error), ": ",
+                    Quoted(comparison.error_detail), ")");
+  }
   return outcome;
 }
 

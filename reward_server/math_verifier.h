@@ -1,35 +1,36 @@
 #ifndef SLUICE_REWARD_SERVER_MATH_VERIFIER_H_
 #define SLUICE_REWARD_SERVER_MATH_VERIFIER_H_
 
+#include <map>
 #include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "absl/status/statusor.h"
+#include "reward_server/math/math_equivalence.h"
 #include "reward_server/verifier.h"
 
 namespace sluice::reward_server {
 
-// The "math" verifier: numeric answer equivalence, good enough for the
-// built-in arithmetic task ("07+45=" -> "52", "-5") and for GSM8K-style
-// answers ("#### 1,234", "The answer is $18.50."). Symbolic and LaTeX
-// equivalence (\sqrt, intervals, sets, expressions) is issue #5's: it extends
-// the three pure functions below rather than replacing them.
-//
-// All three run in time linear in their input, never recurse, and never
-// overflow: integers of any length compare digit by digit.
+// The "math" verifier. Three pure functions for the common numeric case
+// (ExtractAnswer, NormalizeNumber, NumbersEqual: linear time, no recursion,
+// integers of any length compared digit by digit) and, for everything else,
+// CompareMathAnswers (math/math_equivalence.h): Math-Verify-style extraction
+// and LaTeX/symbolic equivalence with GiNaC, bounded so it cannot hang.
 
 // Where ExtractAnswer found the answer, in its priority order.
 enum class AnswerSource {
-  kBoxed,        // The last balanced \boxed{...} (nested braces allowed).
+  kBoxed,        // The last balanced \boxed{...} or \fbox{...} (nested braces allowed).
   kHashes,       // "#### N" (GSM8K), the last one.
   kAnswerIs,     // "... answer is X" (any case), the last one.
   kAnswerColon,  // "Answer: X" (any case), the last one.
+  kMathSpan,     // The last $..$, $$..$$, \(..\) or \[..\] span.
   kLastNumber,   // Otherwise the last number in the text.
 };
 
-// "boxed", "####", "answer is", "answer:", "last number".
+// "boxed", "####", "answer is", "answer:", "math span", "last number".
 absl::string_view AnswerSourceName(AnswerSource source);
 
 struct ExtractedAnswer {
@@ -77,11 +78,21 @@ struct MathVerifierOptions {
   absl::Status Validate() const;
 };
 
-// Reward 1 when the extracted answer equals the reference (NumbersEqual for a
-// numeric reference; for a non-numeric one, string equality ignoring
-// whitespace and "$": a stopgap until issue #5), else 0. kParse when no
-// answer can be extracted. The reference may itself be a solution ending in
-// "#### N" or containing \boxed{N}. Requires reference_answer. Thread-safe.
+// MathCompareOptions from a request's metadata: "precision" (an integer in
+// [0, 15], decimal places compared when a side has a decimal literal; default
+// 6) and "strict" ("true"/"false"; default true). INVALID_ARGUMENT naming the
+// key when malformed.
+absl::StatusOr<MathCompareOptions> MathCompareOptionsFromMetadata(
+    const std::map<std::string, std::string>& metadata);
+
+// Reward 1 when the response's final answer is equivalent to the reference
+// (CompareMathAnswers, math/math_equivalence.h, options from metadata), else
+// 0. Integer answers on both sides (ExtractAnswer / NormalizeNumber) compare
+// exactly without the symbolic path. The reference may itself be a solution
+// ending in "#### N" or containing \boxed{N}. kParse when ExtractAnswer finds
+// no answer in the response; kInvalidInput for malformed metadata. An answer
+// too large to compare safely (e.g. 2^{2^{30}}) gets reward 0 with a
+// "too_large" detail. Requires reference_answer. Thread-safe.
 class MathVerifier final : public Verifier {
  public:
   // `options` must be valid (Validate()).

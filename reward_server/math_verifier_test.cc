@@ -50,6 +50,10 @@ TEST(ExtractAnswerTest, FollowsThePriorityOrder) {
       {"\\boxed{} 9", "9", AnswerSource::kLastNumber},
       {"\\boxed{5", "5", AnswerSource::kLastNumber},  // Unbalanced: not a box.
       {"\\boxed{5}}}}", "5", AnswerSource::kBoxed},
+      {"so \\fbox{x+1} 2", "x+1", AnswerSource::kBoxed},
+      // The last math span, before the last number.
+      {"we get $x^2$ then \\[ y + 1 \\] 7", "y + 1", AnswerSource::kMathSpan},
+      {"cost $5 and $6", "6", AnswerSource::kLastNumber},
       // GSM8K hashes.
       {"3 + 4 = 7\n#### 7", "7", AnswerSource::kHashes},
       {"#### 1,234\nmore 9", "1,234", AnswerSource::kHashes},
@@ -272,6 +276,30 @@ TEST(MathVerifierTest, NonNumericReferenceComparesIgnoringSpacesAndDollars) {
   const MathVerifier verifier;
   EXPECT_EQ(verifier.Verify(Request("the answer is $x^2 + 1$", "x^2+1")).reward, 1.0);
   EXPECT_EQ(verifier.Verify(Request("the answer is x^2 + 2", "x^2+1")).reward, 0.0);
+}
+
+TEST(MathVerifierTest, ComparesLatexAnswersSymbolically) {
+  const MathVerifier verifier;
+  EXPECT_EQ(verifier.Verify(Request("so $\\boxed{3\\sqrt{13}}$", "$\\sqrt{117}$")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("\\boxed{(1,2]}", "(1,2)")).reward, 0.0);
+  EXPECT_EQ(verifier.Verify(Request("\\fbox{\\{2,1\\}}", "\\boxed{\\{1,2\\}}")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("Thus $x = \\frac{1}{2}$", "0.5")).reward, 1.0);
+  VerifyOutcome huge = verifier.Verify(Request("\\boxed{2^{2^{2^{30}}}}", "4"));
+  EXPECT_EQ(huge.reward, 0.0);
+  EXPECT_THAT(huge.detail, HasSubstr("too_large"));
+}
+
+TEST(MathVerifierTest, ReadsPrecisionAndStrictFromMetadata) {
+  const MathVerifier verifier;
+  VerifyRequest request = Request("\\boxed{0.33}", "\\frac{1}{3}");
+  EXPECT_EQ(verifier.Verify(request).reward, 0.0);
+  request.metadata["precision"] = "2";
+  EXPECT_EQ(verifier.Verify(request).reward, 1.0);
+  request.metadata["precision"] = "lots";
+  EXPECT_EQ(verifier.Verify(request).error_kind, VerifierErrorKind::kInvalidInput);
+  request.metadata.erase("precision");
+  request.metadata["strict"] = "maybe";
+  EXPECT_EQ(verifier.Verify(request).error_kind, VerifierErrorKind::kInvalidInput);
 }
 
 TEST(MathVerifierOptionsTest, ValidateNamesTheField) {

@@ -1,0 +1,66 @@
+#include "reward_server/math/latex_parser.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace sluice::reward_server::math {
+namespace {
+
+std::string Parsed(const std::string& latex) {
+  absl::StatusOr<LatexExpr> parsed = ParseLatexAnswer(latex);
+  return parsed.ok() ? parsed->DebugString() : "error: " + std::string(parsed.status().message());
+}
+
+TEST(LatexParserTest, ParsesCommonAnswerForms) {
+  EXPECT_EQ(Parsed("\\frac{1}{2}"), "(/ 1 2)");
+  EXPECT_EQ(Parsed("\\frac12"), "(/ 1 2)");
+  EXPECT_EQ(Parsed("\\sqrt3"), "(fn:sqrt 3)");
+  EXPECT_EQ(Parsed("14{,}916"), "14916");
+  EXPECT_EQ(Parsed("7,425,000"), "7425000");
+  EXPECT_EQ(Parsed("(1,2]"), "(interval(] 1 2)");
+  EXPECT_EQ(Parsed("\\{1,2\\}"), "(set 1 2)");
+  EXPECT_EQ(Parsed("(1,2)"), "(tuple 1 2)");
+  EXPECT_EQ(Parsed("x \\geq 5"), "(rel x >= 5)");
+  EXPECT_EQ(Parsed("28\\%"), "(% 28)");
+  EXPECT_EQ(Parsed("90^\\circ"), "90");
+  EXPECT_EQ(Parsed("15\\text{ cm}^2"), "15");
+  EXPECT_EQ(Parsed("\\pm 2"), "(pm 2)");
+  EXPECT_EQ(Parsed("\\begin{pmatrix}1 & 2\\\\3 & 4\\end{pmatrix}"), "(matrix 1 2 3 4)");
+}
+
+TEST(LatexParserTest, RejectsOrBoundsHostileInput) {
+  // Deep nesting is a RESOURCE_EXHAUSTED error, not a stack overflow.
+  std::string deep(5000, '(');
+  deep += "1" + std::string(5000, ')');
+  EXPECT_FALSE(ParseLatexAnswer(deep).ok());
+  std::string minus(3000, '-');
+  EXPECT_FALSE(ParseLatexAnswer(minus + "1").ok());
+  std::string powers;
+  for (int i = 0; i < 1000; ++i) powers += "x^{";
+  EXPECT_FALSE(ParseLatexAnswer(powers).ok());
+  EXPECT_FALSE(ParseLatexAnswer(std::string(1000, '9')).ok());  // > kMaxNumberDigits.
+  EXPECT_FALSE(ParseLatexAnswer(std::string(kMaxLatexBytes + 1, 'x')).ok());
+  for (const std::string bad : {"", "{", "}", "\\frac{1}{", "\\begin{pmatrix}1&2\\\\3",
+                                "\xff\xfe", "\\", "((]", "|x", "\\sqrt[", "x^", "\\{1,2"}) {
+    EXPECT_FALSE(ParseLatexAnswer(bad).ok()) << bad;
+  }
+}
+
+TEST(LatexParserTest, AnyBytesReturn) {
+  // Deterministic pseudo-random byte strings, biased towards LaTeX syntax.
+  const std::string alphabet = "\\{}()[]^_$%&|,;:=<>+-*/0123456789xyz fracsqrtboxedleft \xe2\x88";
+  uint64_t state = 12345;
+  for (int n = 0; n < 3000; ++n) {
+    std::string input;
+    const int length = n % 200;
+    for (int i = 0; i < length; ++i) {
+      state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+      input.push_back(alphabet[(state >> 33) % alphabet.size()]);
+    }
+    (void)ParseLatexAnswer(input);  // Returns: ok or an error, never a crash.
+  }
+}
+
+}  // namespace
+}  // namespace sluice::reward_server::math

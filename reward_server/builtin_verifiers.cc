@@ -10,9 +10,11 @@ namespace sluice::reward_server {
 absl::StatusOr<VerifierRegistry> MakeBuiltinVerifierRegistry(
     const BuiltinVerifierOptions& options) {
   RETURN_IF_ERROR(options.math.Validate());
+  RETURN_IF_ERROR(options.code.Validate());
   VerifierRegistry registry;
   RETURN_IF_ERROR(registry.Register(std::make_shared<MathVerifier>(options.math)));
   RETURN_IF_ERROR(registry.Register(std::make_shared<ExactMatchVerifier>()));
+  RETURN_IF_ERROR(registry.Register(std::make_shared<CodeVerifier>(options.code)));
   return registry;
 }
 

@@ -116,12 +116,12 @@ TEST(ExactMatchVerifierTest, TrimmedStringEquality) {
   EXPECT_EQ(verifier.Verify(request).reward, 0.0);
 }
 
-TEST(BuiltinVerifiersTest, RegistryOffersMathAndExactMatch) {
+TEST(BuiltinVerifiersTest, RegistryOffersEveryBuiltinVerifier) {
   absl::StatusOr<VerifierRegistry> registry = MakeBuiltinVerifierRegistry();
   ASSERT_TRUE(registry.ok()) << registry.status();
   std::vector<std::string> names;
   for (const auto& verifier : registry->List()) names.push_back(verifier->name());
-  EXPECT_THAT(names, ElementsAre("exact_match", "math"));
+  EXPECT_THAT(names, ElementsAre("code", "exact_match", "math"));
   VerifyRequest request;
   request.response = "07+45=52";
   request.reference_answer = "52";

@@ -1,0 +1,857 @@
+#include "reward_server/sandbox/sandbox.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "reward_server/sandbox/seccomp_filter.h"
+
+namespace sluice::reward_server::sandbox {
+namespace {
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+// Descriptors of bwrap (and, for 0-4, of the program).
+constexpr int kStdinFd = 0;
+constexpr int kStdoutFd = 1;
+constexpr int kStderrFd = 2;
+constexpr int kSeccompFd = 5;
+constexpr int kStatusFd = 6;  // bwrap --json-status-fd: reports the pid ns init.
+constexpr int kFirstFileFd = 7;
+constexpr int kMaxFiles = 16;
+constexpr int kMaxChildFds = kFirstFileFd + kMaxFiles;
+
+constexpr size_t kResultBytesKept = 4096;
+constexpr size_t kStatusBytesKept = 4096;
+constexpr size_t kReadChunk = 64 << 10;
+// After the program exits, how long its pipes may stay open (only a process
+// outside the pid namespace could hold them: none should).
+constexpr absl::Duration kDrainGrace = absl::Seconds(2);
+// How long the pid namespace may take to empty once its init is killed.
+constexpr absl::Duration kNamespaceExitGrace = absl::Seconds(5);
+
+// An owned file descriptor.
+class UniqueFd {
+ public:
+  UniqueFd() = default;
+  explicit UniqueFd(int fd) : fd_(fd) {}
+  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
+  UniqueFd& operator=(UniqueFd&& other) noexcept {
+    if (this != &other) {
+      Reset();
+      fd_ = std::exchange(other.fd_, -1);
+    }
+    return *this;
+  }
+  ~UniqueFd() { Reset(); }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  void Reset() {
+    if (fd_ >= 0) close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+absl::Status ErrnoError(absl::string_view what, int error = errno) {
+  return absl::InternalError(absl::StrCat(what, ": ", strerror(error)));
+}
+
+struct Pipe {
+  UniqueFd read;
+  UniqueFd write;
+};
+
+absl::StatusOr<Pipe> MakePipe() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return ErrnoError("pipe2");
+  return Pipe{UniqueFd(fds[0]), UniqueFd(fds[1])};
+}
+
+absl::Status WriteAll(int fd, absl::string_view data) {
+  while (!data.empty()) {
+    const ssize_t n = write(fd, data.data(), data.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoError("write");
+    }
+    data.remove_prefix(n);
+  }
+  return absl::OkStatus();
+}
+
+// A sealed-size anonymous file holding `contents`, positioned at its start,
+// for bwrap to read (--seccomp, --ro-bind-data).
+absl::StatusOr<UniqueFd> MakeMemfd(const char* name, absl::string_view contents) {
+  UniqueFd fd(memfd_create(name, MFD_CLOEXEC));
+  if (!fd.valid()) return ErrnoError("memfd_create");
+  if (absl::Status status = WriteAll(fd.get(), contents); !status.ok()) return status;
+  if (lseek(fd.get(), 0, SEEK_SET) != 0) return ErrnoError("lseek");
+  return fd;
+}
+
+absl::Status SetNonBlocking(int fd) {
+  const int flags = fcntl(fd, F_GETFL);
+  if (flags < 0 || fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) return ErrnoError("fcntl");
+  return absl::OkStatus();
+}
+
+int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 0)); }
+int PidfdSendSignal(int pidfd, int sig) {
+  return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
+}
+
+// The uids handed to concurrent runs when the server is root. Exclusive
+// within the process (a set) and across processes (an flock per uid in
+// uid_lock_dir): two runs sharing a uid would share one RLIMIT_NPROC budget,
+// and a fork bomb in one would starve the other.
+class UidPool {
+ public:
+  static UidPool& Get() {
+    static UidPool* pool = new UidPool();
+    return *pool;
+  }
+
+  // Blocks while every uid of the range is taken in this process;
+  // RESOURCE_EXHAUSTED when the free ones are all locked by other processes.
+  // On success `lock` holds the uid's lock file (flock released on close).
+  absl::StatusOr<uint32_t> Acquire(uint32_t base, int count, const std::string& lock_dir,
+                                   UniqueFd* lock) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock mutex_lock(&mu_);
+    auto has_free = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (int i = 0; i < count; ++i) {
+        if (in_use_.count(base + i) == 0) return true;
+      }
+      return false;
+    };
+    mu_.Await(absl::Condition(&has_free));
+    if (!lock_dir_ready_) {
+      // Root-only, so no other user can hold (or swap) the lock files.
+      if (mkdir(lock_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+        return ErrnoError(absl::StrCat("creating uid_lock_dir ", lock_dir));
+      }
+      lock_dir_ready_ = true;
+    }
+    // Start where the last run stopped (offset by the pid), so that uids
+    // rotate and two processes rarely try the same one first.
+    for (int i = 0; i < count; ++i) {
+      const uint32_t uid = base + static_cast<uint32_t>((next_ + i) % count);
+      if (in_use_.count(uid) != 0) continue;
+      const std::string path = absl::StrCat(lock_dir, "/uid-", uid, ".lock");
+      UniqueFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
+      if (!fd.valid()) return ErrnoError(absl::StrCat("opening ", path));
+      if (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) continue;  // Another process's.
+      in_use_.insert(uid);
+      next_ = (next_ + i + 1) % count;
+      *lock = std::move(fd);
+      return uid;
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "every sandbox uid in [", base, ", ", base + count, ") is in use by this or another "
+        "process; raise uid_count or give each server its own uid_base"));
+  }
+
+  void Release(uint32_t uid) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    in_use_.erase(uid);
+  }
+
+ private:
+  UidPool() : next_(static_cast<uint64_t>(getpid()) * 7919) {}
+
+  absl::Mutex mu_;
+  std::set<uint32_t> in_use_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_ ABSL_GUARDED_BY(mu_);
+  bool lock_dir_ready_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// A uid of the pool, held until destruction.
+class UidLease {
+ public:
+  static absl::StatusOr<std::unique_ptr<UidLease>> Acquire(const SandboxOptions& options) {
+    auto lease = std::unique_ptr<UidLease>(new UidLease());
+    absl::StatusOr<uint32_t> uid = UidPool::Get().Acquire(
+        options.uid_base, options.uid_count, options.uid_lock_dir, &lease->lock_);
+    if (!uid.ok()) return uid.status();
+    lease->uid_ = *uid;
+    lease->held_ = true;
+    return lease;
+  }
+  ~UidLease() {
+    if (held_) UidPool::Get().Release(uid_);
+  }
+  UidLease(const UidLease&) = delete;
+  UidLease& operator=(const UidLease&) = delete;
+  uint32_t uid() const { return uid_; }
+
+ private:
+  UidLease() = default;
+  uint32_t uid_ = 0;
+  bool held_ = false;
+  UniqueFd lock_;  // Closed after Release: the flock outlives the set entry.
+};
+
+// Everything the forked child needs, prepared before fork: between fork and
+// exec only async-signal-safe calls are allowed (the server is
+// multi-threaded; another thread may hold malloc's lock).
+struct ChildPlan {
+  const char* path;
+  char* const* argv;
+  char* const* envp;
+  int fds[kMaxChildFds];  // Source descriptor for each target 0..num_fds-1.
+  int num_fds;
+  int resources[8];
+  struct rlimit limits[8];
+  int num_limits;
+  bool switch_uid;
+  uid_t uid;
+  pid_t parent_pid;
+  int report_fd;  // Gets a ChildFailure when a step fails; closed by exec.
+};
+
+struct ChildFailure {
+  int step;
+  int error;
+};
+enum ChildStep { kStepFds = 1, kStepRlimit, kStepUid, kStepParent, kStepExec };
+
+[[noreturn]] void ChildFail(int report_fd, int step) {
+  const ChildFailure failure = {step, errno};
+  // Best effort: the parent reads a short report as "exec failed".
+  [[maybe_unused]] ssize_t n = write(report_fd, &failure, sizeof(failure));
+  _exit(127);
+}
+
+// Runs in the forked child. Async-signal-safe system calls only.
+[[noreturn]] void RunChild(const ChildPlan& plan) {
+  // A new session: bwrap leads its own process group (killed as one) and
+  // loses the server's controlling terminal.
+  setsid();
+
+  // Signal state is inherited across exec: undo the server's.
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  struct sigaction default_action = {};
+  default_action.sa_handler = SIG_DFL;
+  for (int sig = 1; sig < NSIG; ++sig) {
+    if (sig != SIGKILL && sig != SIGSTOP) sigaction(sig, &default_action, nullptr);
+  }
+
+  // Move every source above the targets first, so that placing one never
+  // clobbers another.
+  int report_fd = fcntl(plan.report_fd, F_DUPFD_CLOEXEC, plan.num_fds);
+  if (report_fd < 0) ChildFail(plan.report_fd, kStepFds);
+  int moved[kMaxChildFds];
+  for (int i = 0; i < plan.num_fds; ++i) {
+    moved[i] = fcntl(plan.fds[i], F_DUPFD_CLOEXEC, plan.num_fds);
+    if (moved[i] < 0) ChildFail(report_fd, kStepFds);
+  }
+  for (int i = 0; i < plan.num_fds; ++i) {
+    if (dup2(moved[i], i) < 0) ChildFail(report_fd, kStepFds);  // dup2 clears CLOEXEC.
+  }
+  // Every other descriptor closes at exec, whether or not the server (or a
+  // library in it) opened it with O_CLOEXEC.
+  if (syscall(SYS_close_range, plan.num_fds, ~0U, CLOSE_RANGE_CLOEXEC) != 0) {
+    for (int fd = plan.num_fds; fd < 65536; ++fd) fcntl(fd, F_SETFD, FD_CLOEXEC);
+  }
+
+  for (int i = 0; i < plan.num_limits; ++i) {
+    if (setrlimit(plan.resources[i], &plan.limits[i]) != 0) ChildFail(report_fd, kStepRlimit);
+  }
+
+  if (plan.switch_uid) {
+    // Raw system calls: glibc's wrappers synchronise the ids of all threads
+    // (there is one here) through machinery not meant for a forked child.
+    if (syscall(SYS_setgroups, 0, nullptr) != 0 ||
+        syscall(SYS_setresgid, plan.uid, plan.uid, plan.uid) != 0 ||
+        syscall(SYS_setresuid, plan.uid, plan.uid, plan.uid) != 0) {
+      ChildFail(report_fd, kStepUid);
+    }
+  }
+
+  // After the uid change, which clears it: bwrap dies with the server (and
+  // --die-with-parent takes the sandbox with it).
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != plan.parent_pid) {
+    ChildFail(report_fd, kStepParent);
+  }
+  if (chdir("/") != 0) ChildFail(report_fd, kStepExec);
+  execve(plan.path, plan.argv, plan.envp);
+  ChildFail(report_fd, kStepExec);
+}
+
+// argv/envp as the NULL-terminated arrays execve wants; the strings stay
+// owned by `strings`.
+std::vector<char*> CStrings(std::vector<std::string>& strings) {
+  std::vector<char*> pointers;
+  pointers.reserve(strings.size() + 1);
+  for (std::string& s : strings) pointers.push_back(s.data());
+  pointers.push_back(nullptr);
+  return pointers;
+}
+
+// Output of one pipe, drained as it comes.
+struct Stream {
+  int fd = -1;
+  bool open = false;
+  bool keep_tail = false;  // Keep the last `kept_limit` bytes, else the first.
+  size_t kept_limit = 0;
+  std::string kept;
+  uint64_t total = 0;
+
+  // Reads what is available. Returns the bytes read; closes at EOF/error.
+  size_t ReadSome(char* buffer) {
+    const ssize_t n = read(fd, buffer, kReadChunk);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) return 0;
+      open = false;
+      return 0;
+    }
+    if (n == 0) {
+      open = false;
+      return 0;
+    }
+    total += n;
+    if (keep_tail) {
+      kept.append(buffer, n);
+      // Trim in amortised O(1): only when twice the limit.
+      if (kept.size() > 2 * kept_limit) kept.erase(0, kept.size() - kept_limit);
+    } else if (kept.size() < kept_limit) {
+      kept.append(buffer, std::min<size_t>(n, kept_limit - kept.size()));
+    }
+    return static_cast<size_t>(n);
+  }
+
+  void Finish() {
+    if (keep_tail && kept.size() > kept_limit) kept.erase(0, kept.size() - kept_limit);
+  }
+};
+
+// "child-pid": N from bwrap's first JSON status document.
+std::optional<pid_t> ParseChildPid(const std::string& status) {
+  constexpr char kKey[] = "\"child-pid\":";
+  const size_t at = status.find(kKey);
+  if (at == std::string::npos) return std::nullopt;
+  size_t begin = at + sizeof(kKey) - 1;
+  while (begin < status.size() && status[begin] == ' ') ++begin;
+  size_t end = begin;
+  while (end < status.size() && status[end] >= '0' && status[end] <= '9') ++end;
+  if (end == begin || end == status.size()) return std::nullopt;  // Maybe partial.
+  int pid = 0;
+  if (!absl::SimpleAtoi(absl::string_view(status).substr(begin, end - begin), &pid) || pid <= 0) {
+    return std::nullopt;
+  }
+  return pid;
+}
+
+int PollTimeoutMs(absl::Time deadline) {
+  if (deadline == absl::InfiniteFuture()) return -1;
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(left, absl::Milliseconds(1)));
+  return static_cast<int>(std::min<int64_t>(ms, INT_MAX));
+}
+
+// Blocks until `pidfd`'s process has exited or `deadline` passes.
+bool WaitPidfd(int pidfd, absl::Time deadline) {
+  while (true) {
+    struct pollfd p = {pidfd, POLLIN, 0};
+    const int rc = poll(&p, 1, PollTimeoutMs(deadline));
+    if (rc > 0) return true;
+    if (rc == 0) return false;
+    if (errno != EINTR) return false;
+  }
+}
+
+// A pidfd for `child`, a child of `parent` (which we have not reaped, so its
+// pid is still its own); invalid when `child` is gone or is not `parent`'s.
+// Checking the parent after opening makes a recycled pid harmless: if the
+// pid now names another process, the pidfd names the dead one.
+UniqueFd OpenChildPidfd(pid_t child, pid_t parent) {
+  UniqueFd pidfd(PidfdOpen(child));
+  if (!pidfd.valid()) return pidfd;
+  char path[64];
+  snprintf(path, sizeof(path), "/proc/%d/stat", static_cast<int>(child));
+  UniqueFd stat_fd(open(path, O_RDONLY | O_CLOEXEC));
+  if (!stat_fd.valid()) return UniqueFd();
+  char text[512];
+  const ssize_t n = read(stat_fd.get(), text, sizeof(text) - 1);
+  if (n <= 0) return UniqueFd();
+  text[n] = '\0';
+  // "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+  const char* close_paren = strrchr(text, ')');
+  int ppid = 0;
+  char state;
+  if (close_paren == nullptr || sscanf(close_paren + 1, " %c %d", &state, &ppid) != 2 ||
+      ppid != parent) {
+    return UniqueFd();
+  }
+  return pidfd;
+}
+
+absl::Status ValidPath(absl::string_view field, absl::string_view path) {
+  if (path.empty() || path[0] != '/' || absl::StrContains(path, "/../") ||
+      absl::EndsWith(path, "/..")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " must be an absolute path without '..', got \"", path, "\""));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string SandboxSetupHint(const std::string& bwrap_stderr) {
+  const bool namespaces_refused =
+      absl::StrContains(bwrap_stderr, "uid map") ||
+      absl::StrContains(bwrap_stderr, "No permissions to creat") ||
+      absl::StrContains(bwrap_stderr, "Creating new namespace failed") ||
+      absl::StrContains(bwrap_stderr, "setting up uid map") ||
+      absl::StrContains(bwrap_stderr, "Operation not permitted") ||
+      absl::StrContains(bwrap_stderr, "Permission denied");
+  if (absl::StrContains(bwrap_stderr, "execvp")) {
+    return "the program to run is missing from the sandbox: check the interpreter path and "
+           "read_only_paths";
+  }
+  if (!namespaces_refused) return "";
+  return "unprivileged user namespaces seem to be disabled or blocked: the sandbox needs an "
+         "unprivileged uid to create user, pid, mount and network namespaces. Set "
+         "`sysctl -w kernel.unprivileged_userns_clone=1` (Debian) and "
+         "`sysctl -w user.max_user_namespaces=15000`; under AppArmor (Ubuntu >= 23.10) "
+         "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`; in a container, allow "
+         "unshare/clone(CLONE_NEWUSER) (Docker: --security-opt seccomp=unconfined "
+         "--security-opt apparmor=unconfined, or a profile permitting them). Check with "
+         "`setpriv --reuid 990000 --regid 990000 --clear-groups unshare -Ur true`";
+}
+
+absl::Status SandboxOptions::Validate() const {
+  if (absl::Status s = ValidPath("bwrap_path", bwrap_path); !s.ok()) return s;
+  if (absl::Status s = ValidPath("prlimit_path", prlimit_path); !s.ok()) return s;
+  if (absl::Status s = ValidPath("uid_lock_dir", uid_lock_dir); !s.ok()) return s;
+  for (size_t i = 0; i < read_only_paths.size(); ++i) {
+    if (absl::Status s = ValidPath(absl::StrCat("read_only_paths[", i, "]"), read_only_paths[i]);
+        !s.ok()) {
+      return s;
+    }
+  }
+  auto positive = [](absl::string_view field, auto value) -> absl::Status {
+    if (value > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(field, " must be > 0, got ", value));
+  };
+  if (absl::Status s = positive("address_space_bytes", address_space_bytes); !s.ok()) return s;
+  if (cpu_time < absl::Seconds(1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu_time must be >= 1s, got ", absl::FormatDuration(cpu_time)));
+  }
+  // bwrap and its pid-1 reaper take two tasks of the budget.
+  if (max_processes < 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_processes must be >= 3 (bwrap takes 2), got ", max_processes));
+  }
+  if (absl::Status s = positive("max_file_bytes", max_file_bytes); !s.ok()) return s;
+  if (max_open_files < 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_open_files must be >= 16, got ", max_open_files));
+  }
+  if (tmpfs_bytes < 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tmpfs_bytes must be >= 4096, got ", tmpfs_bytes));
+  }
+  if (absl::Status s = positive("output_bytes_kept", output_bytes_kept); !s.ok()) return s;
+  if (uid_base == 0) return absl::InvalidArgumentError("uid_base must be > 0 (never root)");
+  if (uid_count < 1 || uid_count > (1 << 20)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uid_count must be in [1, 1048576], got ", uid_count));
+  }
+  if (uint64_t{uid_base} + static_cast<uint64_t>(uid_count) > uint64_t{0xFFFFFFFE}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("uid_base + uid_count must be < 4294967294, got ", uid_base, " + ",
+                     uid_count));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Sandbox>> Sandbox::Create(SandboxOptions options) {
+  if (absl::Status status = options.Validate(); !status.ok()) return status;
+  absl::StatusOr<std::string> bpf = BuildSeccompFilterBpf();
+  if (!bpf.ok()) return bpf.status();
+  return std::unique_ptr<Sandbox>(new Sandbox(std::move(options), *std::move(bpf)));
+}
+
+absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const {
+  const absl::Time start = absl::Now();
+  if (request.argv.empty()) return absl::InvalidArgumentError("argv must not be empty");
+  if (request.deadline == absl::InfiniteFuture()) {
+    return absl::InvalidArgumentError("deadline must be set");
+  }
+  if (absl::Status s = ValidPath("argv[0]", request.argv[0]); !s.ok()) return s;
+  if (request.files.size() > kMaxFiles) {
+    return absl::InvalidArgumentError(absl::StrCat("at most ", kMaxFiles, " files"));
+  }
+  for (const SandboxFile& file : request.files) {
+    if (absl::Status s = ValidPath("files[].path", file.path); !s.ok()) return s;
+    // bwrap copies the file under the sandbox's RLIMIT_FSIZE.
+    if (file.contents.size() > options_.max_file_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "file ", file.path, " exceeds max_file_bytes (", options_.max_file_bytes, ")"));
+    }
+  }
+  const bool as_root = geteuid() == 0;
+
+  // --- Descriptors. All O_CLOEXEC here; the child places its own copies.
+  UniqueFd dev_null(open("/dev/null", O_RDONLY | O_CLOEXEC));
+  if (!dev_null.valid()) return ErrnoError("open /dev/null");
+  absl::StatusOr<Pipe> out = MakePipe();
+  absl::StatusOr<Pipe> err = MakePipe();
+  absl::StatusOr<Pipe> secret = MakePipe();
+  absl::StatusOr<Pipe> result = MakePipe();
+  absl::StatusOr<Pipe> status = MakePipe();
+  absl::StatusOr<Pipe> report = MakePipe();
+  for (const auto* pipe : {&out, &err, &secret, &result, &status, &report}) {
+    if (!pipe->ok()) return pipe->status();
+  }
+  // The secret fits the pipe's buffer (64 KiB), so writing never blocks.
+  if (request.secret.size() > 4096) return absl::InvalidArgumentError("secret exceeds 4096 bytes");
+  if (absl::Status s = WriteAll(secret->write.get(), request.secret); !s.ok()) return s;
+  secret->write.Reset();
+  absl::StatusOr<UniqueFd> seccomp = MakeMemfd("sluice-seccomp", seccomp_bpf_);
+  if (!seccomp.ok()) return seccomp.status();
+  std::vector<UniqueFd> file_fds;
+  for (const SandboxFile& file : request.files) {
+    absl::StatusOr<UniqueFd> fd = MakeMemfd("sluice-file", file.contents);
+    if (!fd.ok()) return fd.status();
+    file_fds.push_back(*std::move(fd));
+  }
+
+  // --- bwrap's command line.
+  std::vector<std::string> args = {
+      options_.bwrap_path,
+      "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+      "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+      "--hostname", "sandbox",
+  };
+  for (const std::string& path : options_.read_only_paths) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) continue;
+    if (S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX];
+      const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      args.insert(args.end(), {"--symlink", std::string(target, n), path});
+    } else {
+      args.insert(args.end(), {"--ro-bind", path, path});
+    }
+  }
+  const std::string tmpfs_size = absl::StrCat(options_.tmpfs_bytes);
+  args.insert(args.end(), {"--proc", "/proc", "--dev", "/dev",
+                           "--size", tmpfs_size, "--tmpfs", "/tmp",
+                           "--size", tmpfs_size, "--tmpfs", "/dev/shm",
+                           "--remount-ro", "/dev"});
+  for (size_t i = 0; i < request.files.size(); ++i) {
+    args.insert(args.end(),
+                {"--ro-bind-data", absl::StrCat(kFirstFileFd + i), request.files[i].path});
+  }
+  args.insert(args.end(), {"--remount-ro", "/", "--chdir", "/tmp", "--clearenv"});
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/tmp"}, {"TMPDIR", "/tmp"},
+      {"LANG", "C.UTF-8"}};
+  for (const auto& [key, value] : request.env) {
+    auto it = std::find_if(env.begin(), env.end(), [&](const auto& kv) { return kv.first == key; });
+    if (it != env.end()) {
+      it->second = value;
+    } else {
+      env.emplace_back(key, value);
+    }
+  }
+  for (const auto& [key, value] : env) args.insert(args.end(), {"--setenv", key, value});
+  args.insert(args.end(), {"--seccomp", absl::StrCat(kSeccompFd), "--json-status-fd",
+                           absl::StrCat(kStatusFd), "--"});
+  if (!as_root) {
+    // Inside the sandbox's user namespace RLIMIT_NPROC counts only its own
+    // tasks; set before bwrap it would count every task of the server's uid.
+    args.insert(args.end(), {options_.prlimit_path,
+                             absl::StrCat("--nproc=", options_.max_processes), "--"});
+  }
+  args.insert(args.end(), request.argv.begin(), request.argv.end());
+  std::vector<std::string> bwrap_env = {"PATH=/usr/bin:/bin"};
+  std::vector<char*> argv = CStrings(args);
+  std::vector<char*> envp = CStrings(bwrap_env);
+
+  // --- The child's plan.
+  ChildPlan plan = {};
+  plan.path = options_.bwrap_path.c_str();
+  plan.argv = argv.data();
+  plan.envp = envp.data();
+  plan.fds[kStdinFd] = dev_null.get();
+  plan.fds[kStdoutFd] = out->write.get();
+  plan.fds[kStderrFd] = err->write.get();
+  plan.fds[kSecretFd] = secret->read.get();
+  plan.fds[kResultFd] = result->write.get();
+  plan.fds[kSeccompFd] = seccomp->get();
+  plan.fds[kStatusFd] = status->write.get();
+  for (size_t i = 0; i < file_fds.size(); ++i) plan.fds[kFirstFileFd + i] = file_fds[i].get();
+  plan.num_fds = kFirstFileFd + static_cast<int>(file_fds.size());
+  // CPU: the configured limit, or the wall budget when that is shorter (a
+  // busy loop dies by SIGXCPU rather than holding a core until the kill).
+  int64_t cpu_seconds = absl::ToInt64Seconds(absl::Ceil(options_.cpu_time, absl::Seconds(1)));
+  if (request.deadline != absl::InfiniteFuture()) {
+    const int64_t wall =
+        absl::ToInt64Seconds(absl::Ceil(request.deadline - start, absl::Seconds(1))) + 1;
+    cpu_seconds = std::max<int64_t>(1, std::min(cpu_seconds, wall));
+  }
+  auto add_limit = [&plan](int resource, rlim_t soft, rlim_t hard) {
+    plan.resources[plan.num_limits] = resource;
+    plan.limits[plan.num_limits] = {soft, hard};
+    ++plan.num_limits;
+  };
+  add_limit(RLIMIT_CPU, cpu_seconds, cpu_seconds + 1);
+  add_limit(RLIMIT_AS, options_.address_space_bytes, options_.address_space_bytes);
+  add_limit(RLIMIT_FSIZE, options_.max_file_bytes, options_.max_file_bytes);
+  add_limit(RLIMIT_NOFILE, options_.max_open_files, options_.max_open_files);
+  add_limit(RLIMIT_CORE, 0, 0);
+  if (as_root) add_limit(RLIMIT_NPROC, options_.max_processes, options_.max_processes);
+
+  std::unique_ptr<UidLease> root_lease;  // Held until the namespace is empty.
+  if (as_root) {
+    absl::StatusOr<std::unique_ptr<UidLease>> lease = UidLease::Acquire(options_);
+    if (!lease.ok()) return lease.status();
+    root_lease = *std::move(lease);
+    plan.switch_uid = true;
+    plan.uid = root_lease->uid();
+  }
+  plan.parent_pid = getpid();
+  plan.report_fd = report->write.get();
+
+  const pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork");
+  if (pid == 0) RunChild(plan);
+
+  // --- Parent.
+  out->write.Reset();
+  err->write.Reset();
+  result->write.Reset();
+  status->write.Reset();
+  report->write.Reset();
+  seccomp->Reset();
+  file_fds.clear();
+  dev_null.Reset();
+
+  // Blocks only until the child execs (the report pipe closes) or fails.
+  ChildFailure failure = {};
+  ssize_t report_bytes;
+  do {
+    report_bytes = read(report->read.get(), &failure, sizeof(failure));
+  } while (report_bytes < 0 && errno == EINTR);
+  if (report_bytes > 0) {
+    int wait_status;
+    while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+    }
+    const char* step = failure.step == kStepExec     ? "exec"
+                       : failure.step == kStepRlimit ? "setrlimit"
+                       : failure.step == kStepUid    ? "switching to the sandbox uid"
+                                                     : "preparing descriptors";
+    if (failure.step == kStepExec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot execute bwrap at ", options_.bwrap_path, ": ", strerror(failure.error),
+          ". Install bubblewrap (apt-get install bubblewrap) or set bwrap_path"));
+    }
+    if (failure.step == kStepUid) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "running as root, the sandbox could not switch to uid ", plan.uid, ": ",
+          strerror(failure.error),
+          ". The server is root without CAP_SETUID over that uid (e.g. root of a user namespace "
+          "that does not map uid_base..uid_base+uid_count): map that range, pick a mapped "
+          "uid_base, or run the server as an ordinary user"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("sandbox child failed ", step, ": ", strerror(failure.error)));
+  }
+
+  UniqueFd pidfd(PidfdOpen(pid));
+  if (!pidfd.valid()) {
+    const int error = errno;
+    kill(-pid, SIGKILL);
+    kill(pid, SIGKILL);
+    int wait_status;
+    while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+    }
+    return ErrnoError("pidfd_open (Linux >= 5.3 needed)", error);
+  }
+
+  Stream streams[3];
+  streams[0] = {out->read.get(), true, false, options_.output_bytes_kept};
+  streams[1] = {err->read.get(), true, true, options_.output_bytes_kept};
+  streams[2] = {result->read.get(), true, false, kResultBytesKept};
+  Stream status_stream = {status->read.get(), true, false, kStatusBytesKept};
+  for (int fd : {out->read.get(), err->read.get(), result->read.get(), status->read.get()}) {
+    if (absl::Status s = SetNonBlocking(fd); !s.ok()) {
+      kill(-pid, SIGKILL);
+      kill(pid, SIGKILL);
+      int wait_status;
+      while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+      }
+      return s;
+    }
+  }
+
+  UniqueFd init_pidfd;  // The pid namespace's init (bwrap's reaper), once known.
+  std::optional<Termination> killed_for;
+  bool reaped = false;
+  int wait_status = 0;
+  absl::Time drain_deadline = absl::InfiniteFuture();
+  auto kill_run = [&](Termination reason) {
+    if (killed_for.has_value()) return;
+    killed_for = reason;
+    if (init_pidfd.valid()) PidfdSendSignal(init_pidfd.get(), SIGKILL);
+    if (!reaped) kill(-pid, SIGKILL);
+  };
+  std::vector<char> buffer(kReadChunk);
+  while (true) {
+    const bool pipes_open = streams[0].open || streams[1].open || streams[2].open;
+    if (reaped && (!pipes_open || absl::Now() >= drain_deadline)) break;
+    struct pollfd fds[5];
+    Stream* polled[5];
+    int n = 0;
+    for (Stream* stream : {&streams[0], &streams[1], &streams[2], &status_stream}) {
+      if (!stream->open) continue;
+      fds[n] = {stream->fd, POLLIN, 0};
+      polled[n++] = stream;
+    }
+    const int pidfd_index = n;
+    if (!reaped) fds[n++] = {pidfd.get(), POLLIN, 0};
+    absl::Time wake = reaped ? drain_deadline
+                             : (killed_for.has_value() ? absl::InfiniteFuture() : request.deadline);
+    const int rc = poll(fds, n, PollTimeoutMs(wake));
+    if (rc < 0 && errno != EINTR) {
+      kill_run(Termination::kDeadline);
+      continue;  // The pidfd still reports the exit.
+    }
+    if (!reaped && !killed_for.has_value() && absl::Now() >= request.deadline) {
+      kill_run(Termination::kDeadline);
+      continue;
+    }
+    for (int i = 0; i < pidfd_index; ++i) {
+      if (fds[i].revents == 0) continue;
+      polled[i]->ReadSome(buffer.data());
+      if (polled[i] == &status_stream && !init_pidfd.valid() && !reaped) {
+        if (std::optional<pid_t> init = ParseChildPid(status_stream.kept); init.has_value()) {
+          init_pidfd = OpenChildPidfd(*init, pid);
+          // A kill before this point reaches the init through
+          // --die-with-parent; this one makes sure.
+          if (killed_for.has_value() && init_pidfd.valid()) {
+            PidfdSendSignal(init_pidfd.get(), SIGKILL);
+          }
+        }
+      }
+    }
+    const uint64_t output = streams[0].total + streams[1].total + streams[2].total;
+    if (options_.max_output_bytes > 0 && output > options_.max_output_bytes) {
+      kill_run(Termination::kOutputLimit);
+    }
+    if (!reaped && pidfd_index < n && fds[pidfd_index].revents != 0) {
+      while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+      }
+      reaped = true;
+      drain_deadline = absl::Now() + kDrainGrace;
+    }
+  }
+  // bwrap exits after its init, and the init after the kernel emptied the
+  // namespace; but a killed bwrap does not wait for its init: do it here.
+  if (init_pidfd.valid()) {
+    if (killed_for.has_value()) PidfdSendSignal(init_pidfd.get(), SIGKILL);
+    WaitPidfd(init_pidfd.get(), absl::Now() + kNamespaceExitGrace);
+  }
+
+  SandboxResult run;
+  int unread_secret = 0;
+  run.started = !request.secret.empty() &&
+                ioctl(secret->read.get(), FIONREAD, &unread_secret) == 0 && unread_secret == 0;
+  for (Stream& stream : streams) stream.Finish();
+  run.stdout_text = std::move(streams[0].kept);
+  run.stderr_text = std::move(streams[1].kept);
+  run.result = std::move(streams[2].kept);
+  run.stdout_bytes = streams[0].total;
+  run.stderr_bytes = streams[1].total;
+  run.wall_time = absl::Now() - start;
+  if (killed_for.has_value()) {
+    run.termination = *killed_for;
+    return run;
+  }
+  if (WIFSIGNALED(wait_status)) {
+    // bwrap itself was killed (not by us): the sandbox went with it.
+    run.termination = Termination::kSignaled;
+    run.signal = WTERMSIG(wait_status);
+    return run;
+  }
+  const int code = WEXITSTATUS(wait_status);
+  // bwrap reports set-up failures as "bwrap: ..." and status 1, before the
+  // program could read its secret.
+  if (code == 1 && !run.started && absl::StartsWith(run.stderr_text, "bwrap: ")) {
+    std::string message = run.stderr_text;
+    while (!message.empty() && (message.back() == '\n' || message.back() == ' ')) {
+      message.pop_back();
+    }
+    const std::string hint = SandboxSetupHint(message);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sandbox set-up failed: ", message, hint.empty() ? "" : " -- ", hint));
+  }
+  // bwrap's init reports a program killed by signal N as status 128 + N.
+  // (A program calling _exit(128 + N) itself reads the same.)
+  if (code > 128 && code < 128 + NSIG) {
+    run.termination = Termination::kSignaled;
+    run.signal = code - 128;
+    return run;
+  }
+  run.termination = Termination::kExited;
+  run.exit_code = code;
+  return run;
+}
+
+absl::Status Sandbox::CheckAvailable(std::vector<std::string> argv) const {
+  SandboxRequest request;
+  request.argv = std::move(argv);
+  request.deadline = absl::Now() + absl::Seconds(30);
+  absl::StatusOr<SandboxResult> run = Run(request);
+  if (!run.ok()) return run.status();
+  if (run->termination == Termination::kExited && run->exit_code == 0) return absl::OkStatus();
+  std::string what = run->termination == Termination::kExited
+                         ? absl::StrCat("exited with status ", run->exit_code)
+                     : run->termination == Termination::kSignaled
+                         ? absl::StrCat("was killed by signal ", run->signal)
+                         : std::string("did not finish within 30s");
+  const std::string hint = SandboxSetupHint(run->stderr_text);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "sandbox self-check: ", request.argv.empty() ? "" : request.argv[0], " ", what,
+      run->stderr_text.empty() ? "" : absl::StrCat("; stderr: ", run->stderr_text),
+      hint.empty() ? "" : absl::StrCat(" -- ", hint)));
+}
+
+}  // namespace sluice::reward_server::sandbox

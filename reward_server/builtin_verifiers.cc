@@ -4,6 +4,8 @@
 
 #include "common/status_macros.h"
 #include "reward_server/exact_match_verifier.h"
+#include "reward_server/format_verifier.h"
+#include "reward_server/length_verifier.h"
 
 namespace sluice::reward_server {
 
@@ -15,6 +17,8 @@ absl::StatusOr<VerifierRegistry> MakeBuiltinVerifierRegistry(
   RETURN_IF_ERROR(registry.Register(std::make_shared<MathVerifier>(options.math)));
   RETURN_IF_ERROR(registry.Register(std::make_shared<ExactMatchVerifier>()));
   RETURN_IF_ERROR(registry.Register(std::make_shared<CodeVerifier>(options.code)));
+  RETURN_IF_ERROR(registry.Register(std::make_shared<FormatVerifier>()));
+  RETURN_IF_ERROR(registry.Register(std::make_shared<LengthVerifier>()));
   return registry;
 }
 

@@ -21,7 +21,8 @@ std::vector<WeightedVerifier> CompositionFromProto(
   std::vector<WeightedVerifier> composition;
   composition.reserve(proto.size());
   for (const v1::WeightedVerifier& entry : proto) {
-    composition.push_back({entry.name(), entry.weight()});
+    composition.push_back(
+        {entry.name(), entry.weight(), {entry.params().begin(), entry.params().end()}});
   }
   return composition;
 }

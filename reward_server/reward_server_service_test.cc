@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -196,12 +197,68 @@ TEST_F(RewardServiceTest, ListVerifiersDescribesEachVerifierSortedByName) {
   ASSERT_TRUE(stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response).ok());
   std::vector<std::string> names;
   for (const v1::VerifierInfo& info : response.verifiers()) names.push_back(info.name());
-  EXPECT_THAT(names, ElementsAre("exact_match", "math"));
-  const v1::VerifierInfo& math = response.verifiers(1);
+  EXPECT_THAT(names, ElementsAre("code", "exact_match", "format", "length", "math"));
+  const v1::VerifierInfo& math = response.verifiers(4);
   EXPECT_EQ(math.default_timeout_ms(), 5000);
   EXPECT_EQ(math.max_timeout_ms(), 60000);
   EXPECT_THAT(math.required_fields(), ElementsAre("reference_answer"));
   EXPECT_FALSE(math.description().empty());
+  const v1::VerifierInfo& code = response.verifiers(0);
+  EXPECT_EQ(code.default_timeout_ms(), 10000);
+  EXPECT_THAT(code.required_fields(), ElementsAre("test", "entry_point"));
+}
+
+// Math, code (passing, hanging, exiting early) and a composition with run
+// params in one batch through the real service: the hanging program is a
+// timeout at its own deadline and the others are unaffected.
+TEST_F(RewardServiceTest, OneBatchOfEveryVerifierKind) {
+  Start();
+  v1::ScoreBatchRequest request;
+  AddItem(&request, "latex", "math", "so the answer is $\\boxed{\\dfrac{2}{4}}$", "0.5");
+  AddItem(&request, "symbolic", "math", "\\boxed{(x+1)^2}", "x^2+2x+1");
+  const auto code = [&request](const std::string& id, const std::string& body,
+                               int64_t timeout_ms) {
+    v1::ScoreItem* item = request.add_items();
+    item->set_item_id(id);
+    item->set_verifier("code");
+    item->set_prompt("def add(a, b):\n");
+    item->set_response(body);
+    item->set_test("def check(candidate):\n    assert candidate(2, 3) == 5\n");
+    item->set_entry_point("add");
+    item->set_timeout_ms(timeout_ms);
+  };
+  code("pass", "    return a + b\n", 0);
+  code("hang", "    while True:\n        pass\n", 1500);
+  code("early_exit", "    import sys\n    sys.exit(0)\n", 0);
+  v1::ScoreItem* composed = request.add_items();
+  composed->set_item_id("composed");
+  composed->set_response("<think>3+4</think> \\boxed{7}");
+  composed->set_reference_answer("7");
+  v1::WeightedVerifier* math = request.add_composition();
+  math->set_name("math");
+  math->set_weight(1);
+  v1::WeightedVerifier* format = request.add_composition();
+  format->set_name("format");
+  format->set_weight(1);
+  (*format->mutable_params())["format"] = "think_answer";
+
+  v1::ScoreBatchResponse response;
+  ASSERT_TRUE(Score(request, &response).ok());
+  ASSERT_EQ(response.results_size(), 6);
+  std::map<std::string, v1::VerifierResult> by_id;
+  for (const auto& result : response.results()) by_id[result.item_id()] = result.result();
+  EXPECT_EQ(by_id["latex"].reward(), 1.0) << by_id["latex"].detail();
+  EXPECT_EQ(by_id["symbolic"].reward(), 1.0) << by_id["symbolic"].detail();
+  EXPECT_EQ(by_id["pass"].reward(), 1.0) << by_id["pass"].detail();
+  EXPECT_EQ(by_id["pass"].tests_passed(), 1);
+  EXPECT_EQ(by_id["hang"].error_kind(), v1::VERIFIER_ERROR_TIMEOUT);
+  EXPECT_EQ(by_id["hang"].reward(), 0.0);
+  EXPECT_EQ(by_id["early_exit"].reward(), 0.0);
+  EXPECT_EQ(by_id["early_exit"].error_kind(), v1::VERIFIER_ERROR_NONE);
+  EXPECT_EQ(by_id["composed"].reward(), 1.0);
+  ASSERT_EQ(by_id["composed"].components_size(), 2);
+  EXPECT_EQ(by_id["composed"].components(1).verifier_name(), "format");
+  EXPECT_THAT(Metrics(), HasSubstr("error_kind=\"timeout\",verifier=\"code\""));
 }
 
 TEST_F(RewardServiceTest, AfterScorerShutdownScoreBatchIsUnavailable) {

@@ -404,7 +404,7 @@ absl::StatusOr<BatchScores> Scorer::ScoreBatch(std::vector<ScoreItem> items,
     }
     std::vector<WeightedVerifier> wanted;
     if (!item.verifier.empty()) {
-      wanted.push_back({item.verifier, 1.0});
+      wanted.push_back({item.verifier, 1.0, {}});
     } else if (!composition.empty()) {
       plan.composite = true;
       wanted = composition;
@@ -435,15 +435,23 @@ absl::StatusOr<BatchScores> Scorer::ScoreBatch(std::vector<ScoreItem> items,
     for (size_t c = 0; c < wanted.size(); ++c) {
       Component component;
       component.weight = wanted[c].weight > 0 ? wanted[c].weight : 1.0;
+      std::shared_ptr<const VerifyRequest> component_request = request;
+      if (!wanted[c].params.empty()) {
+        // This component's run parameters fill the metadata keys the item
+        // left unset; the other components keep sharing the item's request.
+        auto with_params = std::make_shared<VerifyRequest>(*request);
+        for (const auto& [key, value] : wanted[c].params) with_params->metadata.emplace(key, value);
+        component_request = std::move(with_params);
+      }
       if (verifiers[c] == nullptr) {
         component.decided = UnknownVerifierOutcome(wanted[c].name);
       } else if (std::optional<VerifyOutcome> invalid =
-                     CheckRequiredFields(*verifiers[c], *request)) {
+                     CheckRequiredFields(*verifiers[c], *component_request)) {
         component.decided = std::move(invalid);
       } else {
         component.job = std::make_shared<Job>();
         component.job->verifier = verifiers[c];
-        component.job->request = request;
+        component.job->request = std::move(component_request);
         component.job->batch = progress;
         jobs.push_back(component.job);
       }

@@ -1,6 +1,7 @@
 #ifndef SLUICE_REWARD_SERVER_SCORER_H_
 #define SLUICE_REWARD_SERVER_SCORER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,9 @@ struct ScorerOptions {
 struct WeightedVerifier {
   std::string name;
   double weight = 0.0;  // > 0; 0 means 1.0.
+  // Per-run parameters: defaults for the request's metadata when this
+  // verifier runs (a key the item's metadata sets wins).
+  std::map<std::string, std::string> params;
 };
 
 // Largest composition ScoreBatch accepts.

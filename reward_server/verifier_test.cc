@@ -121,7 +121,7 @@ TEST(BuiltinVerifiersTest, RegistryOffersEveryBuiltinVerifier) {
   ASSERT_TRUE(registry.ok()) << registry.status();
   std::vector<std::string> names;
   for (const auto& verifier : registry->List()) names.push_back(verifier->name());
-  EXPECT_THAT(names, ElementsAre("code", "exact_match", "math"));
+  EXPECT_THAT(names, ElementsAre("code", "exact_match", "format", "length", "math"));
   VerifyRequest request;
   request.response = "07+45=52";
   request.reference_answer = "52";

@@ -359,6 +359,10 @@ class RolloutRun::Impl {
       item->set_prompt(prompt.text());
       item->set_timeout_ms(spec_.reward().item_timeout_ms());
       *item->mutable_metadata() = prompt.metadata();
+      // For the "length" verifier: the completion's length in the run's own
+      // tokens, which the reward server cannot count from the text.
+      (*item->mutable_metadata())["completion_tokens"] =
+          absl::StrCat(completions[i].tokens.size());
     }
     const absl::Time score_start = absl::Now();
     absl::StatusOr<v1::ScoreBatchResponse> scored;

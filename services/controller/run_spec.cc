@@ -3,6 +3,7 @@
 #include "replay_buffer/run_table.h"
 
 #include <cmath>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "common/model/model_config.h"
 #include "common/task/char_tokenizer.h"
+#include "reward_server/verifier_params.h"
 
 namespace sluice::controller {
 namespace {
@@ -299,6 +301,10 @@ void ValidateReward(const RunSpec& spec, Problems& problems) {
     if (!(v.weight() > 0) || std::isinf(v.weight())) {
       problems.Add(absl::StrCat("reward.verifiers[", i, "].weight"), "must be > 0, got ",
                    v.weight());
+    }
+    const std::map<std::string, std::string> params(v.params().begin(), v.params().end());
+    if (absl::Status valid = reward_server::ValidateVerifierParams(v.name(), params); !valid.ok()) {
+      problems.Add(absl::StrCat("reward.verifiers[", i, "].params"), valid.message());
     }
   }
   if (r.item_timeout_ms() < 0) {

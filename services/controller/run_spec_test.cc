@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -253,6 +254,33 @@ TEST(ValidateRunSpecTest, Ranges) {
     c.set(spec);
     EXPECT_THAT(ProblemsOf(spec), HasSubstr(c.expected));
   }
+}
+
+TEST(ValidateRunSpecTest, VerifierParamsAreCheckedAtSubmission) {
+  const auto with = [](const std::string& name, std::map<std::string, std::string> params) {
+    v1::RunSpec spec = ArithmeticSpec();
+    v1::WeightedVerifier* v = spec.mutable_reward()->add_verifiers();
+    v->set_name(name);
+    v->set_weight(1);
+    for (const auto& [key, value] : params) (*v->mutable_params())[key] = value;
+    return ProblemsOf(spec);
+  };
+  EXPECT_THAT(with("length", {{"max_lenght", "10"}}),
+              HasSubstr("reward.verifiers[0].params: max_lenght: not a parameter of \"length\""));
+  EXPECT_THAT(with("length", {{"length_cache", "4"}}),
+              HasSubstr("reward.verifiers[0].params: max_length: required"));
+  EXPECT_THAT(with("length", {{"max_length", "10"}, {"length_cache", "20"}}),
+              HasSubstr("length_cache: must be in [0, 10], got 20"));
+  EXPECT_THAT(with("format", {{"format_regex", "(unclosed"}}),
+              HasSubstr("format_regex: not a valid RE2 pattern"));
+  EXPECT_THAT(with("format", {{"format", "xml"}}), HasSubstr("format: must be one of"));
+  EXPECT_THAT(with("math", {{"precision", "99"}}), HasSubstr("precision: must be in [0, 15]"));
+  EXPECT_THAT(with("code", {{"x", "1"}}), HasSubstr("x: not a parameter of \"code\""));
+  // Good params, and verifiers that are not built in, pass.
+  EXPECT_EQ(with("length", {{"max_length", "10"}, {"length_cache", "4"}, {"length_unit", "tokens"}}),
+            "");
+  EXPECT_EQ(with("format", {{"format_regex", "^<think>"}, {"format_full_match", "false"}}), "");
+  EXPECT_EQ(with("my_verifier", {{"anything", "goes"}}), "");
 }
 
 TEST(ValidateRunSpecTest, NanIsOutOfEveryRange) {

@@ -22,6 +22,7 @@ packages=(
   # python3-sympy is bench_reward's baseline checker; clang builds the
   # libFuzzer target (libclang-rt-dev holds libFuzzer itself).
   libginac-dev libcln-dev bubblewrap libseccomp-dev python3 python3-sympy clang libclang-rt-dev
+  libre2-dev zlib1g-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # Used by tests and scripts to talk HTTP to /metrics.

@@ -5,6 +5,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "reward_server/builtin_verifiers.h"
 #include "reward_server/reward_server_service.h"
@@ -23,6 +24,10 @@ int main(int argc, char** argv) {
   });
   reward::ScorerOptions scorer_options;
   reward::RewardServiceOptions service_options;
+  reward::BuiltinVerifierOptions verifier_options;
+  reward::sandbox::SandboxOptions& sandbox = verifier_options.code.sandbox;
+  bool require_sandbox = false;
+  int64_t sandbox_memory_mb = static_cast<int64_t>(sandbox.address_space_bytes >> 20);
   main.app()
       .add_option("--workers", scorer_options.num_workers,
                   "threads running verifiers; items beyond this many wait in a queue")
@@ -32,6 +37,30 @@ int main(int argc, char** argv) {
                   "largest number of items one ScoreBatch may carry")
       ->capture_default_str();
 
+  main.app()
+      .add_option("--python", verifier_options.code.python_path,
+                  "python3 the code verifier runs inside its sandbox")
+      ->capture_default_str();
+  main.app()
+      .add_option("--bwrap", sandbox.bwrap_path, "bubblewrap, the code sandbox's launcher")
+      ->capture_default_str();
+  main.app()
+      .add_option("--sandbox-memory-mb", sandbox_memory_mb,
+                  "address-space limit of each sandboxed program (RLIMIT_AS)")
+      ->capture_default_str();
+  main.app()
+      .add_option("--sandbox-max-processes", sandbox.max_processes,
+                  "processes and threads one sandboxed program may hold at once")
+      ->capture_default_str();
+  main.app()
+      .add_option("--sandbox-uid-base", sandbox.uid_base,
+                  "when root: first uid of the range sandboxed programs run as (one per "
+                  "concurrent run)")
+      ->capture_default_str();
+  main.app().add_flag("--require-sandbox", require_sandbox,
+                      "refuse to start when the code sandbox does not work (default: start, "
+                      "log why, and answer code items with error kind sandbox)");
+
   return main.Run(argc, argv, [&](ServiceContext& context) -> absl::Status {
     if (absl::Status valid = scorer_options.Validate(); !valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--workers: ", valid.message()));
@@ -39,7 +68,31 @@ int main(int argc, char** argv) {
     if (absl::Status valid = service_options.Validate(); !valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("--max-batch-items: ", valid.message()));
     }
-    ASSIGN_OR_RETURN(reward::VerifierRegistry registry, reward::MakeBuiltinVerifierRegistry());
+    if (sandbox_memory_mb <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sandbox-memory-mb: must be > 0, got ", sandbox_memory_mb));
+    }
+    sandbox.address_space_bytes = static_cast<uint64_t>(sandbox_memory_mb) << 20;
+    if (absl::Status valid = verifier_options.code.Validate(); !valid.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("code sandbox flags: ", valid.message()));
+    }
+    // Run one program through the sandbox now, so that an operator learns at
+    // start-up, not from a run's rewards, that code cannot be verified here.
+    if (absl::Status sandbox_ok = reward::CheckSandboxAvailable(verifier_options.code);
+        !sandbox_ok.ok()) {
+      if (require_sandbox) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("--require-sandbox: ", sandbox_ok.message()));
+      }
+      sluice::log::Error("the code sandbox does not work; \"code\" items will get error kind "
+                         "sandbox (math, format, length and exact_match are unaffected)",
+                         {{"reason", std::string(sandbox_ok.message())}});
+    } else {
+      sluice::log::Info("code sandbox ready", {{"bwrap", sandbox.bwrap_path},
+                                               {"python", verifier_options.code.python_path}});
+    }
+    ASSIGN_OR_RETURN(reward::VerifierRegistry registry,
+                     reward::MakeBuiltinVerifierRegistry(verifier_options));
     ASSIGN_OR_RETURN(std::unique_ptr<reward::Scorer> scorer,
                      reward::Scorer::Create(
                          std::make_shared<const reward::VerifierRegistry>(std::move(registry)),

@@ -6,6 +6,7 @@
 //   sluice submit SPEC.yaml [--target ADDR] [--watch] [--validate-only]
 //   sluice runs get|cancel|watch RUN_ID [--target ADDR]; sluice runs list
 //   sluice buffer stats --target ADDR --run-id ID [--json]
+//   sluice score --input IN.jsonl --output OUT.jsonl [--verifier V] [--target ADDR]
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -30,6 +31,7 @@
 #include "services/cli/local_stack.h"
 #include "services/cli/quickstart_spec.h"
 #include "services/cli/run_client.h"
+#include "services/cli/score_command.h"
 #include "services/controller/spec_yaml.h"
 #include "services/runtime/health_client.h"
 #include "services/runtime/service_main.h"
@@ -423,6 +425,9 @@ int main(int argc, char** argv) {
   sluice::cli::BufferStatsFlags buffer_stats_flags;
   CLI::App* buffer = sluice::cli::AddBufferCommand(app, &buffer_stats_flags);
 
+  sluice::cli::ScoreFlags score_flags;
+  CLI::App* score = sluice::cli::AddScoreCommand(app, &score_flags);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -451,6 +456,10 @@ int main(int argc, char** argv) {
   if (*buffer) {
     UnblockTerminationSignals();
     return sluice::cli::RunBufferStats(buffer_stats_flags, std::cout, std::cerr);
+  }
+  if (*score) {
+    UnblockTerminationSignals();
+    return sluice::cli::RunScore(score_flags, std::cerr);
   }
   return 2;
 }

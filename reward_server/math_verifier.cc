@@ -401,17 +401,6 @@ std::optional<absl::string_view> LastMathSpan(absl::string_view s) {
   return last;
 }
 
-// Removes whitespace and "$" for the non-numeric fallback comparison.
-std::string LooseForm(absl::string_view text) {
-  std::string loose;
-  loose.reserve(text.size());
-  for (const char c : text) {
-    if (absl::ascii_isspace(static_cast<unsigned char>(c)) || c == '$') continue;
-    loose.push_back(c);
-  }
-  return loose;
-}
-
 std::string Quoted(absl::string_view text) {
   std::string shown(text);
   TruncateUtf8(&shown, kDetailNumberBytes);

@@ -41,10 +41,12 @@ for line in open("testdata/math_verify/cases.jsonl", encoding="utf-8"):
             f.write(data)
 PY
 echo "fuzz.sh: fuzzing for ${seconds} s from $(ls "$corpus" | wc -l) seeds"
-ASAN_OPTIONS=detect_leaks=1 "$build/bin/math_fuzz" "$corpus" \
+status=0
+ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS="suppressions=$PWD/reward_server/fuzz/lsan.supp" \
+  "$build/bin/math_fuzz" "$corpus" \
   -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-  -artifact_prefix="$build/artifacts/" -print_final_stats=1 2>&1 | tail -25
-status=${PIPESTATUS[0]}
+  -artifact_prefix="$build/artifacts/" -print_final_stats=1 >"$build/fuzz.log" 2>&1 || status=$?
+tail -25 "$build/fuzz.log"
 if [[ $status != 0 ]]; then
   echo "fuzz.sh: the fuzzer found a problem (exit $status); reproducer in $build/artifacts/" >&2
   exit "$status"

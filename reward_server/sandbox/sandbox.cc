@@ -583,12 +583,14 @@ absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const 
   std::vector<std::pair<std::string, std::string>> env = {
       {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/tmp"}, {"TMPDIR", "/tmp"},
       {"LANG", "C.UTF-8"}};
-  for (const auto& [key, value] : request.env) {
+  for (const auto& entry : request.env) {
+    // (Not a structured binding: C++17 lambdas cannot capture those.)
+    const std::string& key = entry.first;
     auto it = std::find_if(env.begin(), env.end(), [&](const auto& kv) { return kv.first == key; });
     if (it != env.end()) {
-      it->second = value;
+      it->second = entry.second;
     } else {
-      env.emplace_back(key, value);
+      env.emplace_back(key, entry.second);
     }
   }
   for (const auto& [key, value] : env) args.insert(args.end(), {"--setenv", key, value});

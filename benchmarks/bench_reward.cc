@@ -37,6 +37,7 @@
 #include "nlohmann/json.hpp"
 #include "reward_server/code_verifier.h"
 #include "reward_server/math/math_equivalence.h"
+#include "reward_server/math/math_verify_cases.h"
 
 extern char** environ;
 
@@ -56,42 +57,7 @@ struct Flags {
   bool quick = false;
 };
 
-struct MathCase {
-  std::string gold, prediction, category;
-  bool expected = false;
-  reward::MathCompareOptions options;
-};
-
-std::vector<MathCase> LoadCases(const std::string& path) {
-  std::vector<MathCase> cases;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) {
-    const json row = json::parse(line, nullptr, false);
-    if (!row.is_object()) continue;
-    MathCase c;
-    c.gold = row.value("gold", "");
-    c.prediction = row.value("prediction", "");
-    c.category = row.value("test", "");
-    c.expected = row.value("expected", false);
-    if (row.contains("precision") && row["precision"].is_number_integer()) {
-      c.options.precision = row["precision"].get<int>();
-    }
-    if (row.contains("strict") && row["strict"].is_boolean()) c.options.strict = row["strict"];
-    if (row.contains("allow_set_relation_comp") && row["allow_set_relation_comp"].is_boolean()) {
-      c.options.allow_set_relation_comp = row["allow_set_relation_comp"];
-    }
-    if (row.contains("match_types") && row["match_types"].is_array()) {
-      c.options.match_latex = c.options.match_expr = false;
-      for (const auto& type : row["match_types"]) {
-        c.options.match_latex |= type == "latex";
-        c.options.match_expr |= type == "expr";
-      }
-    }
-    cases.push_back(std::move(c));
-  }
-  return cases;
-}
+using MathCase = reward::MathVerifyCase;
 
 // Comparisons per second on `threads` threads, each cycling through the
 // cases from a different start, for `seconds`.
@@ -231,11 +197,12 @@ int main(int argc, char** argv) {
 
   json out;
   // ---- math ---------------------------------------------------------------
-  const std::vector<MathCase> cases = LoadCases(flags.cases);
-  if (cases.empty()) {
+  absl::StatusOr<std::vector<MathCase>> loaded = reward::LoadMathVerifyCases(flags.cases);
+  if (!loaded.ok() || loaded->empty()) {
     std::cerr << "bench_reward: no cases in " << flags.cases << "\n";
     return 1;
   }
+  const std::vector<MathCase>& cases = *loaded;
   int agree = 0;
   for (const MathCase& c : cases) {
     agree += reward::CompareMathAnswers(c.gold, c.prediction, c.options).equal == c.expected;

@@ -4,13 +4,12 @@
 // subset run with Math-Verify's default options must agree on >= 95%.
 
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <string>
 
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
 #include "reward_server/math/math_equivalence.h"
+#include "reward_server/math/math_verify_cases.h"
 
 namespace sluice::reward_server {
 namespace {
@@ -22,38 +21,18 @@ struct Tally {
 };
 
 TEST(MathVerifyCasesTest, AgreesWithMathVerifyOnItsTestCases) {
-  const std::string path = std::string(SLUICE_TESTDATA_DIR) + "/math_verify/cases.jsonl";
-  std::ifstream in(path);
-  ASSERT_TRUE(in) << "cannot open " << path;
+  absl::StatusOr<std::vector<MathVerifyCase>> cases =
+      LoadMathVerifyCases(std::string(SLUICE_TESTDATA_DIR) + "/math_verify/cases.jsonl");
+  ASSERT_TRUE(cases.ok()) << cases.status();
   Tally overall, defaults;
   std::map<std::string, Tally> by_category;
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty()) continue;
-    const nlohmann::json c = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    ASSERT_FALSE(c.is_discarded()) << line;
-    MathCompareOptions options;
-    bool is_default = true;  // The verify(parse(gold), parse(pred)) lines.
-    if (c.contains("match_types") && c["match_types"].is_array()) {
-      options.match_latex = options.match_expr = false;
-      for (const nlohmann::json& type : c["match_types"]) {
-        if (type == "latex") options.match_latex = true;
-        if (type == "expr") options.match_expr = true;
-      }
-      options.precision = c.value("precision", 6);
-      options.strict = c.value("strict", true);
-      options.allow_set_relation_comp = c.value("allow_set_relation_comp", false);
-      is_default = options.match_latex && options.match_expr && options.precision == 6 &&
-                   options.strict && !options.allow_set_relation_comp;
-    }
-    const MathComparison result =
-        CompareMathAnswers(c.value("gold", ""), c.value("prediction", ""), options);
-    const bool agree = result.equal == c.value("expected", false);
-    for (Tally* tally : {&overall, &by_category[c.value("test", "unknown")]}) {
+  for (const MathVerifyCase& c : *cases) {
+    const bool agree = CompareMathAnswers(c.gold, c.prediction, c.options).equal == c.expected;
+    for (Tally* tally : {&overall, &by_category[c.category]}) {
       ++tally->total;
       tally->agree += agree;
     }
-    if (is_default) {
+    if (c.default_options) {
       ++defaults.total;
       defaults.agree += agree;
     }

@@ -16,6 +16,7 @@
 
 #include "nlohmann/json.hpp"
 #include "reward_server/math/math_equivalence.h"
+#include "reward_server/math/math_verify_cases.h"
 
 namespace {
 
@@ -24,6 +25,8 @@ using ::sluice::reward_server::CompareMathAnswers;
 using ::sluice::reward_server::MathCompareErrorName;
 using ::sluice::reward_server::MathCompareOptions;
 using ::sluice::reward_server::MathComparison;
+using ::sluice::reward_server::LoadMathVerifyCases;
+using ::sluice::reward_server::MathVerifyCase;
 
 struct Tally {
   int total = 0;
@@ -54,44 +57,23 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  std::ifstream in(cases_path);
-  if (!in) {
-    std::cerr << "cannot open " << cases_path << "\n";
+  absl::StatusOr<std::vector<MathVerifyCase>> cases = LoadMathVerifyCases(cases_path);
+  if (!cases.ok()) {
+    std::cerr << cases.status().message() << "\n";
     return 1;
   }
   Tally overall, defaults;
   std::map<std::string, Tally> by_category;
   json disagreements = json::array();
-  std::string line;
-  int line_number = 0;
-  while (std::getline(in, line)) {
-    ++line_number;
-    if (line.empty()) continue;
-    json c = json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (c.is_discarded()) {
-      std::cerr << cases_path << ":" << line_number << ": bad JSON\n";
-      return 1;
-    }
-    MathCompareOptions options;
-    bool is_default = true;
-    if (c.contains("match_types") && c["match_types"].is_array()) {
-      options.match_latex = options.match_expr = false;
-      for (const json& type : c["match_types"]) {
-        if (type == "latex") options.match_latex = true;
-        if (type == "expr") options.match_expr = true;
-      }
-      options.precision = c.value("precision", 6);
-      options.strict = c.value("strict", true);
-      options.allow_set_relation_comp = c.value("allow_set_relation_comp", false);
-      is_default = options.match_latex && options.match_expr && options.precision == 6 &&
-                   options.strict && !options.allow_set_relation_comp;
-    }
-    const std::string gold = c.value("gold", "");
-    const std::string prediction = c.value("prediction", "");
-    const bool expected = c.value("expected", false);
-    const MathComparison result = CompareMathAnswers(gold, prediction, options);
+  for (const MathVerifyCase& c : *cases) {
+    const int line_number = c.line;
+    const std::string& gold = c.gold;
+    const std::string& prediction = c.prediction;
+    const bool expected = c.expected;
+    const bool is_default = c.default_options;
+    const MathComparison result = CompareMathAnswers(gold, prediction, c.options);
     const bool agree = result.equal == expected;
-    const std::string category = c.value("test", "unknown");
+    const std::string& category = c.category;
     for (Tally* tally : {&overall, &by_category[category]}) {
       ++tally->total;
       tally->agree += agree;

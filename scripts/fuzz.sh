@@ -21,10 +21,11 @@ build=${SLUICE_FUZZ_BUILD_DIR:-build-fuzz}
 flags="-fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined -g -O1"
 launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+mkdir -p "$build"
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
-  -DCMAKE_CXX_FLAGS="$flags" -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF >"$build.configure.log" 2>&1 ||
-  { cat "$build.configure.log"; exit 1; }
+  -DCMAKE_CXX_FLAGS="$flags" -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF >"$build/configure.log" 2>&1 ||
+  { cat "$build/configure.log"; exit 1; }
 ninja -C "$build" math_fuzz
 corpus="$build/corpus"
 mkdir -p "$corpus" "$build/artifacts"

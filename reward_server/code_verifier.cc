@@ -293,16 +293,7 @@ absl::Status CodeVerifierOptions::Validate() const {
   if (absl::Status status = sandbox.Validate(); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sandbox.", status.message()));
   }
-  if (default_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("default_timeout must be > 0, got ", absl::FormatDuration(default_timeout)));
-  }
-  if (max_timeout < default_timeout) {
-    return absl::InvalidArgumentError(absl::StrCat("max_timeout must be >= default_timeout (",
-                                                   absl::FormatDuration(default_timeout), "), got ",
-                                                   absl::FormatDuration(max_timeout)));
-  }
-  return absl::OkStatus();
+  return ValidateVerifierTimeouts(default_timeout, max_timeout);
 }
 
 CodeVerifier::CodeVerifier(CodeVerifierOptions options)

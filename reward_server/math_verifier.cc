@@ -476,16 +476,7 @@ absl::Status MathVerifierOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("relative_tolerance must be in [0, 1), got ", relative_tolerance));
   }
-  if (default_timeout <= absl::ZeroDuration()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("default_timeout must be > 0, got ", absl::FormatDuration(default_timeout)));
-  }
-  if (max_timeout < default_timeout) {
-    return absl::InvalidArgumentError(absl::StrCat("max_timeout must be >= default_timeout (",
-                                                   absl::FormatDuration(default_timeout), "), got ",
-                                                   absl::FormatDuration(max_timeout)));
-  }
-  return absl::OkStatus();
+  return ValidateVerifierTimeouts(default_timeout, max_timeout);
 }
 
 MathVerifier::MathVerifier(MathVerifierOptions options)

@@ -128,4 +128,18 @@ std::optional<VerifyOutcome> CheckRequiredFields(const Verifier& verifier,
   return outcome;
 }
 
+absl::Status ValidateVerifierTimeouts(absl::Duration default_timeout,
+                                      absl::Duration max_timeout) {
+  if (default_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_timeout must be > 0, got ", absl::FormatDuration(default_timeout)));
+  }
+  if (max_timeout < default_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat("max_timeout must be >= default_timeout (",
+                                                   absl::FormatDuration(default_timeout), "), got ",
+                                                   absl::FormatDuration(max_timeout)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace sluice::reward_server

@@ -110,6 +110,11 @@ struct VerifierInfo {
   std::vector<std::string> required_fields;
 };
 
+// INVALID_ARGUMENT naming the field unless default_timeout > 0 and
+// max_timeout >= default_timeout: the check every verifier's options share.
+absl::Status ValidateVerifierTimeouts(absl::Duration default_timeout,
+                                      absl::Duration max_timeout);
+
 // A way of turning a response into a reward. Implementations are immutable
 // after construction and Verify is called concurrently from several threads,
 // so it must be thread-safe. Verify should not block for long: the scorer

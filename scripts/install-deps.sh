@@ -23,6 +23,8 @@ packages=(
   # libFuzzer target (libclang-rt-dev holds libFuzzer itself).
   libginac-dev libcln-dev bubblewrap libseccomp-dev python3 python3-sympy clang libclang-rt-dev
   libre2-dev zlib1g-dev
+  # Tokenizers: Unicode categories, NFC and the pre-tokenizer regexes (lookahead, \p{L}).
+  libicu-dev
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # Used by tests and scripts to talk HTTP to /metrics.

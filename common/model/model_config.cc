@@ -112,7 +112,12 @@ absl::Status ModelConfig::Validate() const {
   };
   if (architecture != kLlama && architecture != kQwen2) {
     problems.push_back(absl::StrCat("architecture: must be \"", kLlama, "\" or \"", kQwen2,
-                                    "\", got \"", architecture, "\""));
+                                    "\", got unsupported \"", architecture, "\""));
+  }
+  if (torch_dtype != "float32" && torch_dtype != "bfloat16" && torch_dtype != "float16") {
+    problems.push_back(absl::StrCat(
+        "torch_dtype: must be \"float32\", \"bfloat16\" or \"float16\", got \"", torch_dtype,
+        "\""));
   }
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
@@ -193,7 +198,7 @@ std::string ModelConfig::ToJson() const {
   json["tie_word_embeddings"] = tie_word_embeddings;
   json["attention_bias"] = attention_bias;
   json["hidden_act"] = "silu";
-  json["torch_dtype"] = "float32";
+  json["torch_dtype"] = torch_dtype;
   auto token = [&](const char* key, int64_t id) {
     json[key] = id >= 0 ? Json(id) : Json(nullptr);
   };
@@ -269,6 +274,23 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   }
   if (const Json* scaling = reader.Find("rope_scaling", /*required=*/false)) {
     reader.Error("rope_scaling", absl::StrCat("not supported, got ", scaling->dump()));
+  }
+  bool mlp_bias = false;
+  reader.Bool("mlp_bias", mlp_bias);
+  if (mlp_bias) reader.Error("mlp_bias", "not supported, got true");
+  bool use_sliding_window = false;
+  reader.Bool("use_sliding_window", use_sliding_window);
+  if (use_sliding_window) reader.Error("use_sliding_window", "not supported, got true");
+  if (const Json* dtype = reader.Find("torch_dtype", /*required=*/false)) {
+    const std::string name = dtype->is_string() ? dtype->get<std::string>() : "";
+    if (name == "float32" || name == "float") {
+      config.torch_dtype = "float32";
+    } else if (name == "bfloat16" || name == "float16") {
+      config.torch_dtype = name;
+    } else {
+      reader.Error("torch_dtype", absl::StrCat("expected \"float32\", \"bfloat16\" or "
+                                               "\"float16\", got ", dtype->dump()));
+    }
   }
 
   if (!reader.errors().empty()) {

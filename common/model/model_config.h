@@ -31,6 +31,10 @@ struct ModelConfig {
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   int64_t pad_token_id = -1;
+  // HF's "torch_dtype": the dtype the checkpoint's weights are stored in,
+  // "float32", "bfloat16" or "float16" (informational: the model always
+  // computes in float32; the safetensors header is authoritative).
+  std::string torch_dtype = "float32";
 
   int64_t resolved_head_dim() const {
     return head_dim > 0 ? head_dim : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0);
@@ -44,7 +48,11 @@ struct ModelConfig {
   // config.json text (HF keys: "architectures": [..], "hidden_size", ...).
   std::string ToJson() const;
   // Parses HF config.json text; unknown keys are ignored (HF configs carry
-  // many), missing required ones are errors naming them. Absent optional keys
+  // many), missing required ones are errors naming them. An "architectures"
+  // other than LlamaForCausalLM / Qwen2ForCausalLM, and features this model
+  // lacks (rope_scaling, mlp_bias, use_sliding_window, a hidden_act other
+  // than silu, a torch_dtype other than float32 / bfloat16 / float16) are
+  // errors naming the key. Absent optional keys
   // take HF's defaults (see model_config.cc); the result is Validate()d.
   static absl::StatusOr<ModelConfig> FromJson(absl::string_view json_text);
 };

@@ -169,6 +169,31 @@ TEST(ModelConfigTest, FromJsonRejectsFeaturesTheModelLacks) {
   EXPECT_THAT(message, HasSubstr("hidden_act: only \"silu\""));
 }
 
+TEST(ModelConfigTest, FromJsonReadsTorchDtypeAndRejectsUnknownArchitectures) {
+  ModelConfig config = *BuiltinModelConfig("micro", 24);
+  nlohmann::json json = nlohmann::json::parse(config.ToJson());
+  EXPECT_EQ(json["torch_dtype"], "float32");
+  json["torch_dtype"] = "bfloat16";
+  absl::StatusOr<ModelConfig> parsed = ModelConfig::FromJson(json.dump());
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->torch_dtype, "bfloat16");
+  EXPECT_THAT(parsed->ToJson(), HasSubstr("\"torch_dtype\": \"bfloat16\""));
+
+  json["torch_dtype"] = "int8";
+  json["architectures"] = {"MistralForCausalLM"};
+  json["mlp_bias"] = true;
+  json["use_sliding_window"] = true;
+  const std::string message(ModelConfig::FromJson(json.dump()).status().message());
+  EXPECT_THAT(message, HasSubstr("torch_dtype: expected"));
+  EXPECT_THAT(message, HasSubstr("mlp_bias: not supported"));
+  EXPECT_THAT(message, HasSubstr("use_sliding_window: not supported"));
+  json.erase("torch_dtype");
+  json.erase("mlp_bias");
+  json.erase("use_sliding_window");
+  EXPECT_THAT(std::string(ModelConfig::FromJson(json.dump()).status().message()),
+              HasSubstr("got unsupported \"MistralForCausalLM\""));
+}
+
 TEST(ModelConfigTest, FromJsonAcceptsAListOfEosIdsAndModelTypeAlone) {
   absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(R"({
     "model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,

@@ -7,6 +7,9 @@
 //   sluice runs get|cancel|watch RUN_ID [--target ADDR]; sluice runs list
 //   sluice buffer stats --target ADDR --run-id ID [--json]
 //   sluice score --input IN.jsonl --output OUT.jsonl [--verifier V] [--target ADDR]
+//   sluice tokenize|detokenize --tokenizer FILE   (JSONL on stdin -> JSONL on stdout)
+//   sluice logits --model DIR --ids 1,2,3
+//   sluice generate --model DIR (--ids 1,2,3 | --prompt TEXT) --max-new-tokens N [--greedy]
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -29,9 +32,11 @@
 #include "common/subprocess.h"
 #include "services/cli/buffer_command.h"
 #include "services/cli/local_stack.h"
+#include "services/cli/model_command.h"
 #include "services/cli/quickstart_spec.h"
 #include "services/cli/run_client.h"
 #include "services/cli/score_command.h"
+#include "services/cli/tokenize_command.h"
 #include "services/controller/spec_yaml.h"
 #include "services/runtime/health_client.h"
 #include "services/runtime/service_main.h"
@@ -428,6 +433,11 @@ int main(int argc, char** argv) {
   sluice::cli::ScoreFlags score_flags;
   CLI::App* score = sluice::cli::AddScoreCommand(app, &score_flags);
 
+  sluice::cli::TokenizeFlags tokenize_flags;
+  const sluice::cli::TokenizeCommands tokenize = sluice::cli::AddTokenizeCommands(app, &tokenize_flags);
+  sluice::cli::ModelFlags model_flags;
+  const sluice::cli::ModelCommands model = sluice::cli::AddModelCommands(app, &model_flags);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -461,5 +471,13 @@ int main(int argc, char** argv) {
     UnblockTerminationSignals();
     return sluice::cli::RunScore(score_flags, std::cerr);
   }
+  if (*tokenize.tokenize) {
+    return sluice::cli::RunTokenize(tokenize_flags, std::cin, std::cout, std::cerr);
+  }
+  if (*tokenize.detokenize) {
+    return sluice::cli::RunDetokenize(tokenize_flags, std::cin, std::cout, std::cerr);
+  }
+  if (*model.logits) return sluice::cli::RunLogits(model_flags, std::cout, std::cerr);
+  if (*model.generate) return sluice::cli::RunGenerate(model_flags, std::cout, std::cerr);
   return 2;
 }

@@ -25,6 +25,8 @@ packages=(
   libre2-dev zlib1g-dev
   # Tokenizers: Unicode categories, NFC and the pre-tokenizer regexes (lookahead, \p{L}).
   libicu-dev
+  # bench_model's baseline: the same forward in Python PyTorch (the same LibTorch 1.13.1).
+  python3-torch
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
   # Used by tests and scripts to talk HTTP to /metrics.

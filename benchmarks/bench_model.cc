@@ -5,7 +5,7 @@
 //              encoding the GSM8K and MATH-500 texts (questions and worked
 //              solutions), MB/s; decoding, MB/s.
 //   model:     a mid-size random Qwen2-shaped model (vocab 32768, hidden 512,
-//              8 layers, 8 heads / 2 KV heads, SwiGLU 1408, q/k/v bias; 53 M
+//              8 layers, 8 heads / 2 KV heads, SwiGLU 1408, q/k/v bias; 56 M
 //              parameters), saved as an HF directory, then one full forward
 //              of B x T tokens and N KV-cached decoding steps, tokens/s,
 //              against benchmarks/torch_model_baseline.py running the same

@@ -18,7 +18,9 @@
 #include <cerrno>
 #include <cstring>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <filesystem>
 #include <iostream>
@@ -32,7 +34,6 @@
 #include "common/subprocess.h"
 #include "services/cli/buffer_command.h"
 #include "services/cli/local_stack.h"
-#include "services/cli/model_command.h"
 #include "services/cli/quickstart_spec.h"
 #include "services/cli/run_client.h"
 #include "services/cli/score_command.h"
@@ -51,6 +52,20 @@ std::string SelfDirectory() {
   std::error_code error;
   const fs::path self = fs::read_symlink("/proc/self/exe", error);
   return error ? std::string(".") : self.parent_path().string();
+}
+
+// `sluice logits` and `sluice generate` run in sluice-model, next to this
+// binary, so that every other command starts without loading LibTorch (about
+// a second and 170 MB). Returns only if the exec failed.
+int ExecModelCommand(int argc, char** argv) {
+  const std::string binary = SelfDirectory() + "/sluice-model";
+  std::vector<char*> args(argv, argv + argc);
+  args[0] = const_cast<char*>(binary.c_str());
+  args.push_back(nullptr);
+  execv(binary.c_str(), args.data());
+  std::cerr << "sluice " << argv[1] << ": cannot run " << binary << ": " << strerror(errno)
+            << " (it is built with sluice; reinstall or rebuild)\n";
+  return 1;
 }
 
 void PrintEndpoints(const LocalStack& stack) {
@@ -332,6 +347,9 @@ int RunHealth(const std::string& target, const std::string& service, int timeout
 }  // namespace
 
 int main(int argc, char** argv) {
+  if (argc >= 2 && (std::string(argv[1]) == "logits" || std::string(argv[1]) == "generate")) {
+    return ExecModelCommand(argc, argv);
+  }
   // Before any thread exists: `sluice up` reads SIGTERM/SIGINT from a signalfd.
   sluice::runtime::BlockTerminationSignals();
   sluice::log::Init("sluice", sluice::log::Level::kWarning, sluice::log::Format::kText);
@@ -435,8 +453,13 @@ int main(int argc, char** argv) {
 
   sluice::cli::TokenizeFlags tokenize_flags;
   const sluice::cli::TokenizeCommands tokenize = sluice::cli::AddTokenizeCommands(app, &tokenize_flags);
-  sluice::cli::ModelFlags model_flags;
-  const sluice::cli::ModelCommands model = sluice::cli::AddModelCommands(app, &model_flags);
+  // Listed for --help; ExecModelCommand runs them before parsing.
+  app.add_subcommand("logits", "Print a Hugging Face model's logits at every position (JSON); "
+                               "see `sluice logits --help`")
+      ->allow_extras();
+  app.add_subcommand("generate", "Continue token ids or a prompt with a Hugging Face model "
+                                 "(JSON); see `sluice generate --help`")
+      ->allow_extras();
 
   try {
     app.parse(argc, argv);
@@ -477,7 +500,5 @@ int main(int argc, char** argv) {
   if (*tokenize.detokenize) {
     return sluice::cli::RunDetokenize(tokenize_flags, std::cin, std::cout, std::cerr);
   }
-  if (*model.logits) return sluice::cli::RunLogits(model_flags, std::cout, std::cerr);
-  if (*model.generate) return sluice::cli::RunGenerate(model_flags, std::cout, std::cerr);
   return 2;
 }

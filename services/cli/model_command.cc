@@ -2,6 +2,7 @@
 
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <utility>
 
@@ -148,24 +149,45 @@ absl::StatusOr<std::vector<int32_t>> ParseIds(absl::string_view text) {
   return ids;
 }
 
-int RunLogits(const ModelFlags& flags, std::ostream& out, std::ostream& err,
-              const TokenizerLoader& tokenizer_loader) {
+// The model, the tokenizer (null without one) and the prompt's ids, shared
+// by both commands; on failure, the message is on `err` and *exit_code set.
+struct Prepared {
+  model::HfModel loaded;
+  std::unique_ptr<TextTokenizer> tokenizer;
+  std::vector<int32_t> ids;
+};
+
+std::optional<Prepared> Prepare(const ModelFlags& flags, const TokenizerLoader& tokenizer_loader,
+                                std::ostream& err, int* exit_code) {
   absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(flags.model_dir);
   if (!loaded.ok()) {
     err << "error: " << loaded.status().message() << "\n";
-    return kExitLoad;
+    *exit_code = kExitLoad;
+    return std::nullopt;
   }
   absl::StatusOr<std::unique_ptr<TextTokenizer>> tokenizer =
       MaybeTokenizer(flags, tokenizer_loader);
   if (!tokenizer.ok()) {
     err << "error: " << tokenizer.status().message() << "\n";
-    return kExitLoad;
+    *exit_code = kExitLoad;
+    return std::nullopt;
   }
   absl::StatusOr<std::vector<int32_t>> ids = PromptIds(flags, loaded->config, tokenizer->get());
   if (!ids.ok()) {
     err << "error: " << ids.status().message() << "\n";
-    return kExitUsage;
+    *exit_code = kExitUsage;
+    return std::nullopt;
   }
+  return Prepared{*std::move(loaded), *std::move(tokenizer), *std::move(ids)};
+}
+
+int RunLogits(const ModelFlags& flags, std::ostream& out, std::ostream& err,
+              const TokenizerLoader& tokenizer_loader) {
+  int exit_code = 0;
+  std::optional<Prepared> prepared = Prepare(flags, tokenizer_loader, err, &exit_code);
+  if (!prepared.has_value()) return exit_code;
+  model::HfModel* loaded = &prepared->loaded;
+  const std::vector<int32_t>* ids = &prepared->ids;
   c10::InferenceMode inference;
   const torch::Tensor input =
       torch::tensor(std::vector<int64_t>(ids->begin(), ids->end()), torch::kInt64).unsqueeze(0);
@@ -182,22 +204,12 @@ int RunLogits(const ModelFlags& flags, std::ostream& out, std::ostream& err,
 
 int RunGenerate(const ModelFlags& flags, std::ostream& out, std::ostream& err,
                 const TokenizerLoader& tokenizer_loader) {
-  absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(flags.model_dir);
-  if (!loaded.ok()) {
-    err << "error: " << loaded.status().message() << "\n";
-    return kExitLoad;
-  }
-  absl::StatusOr<std::unique_ptr<TextTokenizer>> tokenizer =
-      MaybeTokenizer(flags, tokenizer_loader);
-  if (!tokenizer.ok()) {
-    err << "error: " << tokenizer.status().message() << "\n";
-    return kExitLoad;
-  }
-  absl::StatusOr<std::vector<int32_t>> ids = PromptIds(flags, loaded->config, tokenizer->get());
-  if (!ids.ok()) {
-    err << "error: " << ids.status().message() << "\n";
-    return kExitUsage;
-  }
+  int exit_code = 0;
+  std::optional<Prepared> prepared = Prepare(flags, tokenizer_loader, err, &exit_code);
+  if (!prepared.has_value()) return exit_code;
+  model::HfModel* loaded = &prepared->loaded;
+  std::unique_ptr<TextTokenizer>* tokenizer = &prepared->tokenizer;
+  const std::vector<int32_t>* ids = &prepared->ids;
   model::SamplingOptions options;
   options.temperature = flags.greedy ? 0.0 : flags.temperature;
   options.top_p = flags.greedy ? 1.0 : flags.top_p;

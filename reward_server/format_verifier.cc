@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "re2/re2.h"
+#include "reward_server/math/math_equivalence.h"
 #include "reward_server/math_verifier.h"
 
 namespace sluice::reward_server {
@@ -14,27 +15,6 @@ namespace {
 bool IsTrue(absl::string_view value) {
   return absl::EqualsIgnoreCase(value, "true") || value == "1" ||
          absl::EqualsIgnoreCase(value, "yes");
-}
-
-// Bodies of every balanced \boxed{...} in `text`; an unbalanced one ends the
-// scan. Linear in the text.
-std::vector<absl::string_view> BoxedBodies(absl::string_view text) {
-  std::vector<absl::string_view> bodies;
-  constexpr absl::string_view kBoxed = "\\boxed{";
-  size_t at = text.find(kBoxed);
-  while (at != absl::string_view::npos) {
-    const size_t open = at + kBoxed.size();
-    int depth = 1;
-    size_t i = open;
-    for (; i < text.size() && depth > 0; ++i) {
-      if (text[i] == '{') ++depth;
-      if (text[i] == '}') --depth;
-    }
-    if (depth != 0) break;
-    bodies.push_back(text.substr(open, i - 1 - open));
-    at = text.find(kBoxed, i);
-  }
-  return bodies;
 }
 
 VerifyOutcome Judged(bool ok, std::string extracted, std::string detail) {
@@ -58,12 +38,14 @@ VerifyOutcome CheckPreset(absl::string_view preset, absl::string_view response) 
                            "or \"Answer:\")");
   }
   if (preset == "boxed") {
-    const std::vector<absl::string_view> bodies = BoxedBodies(response);
+    // The math verifier's own scan, so both agree on what a box is. Blank
+    // boxes are not answers: "\\boxed{ }" counts as none.
+    const std::vector<absl::string_view> bodies = FindBoxedContents(response);
     if (bodies.size() != 1) {
-      return Judged(false, "", absl::StrCat("want exactly one \\boxed{...}, found ", bodies.size()));
+      return Judged(false, "",
+                    absl::StrCat("want exactly one non-empty \\boxed{...}, found ", bodies.size()));
     }
-    const bool filled = !absl::StripAsciiWhitespace(bodies[0]).empty();
-    return Judged(filled, std::string(bodies[0]), filled ? "one \\boxed{}" : "empty \\boxed{}");
+    return Judged(true, std::string(bodies[0]), "one \\boxed{}");
   }
   if (preset == "think_answer") {
     const absl::string_view text = absl::StripLeadingAsciiWhitespace(response);

@@ -35,7 +35,8 @@ namespace sluice::reward_server {
 //                      marker ExtractAnswer understands (\boxed{}, "####",
 //                      "the answer is", "Answer:"), not left as the last
 //                      number of the text;
-//     "boxed"          exactly one balanced \boxed{...} with a non-empty body;
+//     "boxed"          exactly one non-empty outermost \boxed{...} (or \fbox),
+//                      found by the math verifier's own scan;
 //     "think_answer"   "<think>" ... "</think>" exactly once, at the start
 //                      (after whitespace), followed by a non-empty answer.
 // The extracted answer is the matched text (the first match for a regex).

@@ -1390,4 +1390,10 @@ absl::StatusOr<std::string> ParseMathAnswerForFuzzing(absl::string_view text) {
   return side.normalized;
 }
 
+std::vector<absl::string_view> FindBoxedContents(absl::string_view text) {
+  std::vector<absl::string_view> contents;
+  for (const Span& box : FindBoxes(text)) contents.push_back(box.content);
+  return contents;
+}
+
 }  // namespace sluice::reward_server

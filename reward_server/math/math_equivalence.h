@@ -113,6 +113,12 @@ struct MathAnswerCandidate {
 std::vector<MathAnswerCandidate> ExtractMathAnswerCandidates(absl::string_view text,
                                                              const MathCompareOptions& options);
 
+// The contents of the outermost \boxed{...} / \fbox{...} of `text` with a
+// non-blank body, in order (balanced braces; "\boxed {x}" and the
+// over-escaped "\\boxed{x}" count; an unclosed box does not). The scan the
+// extraction above uses, for other verifiers ("format") to agree with it.
+std::vector<absl::string_view> FindBoxedContents(absl::string_view text);
+
 // Fuzzing entry point: extraction, parsing, and conversion to GiNaC of the
 // first candidate of `text` (any bytes). The parsed form's DebugString, or
 // INVALID_ARGUMENT / RESOURCE_EXHAUSTED / NOT_FOUND. Never crashes or throws.

@@ -8,14 +8,10 @@
 #include "re2/re2.h"
 #include "reward_server/math/math_equivalence.h"
 #include "reward_server/math_verifier.h"
+#include "reward_server/verifier_params.h"
 
 namespace sluice::reward_server {
 namespace {
-
-bool IsTrue(absl::string_view value) {
-  return absl::EqualsIgnoreCase(value, "true") || value == "1" ||
-         absl::EqualsIgnoreCase(value, "yes");
-}
 
 VerifyOutcome Judged(bool ok, std::string extracted, std::string detail) {
   VerifyOutcome outcome;
@@ -123,7 +119,8 @@ VerifyOutcome FormatVerifier::Verify(const VerifyRequest& request) const {
   }
   const RE2& re = **compiled;
   const auto full = request.metadata.find("format_full_match");
-  const bool whole = full != request.metadata.end() && IsTrue(full->second);
+  bool parsed = false;  // A malformed value was refused at submission (verifier_params).
+  const bool whole = full != request.metadata.end() && ParseBoolParam(full->second, &parsed);
   const re2::StringPiece text(request.response.data(), request.response.size());
   re2::StringPiece match;
   const bool matched =

@@ -33,12 +33,20 @@ torch::ScalarType TorchType(DType dtype) {
 
 // A tensor owning a copy of `view`'s bytes (the mapping is not aligned in
 // general and goes away with the file), floating types converted to float32.
-torch::Tensor ToTensor(const TensorView& view) {
-  torch::Tensor tensor = torch::empty(view.shape, torch::TensorOptions().dtype(TorchType(view.dtype)));
-  if (!view.data.empty()) std::memcpy(tensor.data_ptr(), view.data.data(), view.data.size());
-  if (tensor.is_floating_point() && tensor.scalar_type() != torch::kFloat32) {
-    tensor = tensor.to(torch::kFloat32);
+// A tensor over the view's bytes in the memory-mapped file, in the file's
+// dtype: no copy, no conversion (LoadWeights converts to float32 as it copies
+// into the parameters, one tensor at a time, so loading never holds a second
+// float32 copy of the model). Valid while the file stays open; read only.
+// Copied instead when the bytes are not aligned to the element size.
+torch::Tensor ViewTensor(const TensorView& view) {
+  const auto options = torch::TensorOptions().dtype(TorchType(view.dtype));
+  const size_t element = torch::elementSize(TorchType(view.dtype));
+  void* data = const_cast<unsigned char*>(view.data.data());
+  if (!view.data.empty() && reinterpret_cast<uintptr_t>(data) % element == 0) {
+    return torch::from_blob(data, view.shape, options);
   }
+  torch::Tensor tensor = torch::empty(view.shape, options);
+  if (!view.data.empty()) std::memcpy(tensor.data_ptr(), view.data.data(), view.data.size());
   return tensor;
 }
 
@@ -109,10 +117,10 @@ absl::StatusOr<HfModel> LoadHfModel(const std::string& dir) {
         }
         continue;
       }
-      weights.push_back({view.name, ToTensor(view)});
+      weights.push_back({view.name, ViewTensor(view)});
     }
   }
-  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Create(*config, /*seed=*/0);
+  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::CreateUninitialized(*config);
   if (!model.ok()) return model.status();
   if (absl::Status status = (*model)->LoadWeights(weights); !status.ok()) {
     return absl::Status(status.code(), absl::StrCat("weights in ", dir, ": ", status.message()));
@@ -169,6 +177,10 @@ absl::Status SaveHfModel(const std::string& dir, const Transformer& model,
     absl::StatusOr<std::string> contents = ReadFile(extra);
     if (!contents.ok()) return contents.status();
     if (absl::Status status = WriteFileAtomically(target, *contents); !status.ok()) return status;
+  }
+  for (const auto& [name, contents] : options.extra_contents) {
+    const fs::path target = fs::path(dir) / fs::path(name).filename();
+    if (absl::Status status = WriteFileAtomically(target, contents); !status.ok()) return status;
   }
   return absl::OkStatus();
 }

@@ -2,6 +2,7 @@
 #define SLUICE_COMMON_MODEL_HF_CHECKPOINT_H_
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,9 @@ struct SaveHfOptions {
   // Files copied into the directory under their own base names (e.g. the
   // tokenizer.json and tokenizer_config.json the model was trained with).
   std::vector<std::string> extra_files;
+  // Files written into the directory from memory: base name -> contents
+  // (e.g. a built-in model's tokenizer.json). Written after extra_files.
+  std::map<std::string, std::string> extra_contents;
 };
 
 // Writes `model` as a complete HF directory `dir` (created if needed):

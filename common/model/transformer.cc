@@ -46,12 +46,23 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConfig& config,
                                                                  uint64_t seed) {
+  return Build(config, seed);
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::CreateUninitialized(
+    const ModelConfig& config) {
+  return Build(config, std::nullopt);
+}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Build(const ModelConfig& config,
+                                                                std::optional<uint64_t> seed) {
   if (absl::Status status = config.Validate(); !status.ok()) return status;
   std::unique_ptr<Transformer> model(new Transformer(config));
 
   // A private generator: creating models never touches (or races on) torch's
   // global random state.
-  at::Generator generator = at::detail::createCPUGenerator(seed);
+  at::Generator generator = at::detail::createCPUGenerator(seed.value_or(0));
+  const bool init = seed.has_value();
   const auto options = torch::TensorOptions().dtype(torch::kFloat32);
   auto add = [&](std::string name, torch::Tensor tensor) {
     tensor.set_requires_grad(true);
@@ -60,14 +71,14 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConf
   };
   auto normal = [&](std::string name, std::vector<int64_t> shape) {
     torch::Tensor tensor = torch::empty(shape, options);
-    tensor.normal_(0.0, kInitStd, generator);
+    if (init) tensor.normal_(0.0, kInitStd, generator);
     return add(std::move(name), tensor);
   };
   auto ones = [&](std::string name, int64_t size) {
-    return add(std::move(name), torch::ones({size}, options));
+    return add(std::move(name), init ? torch::ones({size}, options) : torch::empty({size}, options));
   };
   auto zeros = [&](std::string name, int64_t size) {
-    return add(std::move(name), torch::zeros({size}, options));
+    return add(std::move(name), init ? torch::zeros({size}, options) : torch::empty({size}, options));
   };
 
   const int64_t hidden = config.hidden_size;
@@ -162,7 +173,7 @@ absl::Status Transformer::LoadWeights(const std::vector<NamedTensor>& weights) {
 
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < params_.size(); ++i) {
-    params_[i].tensor.copy_(sources[i]->to(torch::kCPU, torch::kFloat32));
+    params_[i].tensor.copy_(*sources[i]);  // Converts the dtype as it copies.
   }
   return absl::OkStatus();
 }

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ class Transformer {
   // fails.
   static absl::StatusOr<std::unique_ptr<Transformer>> Create(const ModelConfig& config,
                                                              uint64_t seed);
+  // The parameters allocated but not initialised (their values are
+  // garbage): for a model whose every weight LoadWeights fills next, which
+  // spares a large model the cost of drawing random weights it then throws
+  // away.
+  static absl::StatusOr<std::unique_ptr<Transformer>> CreateUninitialized(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
 
@@ -96,6 +102,9 @@ class Transformer {
 
  private:
   explicit Transformer(ModelConfig config) : config_(std::move(config)) {}
+  // Create (seed set) and CreateUninitialized (nullopt).
+  static absl::StatusOr<std::unique_ptr<Transformer>> Build(const ModelConfig& config,
+                                                            std::optional<uint64_t> seed);
 
   // The decoder proper, shared by Forward and ForwardCached. positions:
   // int64 [B, T]; blocked: bool, broadcastable to [B, 1, 1, T, S] (S = keys

@@ -233,6 +233,12 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
                                                  architectures->dump()));
     } else {
       config.architecture = (*architectures)[0].get<std::string>();
+      if (config.architecture != kLlama && config.architecture != kQwen2) {
+        // Said at once: the missing fields such a config has are not the
+        // problem.
+        reader.Error("architectures", absl::StrCat("unsupported \"", config.architecture,
+                                                   "\"; supported: ", kLlama, ", ", kQwen2));
+      }
     }
   } else if (const Json* model_type = reader.Find("model_type", /*required=*/false)) {
     const std::string type = model_type->is_string() ? model_type->get<std::string>() : "";

@@ -191,7 +191,7 @@ TEST(ModelConfigTest, FromJsonReadsTorchDtypeAndRejectsUnknownArchitectures) {
   json.erase("mlp_bias");
   json.erase("use_sliding_window");
   EXPECT_THAT(std::string(ModelConfig::FromJson(json.dump()).status().message()),
-              HasSubstr("got unsupported \"MistralForCausalLM\""));
+              HasSubstr("architectures: unsupported \"MistralForCausalLM\"; supported: LlamaForCausalLM, Qwen2ForCausalLM"));
 }
 
 TEST(ModelConfigTest, FromJsonAcceptsAListOfEosIdsAndModelTypeAlone) {

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
 
 namespace sluice::task {
 namespace {
@@ -64,6 +65,54 @@ absl::StatusOr<std::string> CharTokenizer::Decode(const std::vector<int32_t>& id
 std::string CharTokenizer::IdToToken(int32_t id) const {
   if (id < 0 || id >= vocab_size()) return "";
   return vocab_[id];
+}
+
+std::string CharTokenizer::ToHfTokenizerJson() const {
+  using nlohmann::ordered_json;
+  ordered_json added = ordered_json::array();
+  ordered_json vocab = ordered_json::object();
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    std::string token = vocab_[id];
+    if (id <= kEosId) {
+      added.push_back({{"id", id},
+                       {"content", token},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
+    } else if (token == " ") {
+      token = "\xc4\xa0";  // U+0120 'Ġ': the GPT-2 byte-level spelling of a space.
+    }
+    // Every other alphabet character is printable ASCII, which the
+    // byte-level table maps to itself.
+    vocab[token] = id;
+  }
+  const ordered_json byte_level = {{"type", "ByteLevel"},
+                                   {"add_prefix_space", false},
+                                   {"trim_offsets", true},
+                                   {"use_regex", false}};
+  const ordered_json root = {
+      {"version", "1.0"},
+      {"truncation", nullptr},
+      {"padding", nullptr},
+      {"added_tokens", added},
+      {"normalizer", nullptr},
+      {"pre_tokenizer", byte_level},
+      {"post_processor", nullptr},
+      {"decoder", byte_level},
+      {"model",
+       {{"type", "BPE"},
+        {"dropout", nullptr},
+        {"unk_token", nullptr},
+        {"continuing_subword_prefix", nullptr},
+        {"end_of_word_suffix", nullptr},
+        {"fuse_unk", false},
+        {"byte_fallback", false},
+        {"ignore_merges", false},
+        {"vocab", vocab},
+        {"merges", ordered_json::array()}}}};
+  return root.dump(2);
 }
 
 }  // namespace sluice::task

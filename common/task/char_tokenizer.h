@@ -37,6 +37,13 @@ class CharTokenizer {
   // The token's string ("<eos>" for specials); "" when out of range.
   std::string IdToToken(int32_t id) const;
 
+  // This tokenizer as a Hugging Face tokenizer.json: a byte-level BPE with
+  // the same ids, no merges, and the three specials as added special tokens
+  // (so Encode of alphabet text gives the same ids; characters outside the
+  // alphabet are dropped there, as `tokenizers` does without an unk token).
+  // It is what makes a built-in model an ordinary Hugging Face directory.
+  std::string ToHfTokenizerJson() const;
+
  private:
   std::vector<std::string> vocab_;
   int32_t char_to_id_[256];

@@ -585,11 +585,14 @@ std::vector<int32_t> BpeTokenizer::Encode(absl::string_view text, bool allow_spe
   return ids;
 }
 
-absl::StatusOr<std::string> BpeTokenizer::Decode(const std::vector<int32_t>& ids) const {
+absl::StatusOr<std::string> BpeTokenizer::Decode(const std::vector<int32_t>& ids,
+                                                  bool skip_special) const {
   std::string text;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    if (id < 0 || id >= vocab_size() || id_kind_[id] == 0) {
+    const bool known = id >= 0 && id < vocab_size() && id_kind_[id] != 0;
+    if (skip_special && (!known || id_kind_[id] == 3)) continue;
+    if (!known) {
       return absl::InvalidArgumentError(
           absl::StrCat("ids[", i, "]: ", id, " is not a token id (vocab size ", vocab_size(), ")"));
     }
@@ -619,7 +622,7 @@ bool BpeTokenizer::IsSpecial(int32_t id) const {
 }
 
 std::optional<int32_t> BpeTokenizer::bos_id() const {
-  for (const char* name : {"<|begin_of_text|>", "<s>", "<|startoftext|>"}) {
+  for (const char* name : {"<|begin_of_text|>", "<s>", "<|startoftext|>", "<bos>"}) {
     if (auto it = added_to_id_.find(name); it != added_to_id_.end()) return it->second;
   }
   return std::nullopt;
@@ -627,7 +630,7 @@ std::optional<int32_t> BpeTokenizer::bos_id() const {
 
 std::optional<int32_t> BpeTokenizer::eos_id() const {
   for (const char* name :
-       {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "</s>"}) {
+       {"<|im_end|>", "<|eot_id|>", "<|endoftext|>", "<|end_of_text|>", "</s>", "<eos>"}) {
     if (auto it = added_to_id_.find(name); it != added_to_id_.end()) return it->second;
   }
   return std::nullopt;

@@ -70,8 +70,13 @@ class BpeTokenizer {
   std::vector<int32_t> Encode(absl::string_view text, bool allow_special = true) const;
 
   // Ids -> the exact bytes. Added tokens decode to their content.
-  // INVALID_ARGUMENT naming the first id that is not a token.
-  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids) const;
+  // INVALID_ARGUMENT naming the first id that is not a token. With
+  // `skip_special` (what a generated completion's text wants, as
+  // transformers' skip_special_tokens), special added tokens decode to
+  // nothing and so do ids that are no token at all (a model's embedding
+  // often has more rows than its tokenizer has tokens), so it never fails.
+  absl::StatusOr<std::string> Decode(const std::vector<int32_t>& ids,
+                                     bool skip_special = false) const;
 
   // Token string (as spelled in tokenizer.json: byte-level for the vocab,
   // verbatim for added tokens) <-> id.
@@ -86,8 +91,9 @@ class BpeTokenizer {
   bool IsSpecial(int32_t id) const;
 
   // The first of the usual names present as an added token; nullopt when none.
-  //   bos: <|begin_of_text|>, <s>, <|startoftext|>
-  //   eos: <|im_end|>, <|eot_id|>, <|endoftext|>, <|end_of_text|>, </s>
+  //   bos: <|begin_of_text|>, <s>, <|startoftext|>, <bos>
+  //   eos: <|im_end|>, <|eot_id|>, <|endoftext|>, <|end_of_text|>, </s>, <eos>
+  // (<bos> / <eos> are the built-in models' character tokenizer's.)
   // (Chat-tuned Qwen2 and Llama-3 end a turn with <|im_end|> / <|eot_id|>;
   // a run that needs a different stop token should look it up by name.)
   std::optional<int32_t> bos_id() const;

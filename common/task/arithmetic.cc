@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/task/shuffle.h"
 
 namespace sluice::task {
 namespace {
@@ -22,28 +23,6 @@ constexpr int kMaxOperands = 4;
 // Up to this many distinct problems the whole space is enumerated and
 // shuffled; above it, problems are drawn without replacement.
 constexpr int64_t kEnumerationLimit = 1'000'000;
-
-// A uniform integer in [0, bound) from the engine's raw 64-bit output by
-// rejection, so that it is the same on every standard library (the
-// distributions of <random> are implementation-defined).
-uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
-  const uint64_t limit = std::numeric_limits<uint64_t>::max() -
-                         std::numeric_limits<uint64_t>::max() % bound;
-  uint64_t draw;
-  do {
-    draw = rng();
-  } while (draw >= limit);
-  return draw % bound;
-}
-
-// Fisher-Yates, from the last element down, with UniformBelow.
-template <typename T>
-void Shuffle(std::vector<T>& items, std::mt19937_64& rng) {
-  for (size_t i = items.size(); i > 1; --i) {
-    const size_t j = static_cast<size_t>(UniformBelow(rng, i));
-    std::swap(items[i - 1], items[j]);
-  }
-}
 
 int DecimalWidth(int64_t value) {
   int width = 1;

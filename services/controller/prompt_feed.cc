@@ -5,21 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/task/shuffle.h"
 
 namespace sluice::controller {
 namespace {
-
-// A uniform integer in [0, bound) from the engine's raw output by rejection
-// (the distributions of <random> differ between standard libraries).
-uint64_t UniformBelow(std::mt19937_64& rng, uint64_t bound) {
-  const uint64_t limit =
-      std::numeric_limits<uint64_t>::max() - std::numeric_limits<uint64_t>::max() % bound;
-  uint64_t draw;
-  do {
-    draw = rng();
-  } while (draw >= limit);
-  return draw % bound;
-}
 
 // SplitMix64 finalizer: decorrelates (seed, epoch) pairs.
 uint64_t Mix(uint64_t x) {
@@ -41,9 +30,7 @@ void PromptFeed::StartEpoch() {
   order_.resize(pool_.size());
   for (size_t i = 0; i < order_.size(); ++i) order_[i] = static_cast<uint32_t>(i);
   std::mt19937_64 rng(Mix(seed_ ^ Mix(static_cast<uint64_t>(epoch_))));
-  for (size_t i = order_.size(); i > 1; --i) {
-    std::swap(order_[i - 1], order_[UniformBelow(rng, i)]);
-  }
+  task::Shuffle(order_, rng);
   position_ = 0;
   stats_.epoch = epoch_;
 }

@@ -2,6 +2,7 @@
 #define SLUICE_COMMON_TASK_ARITHMETIC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,11 @@ struct TaskItem {
   std::string prompt_id;         // "arith-000123" (index into the full pool)
   std::string prompt;            // "07+45=" exactly as fed to the model
   std::string reference_answer;  // "52"
+  // Verifier for this item ("math", "code"); empty = the run's composition.
+  std::string verifier;
+  // Verifier inputs beyond the answer (code: "test", "entry_point",
+  // "prompt"), and a dataset's remaining string columns.
+  std::map<std::string, std::string> metadata;
 };
 
 struct ArithmeticOptions {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -13,6 +14,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/model/model_config.h"
+#include "common/run/run_model.h"
+#include "common/run/run_task.h"
 #include "common/task/char_tokenizer.h"
 #include "reward_server/verifier_params.h"
 
@@ -46,6 +49,8 @@ class Problems {
   void Add(absl::string_view path, const Args&... args) {
     lines_.push_back(absl::StrCat(path, ": ", args...));
   }
+  // A line that already reads "path: problem".
+  void AddLine(std::string line) { lines_.push_back(std::move(line)); }
   bool empty() const { return lines_.empty(); }
   absl::Status ToStatus() const {
     if (lines_.empty()) return absl::OkStatus();
@@ -85,44 +90,29 @@ void ValidateSampling(const v1::SamplingParams& sampling, absl::string_view path
   }
 }
 
-void ValidateModel(const RunSpec& spec, Problems& problems) {
-  const v1::ModelConfig& model = spec.model();
-  switch (model.source_case()) {
-    case v1::ModelConfig::SOURCE_NOT_SET:
-      problems.Add("model", "exactly one of builtin or hf_model_dir must be set");
-      break;
-    case v1::ModelConfig::kHfModelDir:
-      problems.Add("model.hf_model_dir",
-                   "Hugging Face models are not supported yet in this release (arithmetic task / "
-                   "builtin models only); use model.builtin");
-      break;
-    case v1::ModelConfig::kBuiltin: {
-      const task::CharTokenizer tokenizer;
-      absl::StatusOr<model::ModelConfig> config =
-          model::BuiltinModelConfig(model.builtin(), tokenizer.vocab_size());
-      if (!config.ok()) {
-        // The model library's message lists the known names; keep that list.
-        const absl::string_view message = config.status().message();
-        const size_t known = message.find("; known:");
-        problems.Add("model.builtin", "unknown model \"", model.builtin(), "\"",
-                     known == absl::string_view::npos ? absl::StrCat(" (", message, ")")
-                                                      : std::string(message.substr(known)));
-      } else if (model.max_context_tokens() > config->max_position_embeddings) {
-        problems.Add("model.max_context_tokens", "must be <= ", config->max_position_embeddings,
-                     " (the context length of the ", model.builtin(), " model), got ",
-                     model.max_context_tokens());
-      }
-      if (!model.tokenizer_path().empty()) {
-        problems.Add("model.tokenizer_path",
-                     "not supported yet in this release (builtin models use their built-in "
-                     "tokenizer); leave it empty");
-      }
-      break;
-    }
+// The verifier a dataset format's rows are scored with when reward.verifiers
+// is empty; nullptr for JSONL (the user says) and formats without a reader.
+const char* DefaultDatasetVerifier(v1::DatasetFormat format) {
+  switch (format) {
+    case v1::DATASET_FORMAT_GSM8K:
+    case v1::DATASET_FORMAT_MATH:
+      return "math";
+    case v1::DATASET_FORMAT_HUMANEVAL:
+      return "code";
+    default:
+      return nullptr;
   }
-  if (model.max_context_tokens() < 0) {
+}
+
+void ValidateModel(const RunSpec& spec, Problems& problems) {
+  // The config, tokenizer and their fit with each other and the task, read
+  // from the files the spec names (see run::ValidateRunModel).
+  std::vector<std::string> model_problems;
+  run::ValidateRunModel(spec, &model_problems);
+  for (std::string& line : model_problems) problems.AddLine(std::move(line));
+  if (spec.model().max_context_tokens() < 0) {
     problems.Add("model.max_context_tokens", "must be >= 0 (0 = the model's context length), got ",
-                 model.max_context_tokens());
+                 spec.model().max_context_tokens());
   }
 }
 
@@ -132,23 +122,16 @@ void ValidateTask(const RunSpec& spec, Problems& problems) {
     problems.Add("task.eval_split_size", "must be >= 0 (0 = default 200), got ",
                  task.eval_split_size());
   }
-  if (!task.prompt_template().empty()) {
-    problems.Add("task.prompt_template",
-                 "not supported yet in this release (the arithmetic task has a fixed format); "
-                 "leave it empty");
+  if (task.source_case() == v1::TaskConfig::SOURCE_NOT_SET) {
+    problems.Add("task", "exactly one of arithmetic or dataset must be set");
+    return;
   }
-  switch (task.source_case()) {
-    case v1::TaskConfig::SOURCE_NOT_SET:
-      problems.Add("task", "exactly one of arithmetic or dataset must be set");
-      return;
-    case v1::TaskConfig::kDataset:
-      problems.Add("task.dataset",
-                   "dataset tasks are not supported yet in this release (arithmetic task / "
-                   "builtin models only); use task.arithmetic");
-      return;
-    case v1::TaskConfig::kArithmetic:
-      break;
-  }
+  // Templates, chat template, and for a dataset its file (read here, at
+  // submit time, so that a bad file fails the submission and not the run).
+  std::vector<std::string> task_problems;
+  run::ValidateRunTask(spec, &task_problems);
+  for (std::string& line : task_problems) problems.AddLine(std::move(line));
+  if (task.has_dataset()) return;
   if (task.eval_split_size() < 0) return;  // Already reported; the task cannot be sized.
   const absl::Status valid = task::ValidateArithmeticOptions(ArithmeticOptionsFor(spec));
   if (valid.ok()) return;
@@ -288,9 +271,18 @@ void ValidateRollout(const RunSpec& spec, Problems& problems) {
 
 void ValidateReward(const RunSpec& spec, Problems& problems) {
   const v1::RewardConfig& r = spec.reward();
-  // Without a task there is no default verifier; that is reported as the task's problem.
-  if (r.verifiers().empty() && spec.task().source_case() != v1::TaskConfig::SOURCE_NOT_SET) {
-    problems.Add("reward.verifiers", "must name at least one verifier (e.g. {name: math})");
+  // Without a task, or with a dataset format that has no reader, there is no
+  // default verifier; that is reported as the task's problem.
+  if (r.verifiers().empty()) {
+    const v1::TaskConfig& task = spec.task();
+    if (task.has_dataset() && task.dataset().format() == v1::DATASET_FORMAT_JSONL) {
+      problems.Add("reward.verifiers",
+                   "a JSONL dataset needs reward.verifiers (e.g. {name: math}); only GSM8K, MATH "
+                   "and HumanEval datasets get a default verifier");
+    } else if (task.has_arithmetic() ||
+               (task.has_dataset() && DefaultDatasetVerifier(task.dataset().format()) != nullptr)) {
+      problems.Add("reward.verifiers", "must name at least one verifier (e.g. {name: math})");
+    }
   }
   for (int i = 0; i < r.verifiers_size(); ++i) {
     const v1::WeightedVerifier& v = r.verifiers(i);
@@ -382,6 +374,11 @@ RunSpec ResolveDefaults(RunSpec spec) {
     }
     if (arithmetic.num_prompts() == 0) arithmetic.set_num_prompts(kDefaultNumArithmeticPrompts);
   }
+  // Datasets show the template they use; the arithmetic task keeps an empty
+  // one (its prompts are the task's own "07+45=").
+  if (task.has_dataset() && task.prompt_template().empty()) {
+    task.set_prompt_template(std::string(run::DefaultPromptTemplate(task)));
+  }
 
   v1::AlgorithmConfig& a = *spec.mutable_algorithm();
   if (a.objective() == v1::OBJECTIVE_UNSPECIFIED) a.set_objective(v1::OBJECTIVE_DECOUPLED_PPO);
@@ -413,10 +410,15 @@ RunSpec ResolveDefaults(RunSpec spec) {
   if (rollout.num_workers() == 0) rollout.set_num_workers(1);
 
   v1::RewardConfig& reward = *spec.mutable_reward();
-  if (reward.verifiers().empty() && task.has_arithmetic()) {
-    v1::WeightedVerifier* math = reward.add_verifiers();
-    math->set_name("math");
-    math->set_weight(1.0);
+  if (reward.verifiers().empty()) {
+    const char* name = task.has_arithmetic() ? "math"
+                       : task.has_dataset()  ? DefaultDatasetVerifier(task.dataset().format())
+                                             : nullptr;
+    if (name != nullptr) {
+      v1::WeightedVerifier* verifier = reward.add_verifiers();
+      verifier->set_name(name);
+      verifier->set_weight(1.0);
+    }
   }
   for (v1::WeightedVerifier& verifier : *reward.mutable_verifiers()) {
     if (verifier.weight() == 0) verifier.set_weight(1.0);
@@ -452,24 +454,11 @@ absl::Status ValidateRunSpec(const RunSpec& spec) {
 }
 
 task::ArithmeticOptions ArithmeticOptionsFor(const RunSpec& spec) {
-  const v1::ArithmeticTaskConfig& arithmetic = spec.task().arithmetic();
-  task::ArithmeticOptions options;
-  options.min_operand = arithmetic.min_operand();
-  options.max_operand = arithmetic.max_operand();
-  options.num_operands = arithmetic.num_operands();
-  options.operators.assign(arithmetic.operators().begin(), arithmetic.operators().end());
-  options.num_prompts = arithmetic.num_prompts();
-  options.eval_size = spec.task().eval_split_size();
-  options.seed = spec.seed();
-  return options;
+  return run::ArithmeticOptionsFor(spec);
 }
 
 absl::StatusOr<std::vector<v1::Prompt>> BuildTrainingPrompts(const RunSpec& spec) {
-  if (!spec.task().has_arithmetic()) {
-    return absl::UnimplementedError("only the arithmetic task is supported in this release");
-  }
-  absl::StatusOr<task::ArithmeticTask> task =
-      task::ArithmeticTask::Generate(ArithmeticOptionsFor(spec));
+  absl::StatusOr<run::RunTask> task = run::LoadRunTask(spec);
   if (!task.ok()) return task.status();
   std::vector<v1::Prompt> prompts;
   prompts.reserve(task->train.size());
@@ -478,6 +467,8 @@ absl::StatusOr<std::vector<v1::Prompt>> BuildTrainingPrompts(const RunSpec& spec
     prompt.set_prompt_id(std::move(item.prompt_id));
     prompt.set_text(std::move(item.prompt));
     prompt.set_reference_answer(std::move(item.reference_answer));
+    prompt.set_verifier(std::move(item.verifier));
+    for (auto& [key, value] : item.metadata) (*prompt.mutable_metadata())[key] = std::move(value);
   }
   return prompts;
 }

@@ -24,13 +24,17 @@ namespace sluice::controller {
 //   tb_beta 1.0; total_steps 1000; minibatches_per_batch 1; warm start (only
 //   with sft_steps > 0): learning_rate 1e-4, batch_size G * B; rollout
 //   sampling temperature 1.0, top_p 1.0; rollout.num_workers 1;
-//   reward.verifiers [{math, 1}] for arithmetic; verifier weight 1.0;
+//   reward.verifiers [{math, 1}] for arithmetic, GSM8K and MATH datasets,
+//   [{code, 1}] for HumanEval (JSONL has none: the user names them);
+//   task.prompt_template for a dataset task = run::DefaultPromptTemplate
+//   (the arithmetic task keeps "" = its own prompts); verifier weight 1.0;
 //   buffer sampler FIFO, max_times_sampled 1, priority_alpha 0.6,
 //   recency_probability 0.5; eval sampling temperature 0 (greedy), top_p 1.0;
 //   checkpoint.resume true.
 //
 // eval.num_prompts stays 0 (= the whole eval split). Idempotent:
-// ResolveDefaults(ResolveDefaults(s)) == ResolveDefaults(s). Pure, O(size).
+// ResolveDefaults(ResolveDefaults(s)) == ResolveDefaults(s). Pure (reads no
+// file), O(size).
 v1::RunSpec ResolveDefaults(v1::RunSpec spec);
 
 // Checks a (normally resolved) spec and reports every problem at once, one
@@ -39,20 +43,26 @@ v1::RunSpec ResolveDefaults(v1::RunSpec spec);
 //   algorithm.group_size: must be >= 2 (GRPO needs several samples per prompt), got 1
 //   model.builtin: unknown model "huge"; known: tiny, micro
 //
-// INVALID_ARGUMENT when anything is wrong, OK otherwise. Features the
-// contracts describe but this release does not implement (dataset tasks,
-// Hugging Face models, samplers other than FIFO, trajectory balance) are
-// rejected here with a message saying so, rather than failing mid-run.
+//   task.dataset.path: cannot read "/x.jsonl": ...
+//
+// INVALID_ARGUMENT when anything is wrong, OK otherwise. A dataset task's
+// file is read here (run::ValidateRunTask), so that an unreadable or
+// malformed dataset fails the submission, not the run; O(dataset size).
+// Features the contracts describe but this release does not implement (MBPP
+// datasets, Hugging Face models, samplers other than FIFO, trajectory
+// balance) are rejected here with a message saying so, rather than failing
+// mid-run.
 absl::Status ValidateRunSpec(const v1::RunSpec& spec);
 
 // The arithmetic task options a resolved spec describes (the training pool
-// and eval split the controller hands out and the trainer evaluates on).
-// Requires spec.task().has_arithmetic().
+// and eval split the controller hands out and the trainer evaluates on);
+// run::ArithmeticOptionsFor. Requires spec.task().has_arithmetic().
 task::ArithmeticOptions ArithmeticOptionsFor(const v1::RunSpec& spec);
 
 // The run's training prompts in task order (not yet shuffled):
-// ArithmeticTask::Generate with the spec's seed and eval split; each Prompt
-// carries its id, text and reference answer. Errors are the task's own.
+// run::LoadRunTask(spec).train; each Prompt carries its id, final text
+// (templates applied), reference answer, verifier and metadata. Errors are
+// LoadRunTask's (a missing dataset file, a bad template, ...).
 absl::StatusOr<std::vector<v1::Prompt>> BuildTrainingPrompts(const v1::RunSpec& spec);
 
 }  // namespace sluice::controller

@@ -1,11 +1,19 @@
 #include "services/controller/run_spec.h"
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <functional>
 #include <map>
 #include <string>
+#include <tuple>
+#include <unistd.h>
+#include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "common/task/arithmetic.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
@@ -16,10 +24,51 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 
+std::string Data(const std::string& relative) {
+  return std::string(SLUICE_TESTDATA_DIR) + "/" + relative;
+}
+
 v1::RunSpec ArithmeticSpec() {
   v1::RunSpec spec;
   spec.mutable_task()->mutable_arithmetic();
   return spec;
+}
+
+// A Hugging Face model directory with Qwen2's real tokenizer and a small
+// Qwen2-shaped config.json (no weights: the controller never reads them).
+std::string QwenShapedModelDir() {
+  static const std::string* dir = [] {
+    // Per process: ctest runs the cases of this binary in parallel.
+    auto* path = new std::string(
+        absl::StrCat(::testing::TempDir(), "/qwen_shaped_model.", ::getpid()));
+    std::filesystem::create_directories(*path);
+    std::filesystem::copy_file(Data("tokenizers/qwen2/tokenizer.json"), *path + "/tokenizer.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    std::ifstream in(Data("model_oracle/qwen2_tiny/config.json"));
+    std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string from = "\"vocab_size\": 258";
+    config.replace(config.find(from), from.size(), "\"vocab_size\": 151936");
+    std::ofstream(*path + "/config.json") << config;
+    return path;
+  }();
+  return *dir;
+}
+
+// Dataset text needs a real tokenizer: dataset specs use QwenShapedModelDir.
+v1::RunSpec DatasetSpec(v1::DatasetFormat format, const std::string& relative_path) {
+  v1::RunSpec spec;
+  spec.mutable_model()->set_hf_model_dir(QwenShapedModelDir());
+  spec.mutable_task()->mutable_dataset()->set_format(format);
+  spec.mutable_task()->mutable_dataset()->set_path(Data(relative_path));
+  return spec;
+}
+
+// A JSONL file in the test's temporary directory.
+std::string WriteJsonl(const std::string& name, const std::vector<std::string>& lines) {
+  const std::string path = absl::StrCat(::testing::TempDir(), "/", name);
+  std::ofstream out(path);
+  for (const std::string& line : lines) out << line << "\n";
+  return path;
 }
 
 // The message of validating `spec` after defaults are resolved.
@@ -150,24 +199,135 @@ TEST(ValidateRunSpecTest, UnknownBuiltinModelListsTheKnownOnes) {
   EXPECT_EQ(ProblemsOf(spec), "model.builtin: unknown model \"huge\"; known: tiny, micro");
 }
 
-TEST(ValidateRunSpecTest, HuggingFaceModelsAreNotSupportedYet) {
+TEST(ValidateRunSpecTest, HuggingFaceModelDirectoriesAreReadAndChecked) {
   v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_model()->set_hf_model_dir(QwenShapedModelDir());
+  EXPECT_TRUE(ValidateRunSpec(ResolveDefaults(spec)).ok())
+      << ValidateRunSpec(ResolveDefaults(spec));
+  spec.mutable_task()->set_chat_template("chatml");
+  EXPECT_TRUE(ValidateRunSpec(ResolveDefaults(spec)).ok());
+
   spec.mutable_model()->set_hf_model_dir("/models/qwen");
-  EXPECT_THAT(ProblemsOf(spec),
-              HasSubstr("model.hf_model_dir: Hugging Face models are not supported yet in this "
-                        "release (arithmetic task / builtin models only)"));
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("model.hf_model_dir: \"/models/qwen\" is not a "
+                                          "directory readable by the controller"));
+}
+
+TEST(ValidateRunSpecTest, BuiltinModelsCannotSpellDatasetText) {
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/gsm8k/test.jsonl");
+  spec.mutable_model()->set_builtin("tiny");
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("task.dataset: the builtin models' character tokenizer "
+                                          "knows only"));
+  spec = ArithmeticSpec();
+  spec.mutable_task()->set_prompt_template("Compute {question}");
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("task.prompt_template: the builtin models' tokenizer "
+                                          "cannot spell it: character 'C' at offset 0"));
 }
 
 TEST(ValidateRunSpecTest, TaskNeedsASource) {
   EXPECT_EQ(ProblemsOf(v1::RunSpec()), "task: exactly one of arithmetic or dataset must be set");
 }
 
-TEST(ValidateRunSpecTest, DatasetTasksAreNotSupportedYet) {
-  v1::RunSpec spec;
-  spec.mutable_task()->mutable_dataset()->set_path("gsm8k.jsonl");
-  EXPECT_THAT(ProblemsOf(spec),
-              HasSubstr("task.dataset: dataset tasks are not supported yet in this release "
-                        "(arithmetic task / builtin models only)"));
+TEST(ResolveDefaultsTest, DatasetsGetTheirFormatsVerifierAndPromptTemplate) {
+  for (const auto& [format, verifier, prompt_template] :
+       std::vector<std::tuple<v1::DatasetFormat, std::string, std::string>>{
+           {v1::DATASET_FORMAT_GSM8K, "math",
+            "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."},
+           {v1::DATASET_FORMAT_MATH, "math",
+            "{question}\nPlease reason step by step, and put your final answer within \\boxed{}."},
+           {v1::DATASET_FORMAT_HUMANEVAL, "code", "{question}"}}) {
+    SCOPED_TRACE(v1::DatasetFormat_Name(format));
+    const v1::RunSpec spec = ResolveDefaults(DatasetSpec(format, "any.jsonl"));
+    ASSERT_EQ(spec.reward().verifiers_size(), 1);
+    EXPECT_EQ(spec.reward().verifiers(0).name(), verifier);
+    EXPECT_DOUBLE_EQ(spec.reward().verifiers(0).weight(), 1.0);
+    EXPECT_EQ(spec.task().prompt_template(), prompt_template);
+    EXPECT_EQ(spec.task().eval_split_size(), 200);
+    EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(ResolveDefaults(spec), spec));
+  }
+}
+
+TEST(ResolveDefaultsTest, DatasetKeepsTheUsersVerifiersAndTemplate) {
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "any.jsonl");
+  spec.mutable_reward()->add_verifiers()->set_name("format");
+  spec.mutable_task()->set_prompt_template("Q: {question}\nA:");
+  spec = ResolveDefaults(spec);
+  ASSERT_EQ(spec.reward().verifiers_size(), 1);
+  EXPECT_EQ(spec.reward().verifiers(0).name(), "format");
+  EXPECT_EQ(spec.task().prompt_template(), "Q: {question}\nA:");
+}
+
+TEST(ResolveDefaultsTest, ArithmeticKeepsAnEmptyPromptTemplate) {
+  EXPECT_EQ(ResolveDefaults(ArithmeticSpec()).task().prompt_template(), "");
+}
+
+TEST(ValidateRunSpecTest, DatasetTasksAreAccepted) {
+  for (const auto& [format, path] : std::vector<std::pair<v1::DatasetFormat, std::string>>{
+           {v1::DATASET_FORMAT_GSM8K, "datasets/gsm8k/test.jsonl"},
+           {v1::DATASET_FORMAT_MATH, "datasets/math500/test.jsonl"},
+           {v1::DATASET_FORMAT_HUMANEVAL, "datasets/humaneval/HumanEval.jsonl.gz"}}) {
+    SCOPED_TRACE(path);
+    v1::RunSpec spec = DatasetSpec(format, path);
+    EXPECT_EQ(ProblemsOf(spec), "");
+    spec.mutable_task()->set_chat_template("chatml");
+    spec.mutable_task()->set_system_prompt("You are a helpful assistant.");
+    EXPECT_EQ(ProblemsOf(spec), "");
+  }
+}
+
+TEST(ValidateRunSpecTest, UnreadableDatasetNamesThePath) {
+  const v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/nope.jsonl");
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr(absl::StrCat("task.dataset.path: cannot read \"",
+                                                       Data("datasets/nope.jsonl"), "\": ")));
+}
+
+TEST(ValidateRunSpecTest, DatasetInTheWrongFormatNamesTheFileAndLine) {
+  // MATH-500 rows have no "question" column.
+  const v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/math500/test.jsonl");
+  EXPECT_EQ(ProblemsOf(spec),
+            absl::StrCat("task.dataset.path: cannot read \"", Data("datasets/math500/test.jsonl"),
+                         "\": line 1: no \"question\" column"));
+}
+
+TEST(ValidateRunSpecTest, DatasetFormatMustBeSetAndSupported) {
+  EXPECT_THAT(ProblemsOf(DatasetSpec(v1::DATASET_FORMAT_UNSPECIFIED, "datasets/gsm8k/test.jsonl")),
+              HasSubstr("task.dataset.format: must be DATASET_FORMAT_JSONL, _GSM8K, _MATH or "
+                        "_HUMANEVAL, got DATASET_FORMAT_UNSPECIFIED"));
+  const std::string mbpp = ProblemsOf(DatasetSpec(v1::DATASET_FORMAT_MBPP, "mbpp.jsonl"));
+  EXPECT_THAT(mbpp, HasSubstr("task.dataset.format: MBPP is not supported yet"));
+  // The format is the problem; no second line about verifiers.
+  EXPECT_THAT(mbpp, Not(HasSubstr("reward.verifiers:")));
+}
+
+TEST(ValidateRunSpecTest, JsonlDatasetNeedsVerifiers) {
+  const std::string path =
+      WriteJsonl("run_spec_jsonl.jsonl",
+                 {R"({"prompt": "1+1=", "answer": "2"})", R"({"prompt": "2+2=", "answer": "4"})"});
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_JSONL, "unused");
+  spec.mutable_task()->mutable_dataset()->set_path(path);
+  EXPECT_EQ(ProblemsOf(spec),
+            "reward.verifiers: a JSONL dataset needs reward.verifiers (e.g. {name: math}); only "
+            "GSM8K, MATH and HumanEval datasets get a default verifier");
+  spec.mutable_reward()->add_verifiers()->set_name("math");
+  EXPECT_EQ(ProblemsOf(spec), "");
+}
+
+TEST(ValidateRunSpecTest, PromptTemplateAndChatTemplateAreChecked) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_task()->set_prompt_template("Compute:");
+  spec.mutable_task()->set_chat_template("llama3");
+  const std::string problems = ProblemsOf(spec);
+  EXPECT_THAT(problems, HasSubstr("task.prompt_template: must contain \"{question}\""));
+  EXPECT_THAT(problems, HasSubstr("task.chat_template: unknown \"llama3\"; known: none, chatml"));
+
+  spec.mutable_task()->set_prompt_template("= {question}");
+  spec.mutable_task()->set_chat_template("none");
+  EXPECT_EQ(ProblemsOf(spec), "");
+}
+
+TEST(ValidateRunSpecTest, NegativeMaxPromptsIsRejected) {
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/gsm8k/test.jsonl");
+  spec.mutable_task()->mutable_dataset()->set_max_prompts(-1);
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("task.dataset.max_prompts: must be >= 0"));
 }
 
 TEST(ValidateRunSpecTest, ArithmeticOptionsAreNamedByTheirPathInTheSpec) {
@@ -305,6 +465,62 @@ TEST(BuildTrainingPromptsTest, TheTrainingPoolOfTheSpec) {
   absl::StatusOr<std::vector<v1::Prompt>> again = BuildTrainingPrompts(ResolveDefaults(spec));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ((*again)[0].text(), (*prompts)[0].text());
+}
+
+TEST(BuildTrainingPromptsTest, ArithmeticPromptsAreTheTasksOwn) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_task()->mutable_arithmetic()->set_num_prompts(30);
+  spec.mutable_task()->set_eval_split_size(5);
+  spec.set_seed(3);
+  spec = ResolveDefaults(spec);
+  absl::StatusOr<std::vector<v1::Prompt>> prompts = BuildTrainingPrompts(spec);
+  absl::StatusOr<task::ArithmeticTask> task =
+      task::ArithmeticTask::Generate(ArithmeticOptionsFor(spec));
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_EQ(prompts->size(), task->train.size());
+  for (size_t i = 0; i < prompts->size(); ++i) {
+    EXPECT_EQ((*prompts)[i].prompt_id(), task->train[i].prompt_id);
+    EXPECT_EQ((*prompts)[i].text(), task->train[i].prompt);
+    EXPECT_EQ((*prompts)[i].reference_answer(), task->train[i].reference_answer);
+    EXPECT_EQ((*prompts)[i].verifier(), "");
+    EXPECT_TRUE((*prompts)[i].metadata().empty());
+  }
+}
+
+TEST(BuildTrainingPromptsTest, HumanEvalPromptsCarryTheCodeVerifierAndItsInputs) {
+  v1::RunSpec spec = ResolveDefaults(
+      DatasetSpec(v1::DATASET_FORMAT_HUMANEVAL, "datasets/humaneval/HumanEval.jsonl.gz"));
+  absl::StatusOr<std::vector<v1::Prompt>> prompts = BuildTrainingPrompts(spec);
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  ASSERT_EQ(prompts->size(), 164u - 16u);  // 10% of 164 held out.
+  for (const v1::Prompt& prompt : *prompts) {
+    EXPECT_THAT(prompt.prompt_id(), HasSubstr("HumanEval/"));
+    EXPECT_EQ(prompt.verifier(), "");  // The run's composition scores it.
+    EXPECT_EQ(prompt.text(), prompt.metadata().at("prompt"));
+    EXPECT_FALSE(prompt.metadata().at("test").empty());
+    EXPECT_FALSE(prompt.metadata().at("entry_point").empty());
+  }
+}
+
+TEST(BuildTrainingPromptsTest, Gsm8kPromptsAreTemplated) {
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/gsm8k/test.jsonl");
+  spec.mutable_task()->mutable_dataset()->set_max_prompts(100);
+  spec.mutable_task()->set_eval_split_size(10);
+  absl::StatusOr<std::vector<v1::Prompt>> prompts = BuildTrainingPrompts(ResolveDefaults(spec));
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  ASSERT_EQ(prompts->size(), 90u);
+  for (const v1::Prompt& prompt : *prompts) {
+    EXPECT_THAT(prompt.text(), HasSubstr("put your final answer within \\boxed{}."));
+    EXPECT_EQ(prompt.verifier(), "");
+    EXPECT_FALSE(prompt.reference_answer().empty());
+  }
+}
+
+TEST(BuildTrainingPromptsTest, MissingDatasetIsAnError) {
+  absl::StatusOr<std::vector<v1::Prompt>> prompts = BuildTrainingPrompts(
+      ResolveDefaults(DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/nope.jsonl")));
+  EXPECT_EQ(prompts.status().code(), absl::StatusCode::kNotFound);
 }
 
 }  // namespace

@@ -17,7 +17,8 @@
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
 #include "common/status_macros.h"
-#include "common/task/char_tokenizer.h"
+#include "common/run/run_model.h"
+#include "common/tokenizer/bpe_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
 #include "services/clients/group_inserter.h"
 
@@ -58,7 +59,10 @@ class RolloutRun::Impl {
 
   absl::Status Run() {
     RETURN_IF_ERROR(Init());
-    ASSIGN_OR_RETURN(config_, model::BuiltinModelConfig(spec_.model().builtin(), tokenizer_.vocab_size()));
+    // The model's config and tokenizer; its weights come from the trainer.
+    ASSIGN_OR_RETURN(config_, run::LoadRunModelConfig(spec_.model()));
+    ASSIGN_OR_RETURN(tokenizer_, run::LoadRunTokenizer(spec_.model()));
+    stop_token_ids_ = run::StopTokenIds(config_, *tokenizer_);
     follower_ = std::thread([this] { FollowWeights(); });
     absl::Status status = Loop();
     Stop(/*abort=*/false);
@@ -184,7 +188,7 @@ class RolloutRun::Impl {
       tensors.push_back({spec.name(), std::move(t)});
     }
     ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model,
-                     model::Transformer::Create(config_, /*seed=*/0));
+                     model::Transformer::CreateUninitialized(config_));
     RETURN_IF_ERROR(model->LoadWeights(tensors));
     return std::shared_ptr<const model::Transformer>(std::move(model));
   }
@@ -291,11 +295,15 @@ class RolloutRun::Impl {
     sampling.temperature = sampling_spec.has_temperature() ? sampling_spec.temperature() : 1.0;
     sampling.top_p = sampling_spec.has_top_p() ? sampling_spec.top_p() : 1.0;
     sampling.top_k = sampling_spec.top_k();
-    sampling.max_new_tokens =
-        sampling_spec.max_new_tokens() > 0 ? sampling_spec.max_new_tokens() : config_.max_position_embeddings;
+    sampling.max_new_tokens = sampling_spec.max_new_tokens() > 0 ? sampling_spec.max_new_tokens()
+                              : spec_.model().max_context_tokens() > 0
+                                  ? spec_.model().max_context_tokens()
+                                  : config_.max_position_embeddings;
     sampling.stop_token_ids.assign(sampling_spec.stop_token_ids().begin(),
                                    sampling_spec.stop_token_ids().end());
-    if (sampling.stop_token_ids.empty()) sampling.stop_token_ids = {tokenizer_.eos_id()};
+    if (sampling.stop_token_ids.empty()) {
+      sampling.stop_token_ids.assign(stop_token_ids_.begin(), stop_token_ids_.end());
+    }
     ++batch_counter_;
     sampling.seed = sampling_spec.has_seed()
                         ? sampling_spec.seed() + batch_counter_
@@ -304,9 +312,8 @@ class RolloutRun::Impl {
     std::vector<std::vector<int32_t>> rows;
     for (const v1::Prompt& prompt : leased.prompts()) {
       std::vector<int32_t> ids(prompt.token_ids().begin(), prompt.token_ids().end());
-      if (ids.empty()) {
-        ASSIGN_OR_RETURN(ids, tokenizer_.Encode(prompt.text()));
-      }
+      // Special tokens allowed: a chat template's markers are in the text.
+      if (ids.empty()) ids = tokenizer_->Encode(prompt.text(), /*allow_special=*/true);
       for (int g = 0; g < group_size; ++g) rows.push_back(ids);
     }
 
@@ -345,7 +352,9 @@ class RolloutRun::Impl {
     // Score every completion on the reward server.
     std::vector<std::string> texts(completions.size());
     for (size_t i = 0; i < completions.size(); ++i) {
-      ASSIGN_OR_RETURN(texts[i], tokenizer_.Decode(completions[i].tokens));
+      // As vLLM and transformers give completions: without special tokens
+      // (the stop token), so verifiers see only what the model wrote.
+      ASSIGN_OR_RETURN(texts[i], tokenizer_->Decode(completions[i].tokens, /*skip_special=*/true));
     }
     v1::ScoreBatchRequest score;
     for (const auto& v : spec_.reward().verifiers()) *score.add_composition() = v;
@@ -560,8 +569,9 @@ class RolloutRun::Impl {
   const std::string run_id_;
   const v1::RunSpec spec_;
   RolloutRunDeps deps_;
-  task::CharTokenizer tokenizer_;
+  std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   model::ModelConfig config_;
+  std::vector<int32_t> stop_token_ids_;
   std::thread follower_;
   std::unique_ptr<clients::GroupInserter> inserter_;
   uint64_t batch_counter_ = 0;

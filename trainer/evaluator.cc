@@ -11,7 +11,7 @@
 namespace sluice::trainer {
 
 absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
-                                        const task::CharTokenizer& tokenizer,
+                                        const tokenizer::BpeTokenizer& tokenizer,
                                         const std::vector<task::TaskItem>& items,
                                         clients::RewardClient& reward, const EvalOptions& options) {
   const absl::Time start = absl::Now();
@@ -22,7 +22,7 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
   sampling.temperature = options.temperature;
   sampling.top_p = options.top_p;
   sampling.max_new_tokens = options.max_new_tokens;
-  sampling.stop_token_ids = {tokenizer.eos_id()};
+  sampling.stop_token_ids.assign(options.stop_token_ids.begin(), options.stop_token_ids.end());
   sampling.seed = options.seed;
 
   v1::EvalResult result;
@@ -34,8 +34,8 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
     const size_t end = std::min(items.size(), begin + options.batch_rows);
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = begin; i < end; ++i) {
-      ASSIGN_OR_RETURN(auto ids, tokenizer.Encode(items[i].prompt));
-      prompts.push_back(std::move(ids));
+      // Special tokens allowed: a chat template's markers are in the text.
+      prompts.push_back(tokenizer.Encode(items[i].prompt, /*allow_special=*/true));
     }
     ASSIGN_OR_RETURN(auto completions, model::Generate(policy, prompts, sampling));
     v1::ScoreBatchRequest request;
@@ -43,10 +43,14 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
     for (size_t i = begin; i < end; ++i) {
       v1::ScoreItem* item = request.add_items();
       item->set_item_id(items[i].prompt_id);
-      ASSIGN_OR_RETURN(std::string text, tokenizer.Decode(completions[i - begin].tokens));
+      const std::vector<int32_t>& tokens = completions[i - begin].tokens;
+      ASSIGN_OR_RETURN(std::string text, tokenizer.Decode(tokens, /*skip_special=*/true));
       item->set_response(text);
       item->set_reference_answer(items[i].reference_answer);
       item->set_prompt(items[i].prompt);
+      item->set_verifier(items[i].verifier);
+      *item->mutable_metadata() = {items[i].metadata.begin(), items[i].metadata.end()};
+      (*item->mutable_metadata())["completion_tokens"] = absl::StrCat(tokens.size());
       item->set_timeout_ms(options.item_timeout_ms);
     }
     ASSIGN_OR_RETURN(v1::ScoreBatchResponse scored,

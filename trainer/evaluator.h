@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "common/model/transformer.h"
 #include "common/task/arithmetic.h"
-#include "common/task/char_tokenizer.h"
+#include "common/tokenizer/bpe_tokenizer.h"
 #include "services/clients/clients.h"
 #include "sluice/v1/controller.pb.h"
 
@@ -20,6 +20,8 @@ struct EvalOptions {
   double temperature = 0;
   double top_p = 1.0;
   int64_t max_new_tokens = 16;
+  // Generation ends at any of these (run::StopTokenIds).
+  std::vector<int32_t> stop_token_ids;
   uint64_t seed = 0;
   int batch_rows = 256;
   // Verifiers and per-item deadline, from the run's RewardConfig.
@@ -34,7 +36,7 @@ struct EvalOptions {
 // error from the reward server (unreachable, or a retryable per-item error)
 // is returned, never counted as a wrong answer.
 absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
-                                        const task::CharTokenizer& tokenizer,
+                                        const tokenizer::BpeTokenizer& tokenizer,
                                         const std::vector<task::TaskItem>& items,
                                         clients::RewardClient& reward, const EvalOptions& options);
 

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cmath>
 #include <map>
 #include <numeric>
@@ -10,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
@@ -20,8 +23,12 @@
 #include "common/model/transformer.h"
 #include "common/status_macros.h"
 #include "common/task/arithmetic.h"
-#include "common/task/char_tokenizer.h"
+#include "common/model/hf_checkpoint.h"
+#include "common/run/run_model.h"
+#include "common/run/run_task.h"
+#include "common/tokenizer/bpe_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
+#include "nlohmann/json.hpp"
 #include "trainer/advantages.h"
 #include "trainer/evaluator.h"
 #include "trainer/policy_loss.h"
@@ -141,6 +148,19 @@ class TrainerRun::Impl {
       Report(v1::TRAINER_STATE_FINISHED);
       log::Info("run finished", {{"run_id", run_id_}, {"steps", step_}});
     } else if (stop_.load()) {
+      if (checkpoint_on_stop_.load()) {
+        // Stopped between steps: the weights are those of step_, whole.
+        absl::Status written;
+        try {
+          written = WriteCheckpoint("stopped");
+        } catch (const std::exception& e) {
+          written = absl::InternalError(e.what());
+        }
+        if (!written.ok()) {
+          log::Error("checkpoint on stop failed",
+                     {{"run_id", run_id_}, {"error", std::string(written.message())}});
+        }
+      }
       status = absl::CancelledError(absl::StrCat("run ", run_id_, " was stopped"));
       SetState(v1::TRAINER_STATE_IDLE);
     } else {
@@ -157,7 +177,8 @@ class TrainerRun::Impl {
     return status;
   }
 
-  void Stop() {
+  void Stop(bool checkpoint) {
+    if (checkpoint) checkpoint_on_stop_.store(true);
     stop_.store(true);
     if (deps_.buffer != nullptr) deps_.buffer->CancelSample();
   }
@@ -169,49 +190,69 @@ class TrainerRun::Impl {
 
  private:
   absl::Status RunInner() {
-    // Model, tokenizer, task: all deterministic in the run's seed.
-    if (spec_.model().source_case() != v1::ModelConfig::kBuiltin) {
-      return absl::InvalidArgumentError("model: only builtin models are supported in this release");
+    // Model, tokenizer, task: all deterministic in the run's spec and seed.
+    const double load_start = Now();
+    ASSIGN_OR_RETURN(tokenizer_, run::LoadRunTokenizer(spec_.model()));
+    std::string model_name;
+    if (spec_.model().has_hf_model_dir()) {
+      model_name = spec_.model().hf_model_dir();
+      absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(model_name);
+      if (!loaded.ok()) {
+        return absl::Status(loaded.status().code(),
+                            absl::StrCat("model.hf_model_dir: ", loaded.status().message()));
+      }
+      model_ = std::move(loaded->model);
+    } else {
+      model_name = spec_.model().builtin();
+      ASSIGN_OR_RETURN(model::ModelConfig config, run::LoadRunModelConfig(spec_.model()));
+      ASSIGN_OR_RETURN(model_, model::Transformer::Create(config, spec_.seed()));
     }
-    ASSIGN_OR_RETURN(model::ModelConfig config,
-                     model::BuiltinModelConfig(spec_.model().builtin(), tokenizer_.vocab_size()));
-    ASSIGN_OR_RETURN(model_, model::Transformer::Create(config, spec_.seed()));
+    const model::ModelConfig& config = model_->config();
+    stop_token_ids_ = run::StopTokenIds(config, *tokenizer_);
+    if (stop_token_ids_.empty()) {
+      return absl::InvalidArgumentError("model: the tokenizer and config.json name no end-of-sequence token");
+    }
+    pad_id_ = run::PadTokenId(config, *tokenizer_);
+    ASSIGN_OR_RETURN(checkpoint_side_files_, run::CheckpointSideFiles(spec_.model()));
     log::Info("model ready", {{"run_id", run_id_},
-                              {"model", spec_.model().builtin()},
-                              {"parameters", config.ParameterCount()}});
-    if (spec_.task().source_case() != v1::TaskConfig::kArithmetic) {
-      return absl::InvalidArgumentError("task: only the arithmetic task is supported in this release");
-    }
-    const auto& a = spec_.task().arithmetic();
-    task::ArithmeticOptions options;
-    options.min_operand = a.min_operand();
-    options.max_operand = a.max_operand();
-    options.num_operands = a.num_operands();
-    options.operators.assign(a.operators().begin(), a.operators().end());
-    options.num_prompts = a.num_prompts();
-    options.eval_size = spec_.task().eval_split_size();
-    options.seed = spec_.seed();
-    ASSIGN_OR_RETURN(task_, task::ArithmeticTask::Generate(options));
-    eval_items_ = task_.eval;
+                              {"model", model_name},
+                              {"architecture", config.architecture},
+                              {"parameters", config.ParameterCount()},
+                              {"seconds", Now() - load_start}});
+    ASSIGN_OR_RETURN(run::RunTask task, run::LoadRunTask(spec_));
+    train_items_ = std::move(task.train);
+    eval_items_ = std::move(task.eval);
     if (spec_.eval().num_prompts() > 0 &&
         static_cast<size_t>(spec_.eval().num_prompts()) < eval_items_.size()) {
       eval_items_.resize(spec_.eval().num_prompts());
     }
-    dev_items_.assign(task_.train.begin(),
-                      task_.train.begin() + std::min(kDevSplitSize, task_.train.size()));
-    for (const auto& item : task_.train) {
-      ASSIGN_OR_RETURN(auto prompt, tokenizer_.Encode(item.prompt));
-      ASSIGN_OR_RETURN(auto answer, tokenizer_.Encode(item.reference_answer));
-      answer.push_back(tokenizer_.eos_id());
-      sft_rows_.emplace_back(std::move(prompt), std::move(answer));
+    dev_items_.assign(train_items_.begin(),
+                      train_items_.begin() + std::min(kDevSplitSize, train_items_.size()));
+    if (spec_.warm_start().sft_steps() > 0) {
+      // SFT targets: the reference answer, then the stop token. Items
+      // verified by execution only (code) have none and are left out.
+      for (const auto& item : train_items_) {
+        if (item.reference_answer.empty()) continue;
+        std::vector<int32_t> prompt = tokenizer_->Encode(item.prompt, /*allow_special=*/true);
+        std::vector<int32_t> answer = tokenizer_->Encode(item.reference_answer, /*allow_special=*/false);
+        answer.push_back(stop_token_ids_.front());
+        sft_rows_.emplace_back(std::move(prompt), std::move(answer));
+      }
+      if (sft_rows_.empty()) {
+        return absl::InvalidArgumentError(
+            "warm_start: the task has no reference answers to fine-tune on; set "
+            "warm_start.sft_steps to 0");
+      }
     }
-    if (sft_rows_.empty()) return absl::InvalidArgumentError("task: the training pool is empty");
+    if (train_items_.empty()) return absl::InvalidArgumentError("task: the training pool is empty");
     temperature_ = spec_.rollout().sampling().has_temperature()
                        ? spec_.rollout().sampling().temperature()
                        : 1.0;
     if (temperature_ <= 0) temperature_ = 1.0;  // greedy rollouts record T = 1 log-probs
     max_new_tokens_ = spec_.rollout().sampling().max_new_tokens() > 0
                           ? spec_.rollout().sampling().max_new_tokens()
+                      : spec_.model().max_context_tokens() > 0
+                          ? spec_.model().max_context_tokens()
                           : config.max_position_embeddings;
 
     if (spec_.warm_start().sft_steps() > 0) RETURN_IF_ERROR(WarmStart());
@@ -245,7 +286,7 @@ class TrainerRun::Impl {
       std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rows;
       rows.reserve(batch_size);
       for (int64_t i = 0; i < batch_size; ++i) rows.push_back(sft_rows_[pick(rng)]);
-      PaddedBatch batch = PadRows(rows, tokenizer_.pad_id());
+      PaddedBatch batch = PadRows(rows, pad_id_);
       SetLearningRate(optimizer, ws.learning_rate() * std::min(1.0, double(step + 1) / warmup));
       optimizer.zero_grad();
       torch::Tensor logits = model_->Forward(batch.inputs);
@@ -295,7 +336,8 @@ class TrainerRun::Impl {
     options.seed = spec_.seed() + static_cast<uint64_t>(step);
     options.composition.assign(spec_.reward().verifiers().begin(), spec_.reward().verifiers().end());
     options.item_timeout_ms = spec_.reward().item_timeout_ms();
-    auto result = Evaluate(*model_, tokenizer_, items, *deps_.reward, options);
+    options.stop_token_ids = stop_token_ids_;
+    auto result = Evaluate(*model_, *tokenizer_, items, *deps_.reward, options);
     if (!result.ok()) {
       return absl::Status(result.status().code(),
                           absl::StrCat(phase, " evaluation: ", result.status().message()));
@@ -372,7 +414,7 @@ class TrainerRun::Impl {
     if (minibatches > 1 && alg.objective() != v1::OBJECTIVE_GRPO) {
       // Later minibatches of a batch need the log-probs of the weights as
       // they were before its first update: keep a copy of those weights.
-      ASSIGN_OR_RETURN(prox_model_, model::Transformer::Create(model_->config(), 0));
+      ASSIGN_OR_RETURN(prox_model_, model::Transformer::CreateUninitialized(model_->config()));
     }
     SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
     Report(v1::TRAINER_STATE_WAITING_FOR_DATA);
@@ -431,9 +473,122 @@ class TrainerRun::Impl {
           RETURN_IF_ERROR(RunEval("periodic", step_));
           SetState(v1::TRAINER_STATE_TRAINING);
         }
+        const int64_t checkpoint_every = spec_.checkpoint().every_n_steps();
+        if (checkpoint_every > 0 && step_ % checkpoint_every == 0 && step_ < alg.total_steps()) {
+          // A periodic checkpoint that cannot be written (a full disk) does
+          // not end the run; the final one does.
+          if (absl::Status written = WriteCheckpoint("periodic"); !written.ok()) {
+            log::Error("checkpoint failed", {{"run_id", run_id_},
+                                             {"error", std::string(written.message())}});
+          }
+        }
       }
     }
-    return RunEval("after", step_);
+    RETURN_IF_ERROR(RunEval("after", step_));
+    return WriteCheckpoint("final");
+  }
+
+  // ---- checkpoints -------------------------------------------------------
+
+  // Writes the model as a complete Hugging Face directory
+  // <checkpoint.dir>/step-NNNNNNNN (config.json, safetensors, the tokenizer
+  // files, and trainer_state.json with the step and run), loadable unchanged
+  // by transformers, vLLM or SGLang and by a later run as hf_model_dir. It is
+  // written under a hidden temporary name and renamed, so a directory named
+  // step-* is always complete; then all but the newest keep_last are
+  // removed. Nothing to do without a checkpoint dir, or when this step is
+  // already written.
+  absl::Status WriteCheckpoint(absl::string_view why) {
+    namespace fs = std::filesystem;
+    const v1::CheckpointConfig& config = spec_.checkpoint();
+    if (config.dir().empty() || model_ == nullptr || step_ == last_checkpoint_step_) {
+      return absl::OkStatus();
+    }
+    const v1::TrainerState previous = Status().state();
+    SetState(v1::TRAINER_STATE_CHECKPOINTING);
+    const double start = Now();
+    const std::string name = absl::StrFormat("step-%08d", step_);
+    const fs::path root(config.dir());
+    const fs::path final_dir = root / name;
+    const fs::path temp_dir = root / absl::StrCat(".", name, ".tmp");
+    std::error_code error;
+    fs::remove_all(temp_dir, error);
+
+    model::SaveHfOptions options;
+    switch (spec_.model().dtype()) {
+      case v1::DTYPE_BFLOAT16:
+        options.dtype = model::DType::kBF16;
+        break;
+      case v1::DTYPE_FLOAT16:
+        options.dtype = model::DType::kF16;
+        break;
+      default:
+        options.dtype = model::DType::kF32;  // What the trainer computes in.
+    }
+    options.max_shard_bytes = int64_t{5} << 30;  // save_pretrained's default "5GB".
+    options.extra_contents = checkpoint_side_files_;
+    nlohmann::ordered_json state = {
+        {"run_id", run_id_},
+        {"run_name", spec_.name()},
+        {"step", step_},
+        {"policy_version", step_},
+        {"reason", std::string(why)},
+        {"source_model", spec_.model().has_hf_model_dir() ? spec_.model().hf_model_dir()
+                                                          : spec_.model().builtin()},
+        {"written_at", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())}};
+    options.extra_contents["trainer_state.json"] = state.dump(2) + "\n";
+    absl::Status status = model::SaveHfModel(temp_dir.string(), *model_, options);
+    if (status.ok()) {
+      fs::remove_all(final_dir, error);
+      fs::rename(temp_dir, final_dir, error);
+      if (error) {
+        status = absl::InternalError(absl::StrCat("cannot rename ", temp_dir.string(), " to ",
+                                                  final_dir.string(), ": ", error.message()));
+      }
+    }
+    SetState(previous);
+    if (!status.ok()) {
+      fs::remove_all(temp_dir, error);
+      return absl::Status(status.code(), absl::StrCat("checkpoint at step ", step_, ": ",
+                                                      status.message()));
+    }
+    last_checkpoint_step_ = step_;
+    {
+      absl::MutexLock lock(&mu_);
+      status_.set_last_checkpoint_step(step_);
+    }
+    log::Info("checkpoint written", {{"run_id", run_id_},
+                                     {"step", step_},
+                                     {"reason", std::string(why)},
+                                     {"dir", final_dir.string()},
+                                     {"seconds", Now() - start}});
+    PruneCheckpoints(root, config.keep_last());
+    return absl::OkStatus();
+  }
+
+  // Removes all but the newest `keep` step-* directories (0 = keep all).
+  void PruneCheckpoints(const std::filesystem::path& root, int keep) {
+    namespace fs = std::filesystem;
+    if (keep <= 0) return;
+    std::vector<std::pair<int64_t, fs::path>> steps;
+    std::error_code error;
+    for (const fs::directory_entry& entry : fs::directory_iterator(root, error)) {
+      const std::string name = entry.path().filename().string();
+      int64_t step = 0;
+      if (!entry.is_directory(error) || !absl::StartsWith(name, "step-") ||
+          !absl::SimpleAtoi(name.substr(5), &step)) {
+        continue;
+      }
+      steps.emplace_back(step, entry.path());
+    }
+    std::sort(steps.begin(), steps.end());
+    for (size_t i = 0; i + keep < steps.size(); ++i) {
+      fs::remove_all(steps[i].second, error);
+      if (error) {
+        log::Warning("could not remove an old checkpoint",
+                     {{"dir", steps[i].second.string()}, {"error", error.message()}});
+      }
+    }
   }
 
   absl::StatusOr<v1::TrainingStepMetrics> TrainStep(const v1::SampleResponse& batch, int begin,
@@ -519,7 +674,7 @@ class TrainerRun::Impl {
     double grad_norm = 0;
     int64_t tokens_trained = 0;
     if (!rows.empty()) {
-      PaddedBatch padded = PadRows(rows, tokenizer_.pad_id());
+      PaddedBatch padded = PadRows(rows, pad_id_);
       tokens_trained = padded.real_tokens;
       const int64_t width = padded.inputs.size(1);
       torch::Tensor behav = ScatterCompletionValues(behaviour, prefix_lengths, width);
@@ -642,7 +797,7 @@ class TrainerRun::Impl {
     if (response->stop() && report.state() != v1::TRAINER_STATE_FINISHED &&
         report.state() != v1::TRAINER_STATE_FAILED) {
       log::Info("controller asked to stop the run", {{"run_id", run_id_}});
-      Stop();
+      Stop(/*checkpoint=*/false);
     }
   }
 
@@ -650,16 +805,22 @@ class TrainerRun::Impl {
   const v1::RunSpec spec_;
   TrainerRunDeps deps_;
   std::atomic<bool> stop_{false};
-  task::CharTokenizer tokenizer_;
+  std::atomic<bool> checkpoint_on_stop_{false};
+  std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
+  std::vector<int32_t> stop_token_ids_;
+  int32_t pad_id_ = 0;
+  // Tokenizer files every checkpoint carries (run::CheckpointSideFiles).
+  std::map<std::string, std::string> checkpoint_side_files_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<model::Transformer> prox_model_;  // decoupled PPO, > 1 minibatch
-  task::ArithmeticTask task_;
+  std::vector<task::TaskItem> train_items_;
   std::vector<task::TaskItem> eval_items_;
   std::vector<task::TaskItem> dev_items_;
   std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> sft_rows_;
   double temperature_ = 1.0;
   int64_t max_new_tokens_ = 16;
   int64_t step_ = 0;
+  int64_t last_checkpoint_step_ = -1;
   double start_time_ = 0;
 
   mutable absl::Mutex mu_;
@@ -674,7 +835,7 @@ TrainerRun::TrainerRun(std::string run_id, v1::RunSpec spec, TrainerRunDeps deps
 TrainerRun::~TrainerRun() = default;
 
 absl::Status TrainerRun::Run() { return impl_->Run(); }
-void TrainerRun::Stop() { impl_->Stop(); }
+void TrainerRun::Stop(bool checkpoint) { impl_->Stop(checkpoint); }
 v1::TrainerStatus TrainerRun::Status() const { return impl_->Status(); }
 
 }  // namespace sluice::trainer

@@ -49,7 +49,9 @@ class TrainerRun {
   // after Stop(), or the error that ended the run (already reported to the
   // controller as TRAINER_STATE_FAILED).
   absl::Status Run();
-  void Stop();
+  // With `checkpoint`, Run() writes a checkpoint of the weights it has
+  // before it returns (when spec.checkpoint.dir is set).
+  void Stop(bool checkpoint = false);
 
   v1::TrainerStatus Status() const;
   const std::string& run_id() const { return run_id_; }

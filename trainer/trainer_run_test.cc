@@ -1,10 +1,16 @@
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
+#include <unistd.h>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/model/hf_checkpoint.h"
 #include "common/task/char_tokenizer.h"
+#include "common/tokenizer/bpe_tokenizer.h"
 #include "gtest/gtest.h"
 #include "trainer/trainer.h"
 
@@ -92,6 +98,7 @@ class FakeReward : public clients::RewardClient {
                                                     absl::Duration) override {
     v1::ScoreBatchResponse response;
     for (const auto& item : request.items()) {
+      items.push_back(item);
       v1::ScoreResult* r = response.add_results();
       r->set_item_id(item.item_id());
       r->mutable_result()->set_reward(item.response() == item.reference_answer() ? 1.0 : 0.0);
@@ -101,6 +108,7 @@ class FakeReward : public clients::RewardClient {
     return response;
   }
   int batches = 0;
+  std::vector<v1::ScoreItem> items;
 };
 
 class FakeController : public clients::ControllerClient {
@@ -262,5 +270,199 @@ TEST(TrainerRunTest, AnUnreachableRewardServerFailsTheRunWithItsError) {
   EXPECT_NE(controller.reports.back().error().find("reward_server"), std::string::npos);
 }
 
+
+namespace fs = std::filesystem;
+
+// A fresh directory under the test's temporary directory.
+std::string ScratchDir(const std::string& name) {
+  const fs::path dir = fs::path(::testing::TempDir()) / (name + "." + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string ReadAll(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// A model with the weights of a published version.
+std::unique_ptr<model::Transformer> ModelOf(const PublishedVersion& published,
+                                            const model::ModelConfig& config) {
+  std::vector<model::NamedTensor> tensors;
+  for (size_t i = 0; i < published.tensors.size(); ++i) {
+    const auto& spec = published.tensors[i];
+    tensors.push_back({spec.name(), *model::Float32TensorFromBytes(
+                                        {spec.shape().begin(), spec.shape().end()},
+                                        published.bytes[i])});
+  }
+  auto model = model::Transformer::CreateUninitialized(config);
+  EXPECT_TRUE(model.ok());
+  EXPECT_TRUE((*model)->LoadWeights(tensors).ok());
+  return std::move(*model);
+}
+
+TEST(TrainerRunTest, CheckpointsAreHfDirectoriesThatLoadBackWithIdenticalLogits) {
+  FakeBuffer buffer;
+  FakeReward reward;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_algorithm()->set_total_steps(4);
+  const std::string dir = ScratchDir("checkpoints");
+  spec.mutable_checkpoint()->set_dir(dir);
+  spec.mutable_checkpoint()->set_every_n_steps(2);
+  spec.mutable_checkpoint()->set_keep_last(1);
+  TrainerRun run("run-ckpt", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+  ASSERT_TRUE(run.Run().ok());
+  EXPECT_EQ(run.Status().last_checkpoint_step(), 4);
+
+  // step 2 (periodic) was pruned by keep_last 1; step 4 (final) remains.
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  ASSERT_EQ(names, (std::vector<std::string>{"step-00000004"}));
+  const fs::path checkpoint = fs::path(dir) / "step-00000004";
+  for (const char* file : {"config.json", "model.safetensors", "tokenizer.json",
+                           "tokenizer_config.json", "trainer_state.json"}) {
+    EXPECT_TRUE(fs::exists(checkpoint / file)) << file;
+  }
+  EXPECT_NE(ReadAll(checkpoint / "trainer_state.json").find("\"step\": 4"), std::string::npos);
+  EXPECT_EQ(ReadAll(checkpoint / "tokenizer.json"), task::CharTokenizer().ToHfTokenizerJson());
+  EXPECT_TRUE(tokenizer::BpeTokenizer::FromFile((checkpoint / "tokenizer.json").string()).ok());
+
+  // What it holds is exactly the final published policy.
+  absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(checkpoint.string());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  auto published = weights.Get("run-ckpt", 4);
+  ASSERT_TRUE(published.ok());
+  std::unique_ptr<model::Transformer> trained = ModelOf(**published, loaded->config);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = torch::tensor({{1, 4, 13, 5, 16, 7, 2}}, torch::kInt64);
+  EXPECT_TRUE(torch::equal(loaded->model->Forward(ids), trained->Forward(ids)));
+  // Training moved it away from the initial policy.
+  std::unique_ptr<model::Transformer> initial =
+      ModelOf(**weights.Get("run-ckpt", 0), loaded->config);
+  EXPECT_FALSE(torch::equal(loaded->model->Forward(ids), initial->Forward(ids)));
+}
+
+TEST(TrainerRunTest, ARunStartsFromAHfDirectoryWithItsWeights) {
+  // A builtin model's checkpoint is an HF directory a later run can start from.
+  FakeBuffer buffer;
+  FakeReward reward;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec first = SmallSpec();
+  first.mutable_warm_start()->set_sft_steps(0);
+  first.mutable_algorithm()->set_total_steps(1);
+  const std::string dir = ScratchDir("from_hf");
+  first.mutable_checkpoint()->set_dir(dir);
+  TrainerRun run1("run-a", first, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+  ASSERT_TRUE(run1.Run().ok());
+  const std::string checkpoint = dir + "/step-00000001";
+  ASSERT_TRUE(fs::exists(checkpoint + "/model.safetensors"));
+
+  v1::RunSpec second = first;
+  second.mutable_model()->set_hf_model_dir(checkpoint);
+  second.clear_checkpoint();
+  WeightStore weights2(/*retain=*/8);
+  weights2.Reset("run-b");
+  TrainerRun run2("run-b", second, {&buffer, &reward, nullptr, &weights2, nullptr, nullptr});
+  ASSERT_TRUE(run2.Run().ok());
+  // Version 0 of the second run is version 1 of the first, byte for byte.
+  auto end_of_first = weights.Get("run-a", 1);
+  auto start_of_second = weights2.Get("run-b", 0);
+  ASSERT_TRUE(end_of_first.ok() && start_of_second.ok());
+  EXPECT_EQ((*end_of_first)->info.checksum(), (*start_of_second)->info.checksum());
+  EXPECT_EQ((*end_of_first)->bytes, (*start_of_second)->bytes);
+}
+
+TEST(TrainerRunTest, StopWithCheckpointWritesTheWeightsItHas) {
+  FakeBuffer buffer(/*block_samples=*/true);
+  FakeReward reward;
+  WeightStore weights;
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  const std::string dir = ScratchDir("stop_checkpoint");
+  spec.mutable_checkpoint()->set_dir(dir);
+  TrainerRun run("run-stop", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+  absl::Notification done;
+  absl::Status result;
+  std::thread thread([&] {
+    result = run.Run();
+    done.Notify();
+  });
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  run.Stop(/*checkpoint=*/true);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  thread.join();
+  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_TRUE(model::LoadHfModel(dir + "/step-00000000").ok());
+  EXPECT_FALSE(fs::exists(dir + "/.step-00000000.tmp"));
+}
+
+TEST(TrainerRunTest, QwenTokenizerAndChatMlDatasetRun) {
+  // A random Qwen2-shaped model with Qwen2's real tokenizer, trained on a
+  // JSONL dataset through the ChatML template.
+  const std::string model_dir = ScratchDir("qwen_random");
+  model::ModelConfig config;
+  config.architecture = "Qwen2ForCausalLM";
+  config.vocab_size = 151936;
+  config.hidden_size = 16;
+  config.intermediate_size = 32;
+  config.num_hidden_layers = 1;
+  config.num_attention_heads = 2;
+  config.num_key_value_heads = 1;
+  config.max_position_embeddings = 256;
+  config.tie_word_embeddings = true;
+  config.attention_bias = true;
+  config.eos_token_id = 151643;
+  auto random = model::Transformer::Create(config, 3);
+  ASSERT_TRUE(random.ok());
+  model::SaveHfOptions save;
+  save.extra_files = {std::string(SLUICE_TESTDATA_DIR) + "/tokenizers/qwen2/tokenizer.json"};
+  ASSERT_TRUE(model::SaveHfModel(model_dir, **random, save).ok());
+  const std::string data = ScratchDir("qwen_data") + "/sums.jsonl";
+  {
+    std::ofstream out(data);
+    for (int i = 0; i < 20; ++i) {
+      out << "{\"q\": \"What is " << i << " plus " << i << "?\", \"a\": \"" << 2 * i
+          << "\"}\n";
+    }
+  }
+  FakeBuffer buffer;
+  FakeReward reward;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_model()->set_hf_model_dir(model_dir);
+  auto* dataset = spec.mutable_task()->mutable_dataset();
+  dataset->set_path(data);
+  dataset->set_format(v1::DATASET_FORMAT_JSONL);
+  dataset->set_prompt_field("q");
+  dataset->set_answer_field("a");
+  spec.mutable_task()->set_eval_split_size(2);
+  spec.mutable_task()->set_prompt_template("{question}");
+  spec.mutable_task()->set_chat_template("chatml");
+  spec.mutable_task()->set_system_prompt("Be brief.");
+  spec.mutable_warm_start()->set_sft_steps(2);
+  spec.mutable_warm_start()->set_batch_size(4);
+  spec.mutable_algorithm()->set_total_steps(1);
+  spec.mutable_eval()->set_every_n_steps(0);
+  TrainerRun run("run-qwen", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  // Eval prompts went to the reward server as the model saw them: ChatML.
+  ASSERT_FALSE(reward.items.empty());
+  bool saw_eval_prompt = false;
+  for (const v1::ScoreItem& item : reward.items) {
+    EXPECT_EQ(item.prompt().rfind("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n", 0),
+              0u)
+        << item.prompt();
+    EXPECT_TRUE(absl::EndsWith(item.prompt(), "?<|im_end|>\n<|im_start|>assistant\n"));
+    // Completions are decoded without special tokens.
+    EXPECT_EQ(item.response().find("<|im_end|>"), std::string::npos);
+    EXPECT_EQ(item.response().find("<|endoftext|>"), std::string::npos);
+    saw_eval_prompt = true;
+  }
+  EXPECT_TRUE(saw_eval_prompt);
+}
 }  // namespace
 }  // namespace sluice::trainer

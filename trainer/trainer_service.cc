@@ -108,17 +108,17 @@ void TrainerServiceImpl::Shutdown() {
     shutting_down_ = true;
   }
   weights_.Close();
-  StopActiveRun();
+  StopActiveRun(/*checkpoint=*/true);  // SIGTERM: keep what was trained
 }
 
-void TrainerServiceImpl::StopActiveRun() {
+void TrainerServiceImpl::StopActiveRun(bool checkpoint) {
   std::shared_ptr<ActiveRun> run;
   {
     absl::MutexLock lock(&mu_);
     run = std::move(run_);
   }
   if (run == nullptr) return;
-  run->run->Stop();
+  run->run->Stop(checkpoint);
   if (run->thread.joinable()) run->thread.join();
 }
 
@@ -162,7 +162,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
       }
     }
   }
-  StopActiveRun();  // a finished or failed previous run: join its thread
+  StopActiveRun(/*checkpoint=*/false);  // a finished or failed previous run: join its thread
 
   auto active = std::make_shared<ActiveRun>();
   active->run_id = request->run_id();
@@ -202,7 +202,7 @@ grpc::Status TrainerServiceImpl::StopTraining(grpc::ServerContext*,
               absl::StrCat("run ", request->run_id(), " is not this trainer's run (", run_->run_id, ")")};
     }
   }
-  StopActiveRun();
+  StopActiveRun(request->checkpoint());
   response->mutable_status()->set_state(v1::TRAINER_STATE_IDLE);
   return grpc::Status::OK;
 }

@@ -48,7 +48,8 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
 
  private:
   struct ActiveRun;
-  void StopActiveRun() ABSL_LOCKS_EXCLUDED(mu_);
+  // Stops and joins the run; with `checkpoint` it writes one first.
+  void StopActiveRun(bool checkpoint) ABSL_LOCKS_EXCLUDED(mu_);
   v1::TrainerStatus CurrentStatus() const ABSL_LOCKS_EXCLUDED(mu_);
 
   WeightStore weights_;

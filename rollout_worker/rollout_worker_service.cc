@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/run/run_model.h"
 #include "google/protobuf/util/time_util.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -131,9 +132,17 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
       return {grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("endpoints.", field, ": required")};
     }
   }
-  if (request->spec().model().source_case() != v1::ModelConfig::kBuiltin) {
+  // The model's config and tokenizer must be readable here (a worker on
+  // another machine needs the model directory too): say so now, not from
+  // the generation thread.
+  if (absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
+      !config.ok()) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
-            "spec.model: only builtin models are supported in this release"};
+            absl::StrCat("spec.model on this worker: ", config.status().message())};
+  }
+  if (auto tokenizer = run::LoadRunTokenizer(request->spec().model()); !tokenizer.ok()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("spec.model tokenizer on this worker: ", tokenizer.status().message())};
   }
   {
     absl::MutexLock lock(&mu_);

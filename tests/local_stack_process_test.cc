@@ -5,6 +5,7 @@
 #include <fstream>
 #include <memory>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
@@ -159,6 +160,63 @@ rollout: {sampling: {max_new_tokens: 3}}
     EXPECT_TRUE(std::filesystem::exists(entry.path() / "metrics.jsonl"));
   }
   EXPECT_EQ(runs, 1);
+}
+
+// A run from a Hugging Face directory to a Hugging Face checkpoint, through
+// the real processes: `sluice init-model` writes the builtin micro model as
+// an HF directory, the run names it as hf_model_dir, the trainer writes
+// checkpoint.dir/step-00000004 at the end, and `sluice logits` runs it.
+TEST(LocalStackProcessTest, RunFromAnHfDirectoryWritesAnHfCheckpoint) {
+  const std::string dir = testing::MakeTempDir("hfrun");
+  const std::string init_log = dir + "/init.log";
+  auto init = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "init-model", "--builtin",
+                                          "micro", "--seed", "3", "--out", dir + "/micro"},
+                                 .log_path = init_log});
+  ASSERT_TRUE(init.ok());
+  absl::StatusOr<ExitStatus> init_exit = (*init)->Wait(Soon());
+  ASSERT_TRUE(init_exit.ok() && init_exit->success()) << testing::ReadFile(init_log);
+
+  const std::string spec = dir + "/hf.yaml";
+  std::ofstream(spec) << absl::StrCat(R"(name: hf-dir-test
+seed: 3
+model: {hf_model_dir: )", dir, R"(/micro}
+task:
+  arithmetic: {max_operand: 9, operators: ["+"], num_prompts: 60}
+  eval_split_size: 20
+algorithm: {objective: grpo, group_size: 4, batch_size_groups: 4, max_staleness: 1,
+            learning_rate: 1.0e-3, total_steps: 4}
+rollout: {sampling: {max_new_tokens: 3}}
+checkpoint: {dir: )", dir, R"(/checkpoints, every_n_steps: 2, keep_last: 1}
+)");
+  const std::string log = dir + "/run.log";
+  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "quickstart",
+                                             "--runs-dir", dir + "/runs", "--spec", spec},
+                                    .log_path = log});
+  ASSERT_TRUE(process.ok());
+  absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
+  ASSERT_TRUE(exit.ok());
+  EXPECT_TRUE(exit->success()) << testing::ReadFile(log);
+  EXPECT_THAT(testing::ReadFile(log), HasSubstr("RUN_STATE_SUCCEEDED"));
+
+  std::vector<std::string> checkpoints;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/checkpoints")) {
+    checkpoints.push_back(entry.path().filename());
+  }
+  EXPECT_EQ(checkpoints, std::vector<std::string>{"step-00000004"});
+  const std::string checkpoint = dir + "/checkpoints/step-00000004";
+  const auto state = nlohmann::json::parse(testing::ReadFile(checkpoint + "/trainer_state.json"));
+  EXPECT_EQ(state["step"], 4);
+  EXPECT_EQ(state["source_model"], dir + "/micro");
+
+  const std::string logits_log = dir + "/logits.log";
+  auto logits = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "logits", "--model",
+                                            checkpoint, "--prompt", "3+4="},
+                                   .log_path = logits_log});
+  ASSERT_TRUE(logits.ok());
+  absl::StatusOr<ExitStatus> logits_exit = (*logits)->Wait(Soon());
+  ASSERT_TRUE(logits_exit.ok() && logits_exit->success()) << testing::ReadFile(logits_log);
+  const auto output = nlohmann::json::parse(testing::ReadFile(logits_log));
+  EXPECT_EQ(output["logits"].size(), 4u);  // One row per prompt token.
 }
 
 TEST(LocalStackProcessTest, QuickstartRefusesAnInvalidSpecNamingTheField) {

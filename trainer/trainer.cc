@@ -148,7 +148,9 @@ class TrainerRun::Impl {
       Report(v1::TRAINER_STATE_FINISHED);
       log::Info("run finished", {{"run_id", run_id_}, {"steps", step_}});
     } else if (stop_.load()) {
-      if (checkpoint_on_stop_.load()) {
+      // Nothing trained yet (stopped while loading or waiting for the first
+      // batch): nothing worth a checkpoint.
+      if (checkpoint_on_stop_.load() && (step_ > 0 || Status().warm_start_step() > 0)) {
         // Stopped between steps: the weights are those of step_, whole.
         absl::Status written;
         try {

@@ -380,7 +380,7 @@ TEST(TrainerRunTest, StopWithCheckpointWritesTheWeightsItHas) {
   FakeReward reward;
   WeightStore weights;
   v1::RunSpec spec = SmallSpec();
-  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_warm_start()->set_sft_steps(2);  // Trained, but no RL step yet.
   const std::string dir = ScratchDir("stop_checkpoint");
   spec.mutable_checkpoint()->set_dir(dir);
   TrainerRun run("run-stop", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
@@ -397,6 +397,18 @@ TEST(TrainerRunTest, StopWithCheckpointWritesTheWeightsItHas) {
   EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(model::LoadHfModel(dir + "/step-00000000").ok());
   EXPECT_FALSE(fs::exists(dir + "/.step-00000000.tmp"));
+
+  // A run stopped before it trained anything leaves no checkpoint.
+  FakeBuffer blocked(/*block_samples=*/true);
+  spec.mutable_warm_start()->set_sft_steps(0);
+  const std::string empty_dir = ScratchDir("stop_untrained");
+  spec.mutable_checkpoint()->set_dir(empty_dir);
+  TrainerRun untrained("run-stop-2", spec, {&blocked, &reward, nullptr, &weights, nullptr, nullptr});
+  std::thread second([&] { EXPECT_EQ(untrained.Run().code(), absl::StatusCode::kCancelled); });
+  absl::SleepFor(absl::Milliseconds(300));
+  untrained.Stop(/*checkpoint=*/true);
+  second.join();
+  EXPECT_TRUE(fs::is_empty(empty_dir));
 }
 
 TEST(TrainerRunTest, QwenTokenizerAndChatMlDatasetRun) {

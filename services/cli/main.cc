@@ -10,6 +10,7 @@
 //   sluice tokenize|detokenize --tokenizer FILE   (JSONL on stdin -> JSONL on stdout)
 //   sluice logits --model DIR --ids 1,2,3
 //   sluice generate --model DIR (--ids 1,2,3 | --prompt TEXT) --max-new-tokens N [--greedy]
+//   sluice init-model --builtin tiny --out DIR [--seed S]
 #include <poll.h>
 #include <signal.h>
 #include <sys/eventfd.h>
@@ -347,7 +348,8 @@ int RunHealth(const std::string& target, const std::string& service, int timeout
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 2 && (std::string(argv[1]) == "logits" || std::string(argv[1]) == "generate")) {
+  if (argc >= 2 && (std::string(argv[1]) == "logits" || std::string(argv[1]) == "generate" ||
+                    std::string(argv[1]) == "init-model")) {
     return ExecModelCommand(argc, argv);
   }
   // Before any thread exists: `sluice up` reads SIGTERM/SIGINT from a signalfd.
@@ -459,6 +461,9 @@ int main(int argc, char** argv) {
       ->allow_extras();
   app.add_subcommand("generate", "Continue token ids or a prompt with a Hugging Face model "
                                  "(JSON); see `sluice generate --help`")
+      ->allow_extras();
+  app.add_subcommand("init-model", "Write a builtin model as a Hugging Face directory (a run's "
+                                   "hf_model_dir); see `sluice init-model --help`")
       ->allow_extras();
 
   try {

@@ -1,6 +1,7 @@
 #include "services/cli/model_command.h"
 
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <ostream>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "common/model/generation.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/run/run_model.h"
 #include "nlohmann/json.hpp"
 
 #include "common/tokenizer/bpe_tokenizer.h"
@@ -105,8 +107,17 @@ TokenizerLoader DefaultTokenizerLoader() {
   };
 }
 
-ModelCommands AddModelCommands(CLI::App& app, ModelFlags* flags) {
+ModelCommands AddModelCommands(CLI::App& app, ModelFlags* flags, InitModelFlags* init_flags) {
   ModelCommands commands;
+  commands.init_model = app.add_subcommand(
+      "init-model", "Write a builtin model (random weights of a seed) as a Hugging Face directory");
+  commands.init_model->add_option("--builtin", init_flags->builtin, "builtin model: tiny, micro")
+      ->required();
+  commands.init_model->add_option("--out", init_flags->out_dir, "directory to write")->required();
+  commands.init_model->add_option("--seed", init_flags->seed, "initialisation seed (a run's seed)")
+      ->capture_default_str();
+  commands.init_model->add_option("--dtype", init_flags->dtype, "float32 or bfloat16")
+      ->capture_default_str();
   commands.logits = app.add_subcommand(
       "logits", "Print a Hugging Face model's logits at every position of a token sequence (JSON)");
   commands.generate = app.add_subcommand(
@@ -239,6 +250,40 @@ int RunGenerate(const ModelFlags& flags, std::ostream& out, std::ostream& err,
   }
   // A tokenizer may decode a cut-off multi-byte character: never throw on it.
   out << result.dump(-1, ' ', false, json::error_handler_t::replace) << "\n";
+  return 0;
+}
+
+int RunInitModel(const InitModelFlags& flags, std::ostream& out, std::ostream& err) {
+  v1::ModelConfig spec;
+  spec.set_builtin(flags.builtin);
+  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec);
+  if (!config.ok()) {
+    err << "sluice init-model: --builtin: " << config.status().message() << "\n";
+    return 2;
+  }
+  model::SaveHfOptions options;
+  if (flags.dtype == "bfloat16") {
+    options.dtype = model::DType::kBF16;
+  } else if (flags.dtype != "float32") {
+    err << "sluice init-model: --dtype: must be float32 or bfloat16, got \"" << flags.dtype
+        << "\"\n";
+    return 2;
+  }
+  absl::StatusOr<std::map<std::string, std::string>> side_files = run::CheckpointSideFiles(spec);
+  absl::StatusOr<std::unique_ptr<model::Transformer>> transformer =
+      model::Transformer::Create(*config, flags.seed);
+  if (!side_files.ok() || !transformer.ok()) {
+    err << "sluice init-model: "
+        << (side_files.ok() ? transformer.status() : side_files.status()).message() << "\n";
+    return 1;
+  }
+  options.extra_contents = *std::move(side_files);
+  if (absl::Status saved = model::SaveHfModel(flags.out_dir, **transformer, options); !saved.ok()) {
+    err << "sluice init-model: " << saved.message() << "\n";
+    return 1;
+  }
+  out << nlohmann::json{{"dir", flags.out_dir}, {"parameters", config->ParameterCount()}}.dump()
+      << "\n";
   return 0;
 }
 

@@ -63,10 +63,29 @@ TokenizerLoader DefaultTokenizerLoader();
 struct ModelCommands {
   CLI::App* logits = nullptr;
   CLI::App* generate = nullptr;
+  CLI::App* init_model = nullptr;
 };
 
-// Adds `logits` and `generate` to `app`, both parsing into `flags`.
-ModelCommands AddModelCommands(CLI::App& app, ModelFlags* flags);
+// `sluice init-model --builtin NAME --out DIR [--seed S] [--dtype float32|bfloat16]`:
+// writes a builtin model ("tiny", "micro") with the random weights a run of
+// seed S starts from, as a complete Hugging Face directory (config.json,
+// model.safetensors, tokenizer.json, tokenizer_config.json) that a run spec
+// can name as model.hf_model_dir and transformers can load.
+struct InitModelFlags {
+  std::string builtin;
+  std::string out_dir;
+  uint64_t seed = 0;
+  std::string dtype = "float32";
+};
+
+// Adds `logits` and `generate` to `app`, both parsing into `flags`, and
+// `init-model`, parsing into `init_flags`.
+ModelCommands AddModelCommands(CLI::App& app, ModelFlags* flags, InitModelFlags* init_flags);
+
+// Runs `sluice init-model`; prints {"dir": ..., "parameters": N} on success.
+// Exit code 0; 2 for an unknown model or dtype; 1 when the directory
+// cannot be written.
+int RunInitModel(const InitModelFlags& flags, std::ostream& out, std::ostream& err);
 
 // "1, 2,3" -> {1, 2, 3}. INVALID_ARGUMENT naming the bad entry; an empty
 // list is an error.

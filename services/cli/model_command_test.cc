@@ -245,7 +245,8 @@ TEST(ModelCommand, PromptThroughARealTokenizerJson) {
 TEST(ModelCommand, AddModelCommandsParsesFlags) {
   CLI::App app;
   ModelFlags flags;
-  ModelCommands commands = AddModelCommands(app, &flags);
+  InitModelFlags init_flags;
+  ModelCommands commands = AddModelCommands(app, &flags, &init_flags);
   std::vector<std::string> args = {"sluice",   "generate", "--model", "/m",     "--ids",
                                    "1,2",      "--greedy", "--seed",  "3",      "--max-new-tokens",
                                    "5"};
@@ -260,6 +261,43 @@ TEST(ModelCommand, AddModelCommandsParsesFlags) {
   EXPECT_EQ(flags.seed, 3u);
   EXPECT_EQ(flags.max_new_tokens, 5);
   EXPECT_THAT(*ParseIds(" 4, 5 ,6"), ElementsAre(4, 5, 6));
+}
+
+TEST(ModelCommand, InitModelWritesTheRunsStartingWeightsAsAnHfDirectory) {
+  const std::string dir =
+      (fs::temp_directory_path() / ("init_model_" + std::to_string(::getpid()))).string();
+  InitModelFlags flags;
+  flags.builtin = "micro";
+  flags.out_dir = dir;
+  flags.seed = 5;
+  std::ostringstream out, err;
+  ASSERT_EQ(RunInitModel(flags, out, err), 0) << err.str();
+  const nlohmann::json result = nlohmann::json::parse(out.str());
+  EXPECT_EQ(result["dir"], dir);
+  absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(result["parameters"], loaded->config.ParameterCount());
+  // The same weights a run of seed 5 starts from.
+  auto expected = model::Transformer::Create(loaded->config, 5);
+  ASSERT_TRUE(expected.ok());
+  for (size_t i = 0; i < loaded->model->parameters().size(); ++i) {
+    EXPECT_TRUE(torch::equal(loaded->model->parameters()[i].tensor,
+                             (*expected)->parameters()[i].tensor))
+        << loaded->model->parameters()[i].name;
+  }
+  // Its tokenizer spells the arithmetic prompts with the builtin ids.
+  auto tokenizer = tokenizer::BpeTokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(tokenizer.ok());
+  EXPECT_THAT((*tokenizer)->Encode("12+30="), ElementsAre(4, 5, 13, 6, 3, 16));
+  EXPECT_TRUE(fs::exists(dir + "/tokenizer_config.json"));
+
+  flags.builtin = "huge";
+  EXPECT_EQ(RunInitModel(flags, out, err), 2);
+  EXPECT_THAT(err.str(), HasSubstr("--builtin: unknown built-in model \"huge\"; known: tiny, micro"));
+  flags.builtin = "micro";
+  flags.dtype = "int4";
+  EXPECT_EQ(RunInitModel(flags, out, err), 2);
+  fs::remove_all(dir);
 }
 
 }  // namespace

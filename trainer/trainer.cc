@@ -216,6 +216,7 @@ class TrainerRun::Impl {
     }
     pad_id_ = run::PadTokenId(config, *tokenizer_);
     ASSIGN_OR_RETURN(checkpoint_side_files_, run::CheckpointSideFiles(spec_.model()));
+    WarnAboutExistingCheckpoints();
     log::Info("model ready", {{"run_id", run_id_},
                               {"model", model_name},
                               {"architecture", config.architecture},
@@ -566,6 +567,23 @@ class TrainerRun::Impl {
                                      {"seconds", Now() - start}});
     PruneCheckpoints(root, config.keep_last());
     return absl::OkStatus();
+  }
+
+  // checkpoint.resume is not implemented: a run always starts from its
+  // model source. Say so when there is something it could have resumed.
+  void WarnAboutExistingCheckpoints() {
+    namespace fs = std::filesystem;
+    const v1::CheckpointConfig& config = spec_.checkpoint();
+    if (config.dir().empty() || !config.resume()) return;
+    std::error_code error;
+    for (const fs::directory_entry& entry : fs::directory_iterator(config.dir(), error)) {
+      if (!absl::StartsWith(entry.path().filename().string(), "step-")) continue;
+      log::Warning("checkpoint.dir already holds checkpoints; resuming is not supported yet, so "
+                   "this run starts from its model source (to continue from a checkpoint, name "
+                   "its directory as model.hf_model_dir)",
+                   {{"run_id", run_id_}, {"dir", config.dir()}});
+      return;
+    }
   }
 
   // Removes all but the newest `keep` step-* directories (0 = keep all).

@@ -345,6 +345,34 @@ TEST(TrainerRunTest, CheckpointsAreHfDirectoriesThatLoadBackWithIdenticalLogits)
   EXPECT_FALSE(torch::equal(loaded->model->Forward(ids), initial->Forward(ids)));
 }
 
+TEST(TrainerRunTest, Bf16CheckpointsHalveTheWeightsAndKeepTheArgmax) {
+  FakeBuffer buffer;
+  FakeReward reward;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_algorithm()->set_total_steps(1);
+  spec.mutable_model()->set_dtype(v1::DTYPE_BFLOAT16);
+  const std::string dir = ScratchDir("bf16_checkpoint");
+  spec.mutable_checkpoint()->set_dir(dir);
+  TrainerRun run("run-bf16", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+  ASSERT_TRUE(run.Run().ok());
+  const std::string checkpoint = dir + "/step-00000001";
+  EXPECT_NE(ReadAll(checkpoint + "/config.json").find("\"torch_dtype\": \"bfloat16\""),
+            std::string::npos);
+  absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(checkpoint);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::unique_ptr<model::Transformer> trained =
+      ModelOf(**weights.Get("run-bf16", 1), loaded->config);
+  torch::NoGradGuard no_grad;
+  const torch::Tensor ids = torch::tensor({{1, 4, 13, 5, 16, 7, 2}}, torch::kInt64);
+  const torch::Tensor bf16 = loaded->model->Forward(ids);
+  const torch::Tensor f32 = trained->Forward(ids);
+  EXPECT_FALSE(torch::equal(bf16, f32));  // It really went through bf16...
+  EXPECT_LT((bf16 - f32).abs().max().item<float>(), 0.05);  // ...and stayed close.
+  EXPECT_TRUE(torch::equal(bf16.argmax(-1), f32.argmax(-1)));
+}
+
 TEST(TrainerRunTest, ARunStartsFromAHfDirectoryWithItsWeights) {
   // A builtin model's checkpoint is an HF directory a later run can start from.
   FakeBuffer buffer;

@@ -114,6 +114,16 @@ void ValidateModel(const RunSpec& spec, Problems& problems) {
     problems.Add("model.max_context_tokens", "must be >= 0 (0 = the model's context length), got ",
                  spec.model().max_context_tokens());
   }
+  switch (spec.model().dtype()) {
+    case v1::DTYPE_UNSPECIFIED:
+    case v1::DTYPE_FLOAT32:
+    case v1::DTYPE_BFLOAT16:
+    case v1::DTYPE_FLOAT16:
+      break;
+    default:
+      problems.Add("model.dtype", "must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, got ",
+                   v1::DType_Name(spec.model().dtype()));
+  }
 }
 
 void ValidateTask(const RunSpec& spec, Problems& problems) {

@@ -212,6 +212,15 @@ TEST(ValidateRunSpecTest, HuggingFaceModelDirectoriesAreReadAndChecked) {
                                           "directory readable by the controller"));
 }
 
+TEST(ValidateRunSpecTest, ModelDtypeIsAFloatingPointOne) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_model()->set_dtype(v1::DTYPE_BFLOAT16);
+  EXPECT_EQ(ProblemsOf(spec), "");
+  spec.mutable_model()->set_dtype(v1::DTYPE_INT8);
+  EXPECT_EQ(ProblemsOf(spec),
+            "model.dtype: must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, got DTYPE_INT8");
+}
+
 TEST(ValidateRunSpecTest, BuiltinModelsCannotSpellDatasetText) {
   v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_GSM8K, "datasets/gsm8k/test.jsonl");
   spec.mutable_model()->set_builtin("tiny");

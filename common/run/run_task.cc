@@ -185,6 +185,10 @@ void ValidateRunTask(const v1::RunSpec& spec, std::vector<std::string>* problems
   if (!task.has_dataset()) return;
 
   const v1::DatasetTaskConfig& dataset = task.dataset();
+  if (dataset.format() == v1::DATASET_FORMAT_HUMANEVAL && spec.warm_start().sft_steps() > 0) {
+    problems->push_back(
+        "warm_start.sft_steps: HumanEval has no reference answers to fine-tune on; set it to 0");
+  }
   bool readable = true;
   if (dataset.path().empty()) {
     problems->push_back("task.dataset.path: must name a dataset file");

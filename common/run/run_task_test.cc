@@ -417,5 +417,17 @@ TEST(ValidateRunTaskTest, TooFewRowsForASplitAndTraining) {
   EXPECT_THAT(Problems(spec), IsEmpty());
 }
 
+TEST(ValidateRunTaskTest, HumanEvalHasNoAnswersToWarmStartOn) {
+  v1::RunSpec spec;
+  spec.mutable_task()->mutable_dataset()->set_format(v1::DATASET_FORMAT_HUMANEVAL);
+  spec.mutable_task()->mutable_dataset()->set_path(std::string(SLUICE_TESTDATA_DIR) +
+                                                   "/datasets/humaneval/HumanEval.jsonl.gz");
+  spec.mutable_warm_start()->set_sft_steps(10);
+  std::vector<std::string> problems;
+  ValidateRunTask(spec, &problems);
+  EXPECT_THAT(problems, ::testing::ElementsAre(::testing::HasSubstr(
+                            "warm_start.sft_steps: HumanEval has no reference answers")));
+}
+
 }  // namespace
 }  // namespace sluice::run

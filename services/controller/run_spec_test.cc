@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "services/controller/spec_yaml.h"
 
 namespace sluice::controller {
 namespace {
@@ -210,6 +211,17 @@ TEST(ValidateRunSpecTest, HuggingFaceModelDirectoriesAreReadAndChecked) {
   spec.mutable_model()->set_hf_model_dir("/models/qwen");
   EXPECT_THAT(ProblemsOf(spec), HasSubstr("model.hf_model_dir: \"/models/qwen\" is not a "
                                           "directory readable by the controller"));
+}
+
+TEST(ValidateRunSpecTest, TheExampleQwenSpecIsValidOnceItsModelExists) {
+  absl::StatusOr<v1::RunSpec> spec = LoadRunSpecFile(Data("../configs/gsm8k-qwen.yaml"));
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().hf_model_dir(), "/models/Qwen2.5-0.5B-Instruct");
+  // Paths as they would be on a machine with the model, from any directory.
+  spec->mutable_model()->set_hf_model_dir(QwenShapedModelDir());
+  spec->mutable_task()->mutable_dataset()->set_path(Data("datasets/gsm8k/test.jsonl"));
+  spec->mutable_model()->set_max_context_tokens(512);  // The stand-in config's context.
+  EXPECT_EQ(ProblemsOf(*spec), "");
 }
 
 TEST(ValidateRunSpecTest, ModelDtypeIsAFloatingPointOne) {

@@ -312,8 +312,7 @@ class RolloutRun::Impl {
     std::vector<std::vector<int32_t>> rows;
     for (const v1::Prompt& prompt : leased.prompts()) {
       std::vector<int32_t> ids(prompt.token_ids().begin(), prompt.token_ids().end());
-      // Special tokens allowed: a chat template's markers are in the text.
-      if (ids.empty()) ids = tokenizer_->Encode(prompt.text(), /*allow_special=*/true);
+      if (ids.empty()) ids = run::EncodePrompt(*tokenizer_, prompt.text());
       for (int g = 0; g < group_size; ++g) rows.push_back(ids);
     }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/model/generation.h"
+#include "common/run/run_model.h"
 #include "common/status_macros.h"
 
 namespace sluice::trainer {
@@ -34,8 +35,7 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
     const size_t end = std::min(items.size(), begin + options.batch_rows);
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = begin; i < end; ++i) {
-      // Special tokens allowed: a chat template's markers are in the text.
-      prompts.push_back(tokenizer.Encode(items[i].prompt, /*allow_special=*/true));
+      prompts.push_back(run::EncodePrompt(tokenizer, items[i].prompt));
     }
     ASSIGN_OR_RETURN(auto completions, model::Generate(policy, prompts, sampling));
     v1::ScoreBatchRequest request;

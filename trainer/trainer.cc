@@ -236,7 +236,7 @@ class TrainerRun::Impl {
       // verified by execution only (code) have none and are left out.
       for (const auto& item : train_items_) {
         if (item.reference_answer.empty()) continue;
-        std::vector<int32_t> prompt = tokenizer_->Encode(item.prompt, /*allow_special=*/true);
+        std::vector<int32_t> prompt = run::EncodePrompt(*tokenizer_, item.prompt);
         std::vector<int32_t> answer = tokenizer_->Encode(item.reference_answer, /*allow_special=*/false);
         answer.push_back(stop_token_ids_.front());
         sft_rows_.emplace_back(std::move(prompt), std::move(answer));

@@ -83,6 +83,18 @@ absl::StatusOr<model::ModelConfig> LoadRunModelConfig(const v1::ModelConfig& mod
   return config;
 }
 
+std::vector<int32_t> EncodePrompt(const tokenizer::BpeTokenizer& tokenizer,
+                                  absl::string_view text) {
+  std::vector<int32_t> ids = tokenizer.Encode(text, /*allow_special=*/true);
+  const std::vector<int32_t>& prefix = tokenizer.prefix_ids();
+  if (prefix.empty() || (ids.size() >= prefix.size() &&
+                         std::equal(prefix.begin(), prefix.end(), ids.begin()))) {
+    return ids;
+  }
+  ids.insert(ids.begin(), prefix.begin(), prefix.end());
+  return ids;
+}
+
 std::vector<int32_t> StopTokenIds(const model::ModelConfig& config,
                                   const tokenizer::BpeTokenizer& tokenizer) {
   std::vector<int32_t> ids;

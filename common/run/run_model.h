@@ -42,6 +42,13 @@ absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> LoadRunTokenizer(
 // parsed by ModelConfig::FromJson. Errors name the file and field.
 absl::StatusOr<model::ModelConfig> LoadRunModelConfig(const v1::ModelConfig& model);
 
+// A prompt's ids as the model expects them: the tokenizer's post-processor
+// prefix (Llama-3's <|begin_of_text|>; nothing for Qwen2 or the builtin
+// tokenizer), unless the text already starts with it, then the text with
+// special tokens recognised (so a chat template's markers become their ids).
+std::vector<int32_t> EncodePrompt(const tokenizer::BpeTokenizer& tokenizer,
+                                  absl::string_view text);
+
 // The token ids generation stops at: the tokenizer's end-of-turn / end-of-text
 // token and config.json's eos_token_id (they differ for instruct models:
 // <|im_end|> and <|endoftext|>), without duplicates or ids outside the

@@ -5,10 +5,12 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 
 #include "absl/strings/str_join.h"
 #include "common/task/char_tokenizer.h"
+#include "nlohmann/json.hpp"
 
 namespace sluice::run {
 namespace {
@@ -86,6 +88,31 @@ TEST(BuiltinTokenizerTest, GivesTheCharacterTokenizersIdsForEveryAlphabetString)
   auto raw = (*bpe)->Decode({6, 2});
   ASSERT_TRUE(raw.ok());
   EXPECT_EQ(*raw, "3<eos>");
+}
+
+TEST(RunModelTest, EncodePromptAddsThePostProcessorPrefixOnce) {
+  std::ifstream in(TestData("tokenizers/llama3/tokenizer.json"));
+  nlohmann::json root = nlohmann::json::parse(in);
+  // Meta's post-processor: <|begin_of_text|> before every text.
+  root["post_processor"] = nlohmann::json::parse(R"({"type": "TemplateProcessing",
+      "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                 {"Sequence": {"id": "A", "type_id": 0}}],
+      "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [128000]}}})");
+  const std::string text = root.dump();
+  auto llama = tokenizer::BpeTokenizer::FromJson(text);
+  ASSERT_TRUE(llama.ok()) << llama.status();
+  const std::vector<int32_t> hello = (*llama)->Encode("Hello");
+  std::vector<int32_t> expected = {128000};
+  expected.insert(expected.end(), hello.begin(), hello.end());
+  EXPECT_EQ(EncodePrompt(**llama, "Hello"), expected);
+  // A template that writes the marker itself does not get a second one.
+  EXPECT_EQ(EncodePrompt(**llama, "<|begin_of_text|>Hello"), expected);
+
+  v1::ModelConfig builtin;
+  builtin.set_builtin("micro");
+  auto chars = LoadRunTokenizer(builtin);
+  ASSERT_TRUE(chars.ok());
+  EXPECT_THAT(EncodePrompt(**chars, "1+2="), ElementsAre(4, 13, 5, 16));
 }
 
 TEST(RunModelTest, BuiltinConfigStopAndPadTokens) {

@@ -194,6 +194,52 @@ absl::Status ParsePreTokenizer(const json& config, const std::string& path,
 
 }  // namespace
 
+// The special tokens a TemplateProcessing post-processor puts before the
+// sequence of its "single" template (Llama-3: <|begin_of_text|>), looked up
+// in its "special_tokens" (or, failing that, as tokens); a Sequence of
+// processors is searched. Everything else adds nothing.
+static absl::Status ParsePrefixIds(const json& processor, const std::string& path,
+                                   const BpeTokenizer& tokenizer, std::vector<int32_t>* prefix) {
+  if (!processor.is_object()) return absl::OkStatus();
+  const std::string type = TypeOf(processor);
+  if (type == "Sequence" && processor.contains("processors") &&
+      processor["processors"].is_array()) {
+    for (size_t i = 0; i < processor["processors"].size(); ++i) {
+      RETURN_IF_ERROR(ParsePrefixIds(processor["processors"][i],
+                                     absl::StrCat(path, ".processors[", i, "]"), tokenizer, prefix));
+    }
+    return absl::OkStatus();
+  }
+  if (type != "TemplateProcessing" || !processor.contains("single") ||
+      !processor["single"].is_array()) {
+    return absl::OkStatus();
+  }
+  for (const json& piece : processor["single"]) {
+    if (!piece.is_object() || piece.contains("Sequence")) break;
+    if (!piece.contains("SpecialToken")) continue;
+    const std::string name = piece["SpecialToken"].value("id", "");
+    const json* special = nullptr;
+    if (processor.contains("special_tokens") && processor["special_tokens"].contains(name)) {
+      special = &processor["special_tokens"][name];
+    }
+    if (special != nullptr && special->contains("ids") && (*special)["ids"].is_array()) {
+      for (const json& id : (*special)["ids"]) prefix->push_back(id.get<int32_t>());
+    } else if (std::optional<int32_t> id = tokenizer.TokenToId(name)) {
+      prefix->push_back(*id);
+    } else {
+      return Invalid(absl::StrCat(path, ".single"),
+                     absl::StrCat("special token \"", name, "\" is not a token"));
+    }
+  }
+  for (int32_t id : *prefix) {
+    if (!tokenizer.IdToToken(id).has_value()) {
+      return Invalid(absl::StrCat(path, ".special_tokens"),
+                     absl::StrCat("id ", id, " is not a token"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 BpeTokenizer::BpeTokenizer() { std::fill(std::begin(byte_id_), std::end(byte_id_), -1); }
 BpeTokenizer::~BpeTokenizer() = default;
 
@@ -394,6 +440,10 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::FromJson(absl::strin
         TypeOf(root["decoder"]) != "ByteLevel") {
       return Invalid("decoder.type", absl::StrCat("only ByteLevel is supported, got \"",
                                                   TypeOf(root["decoder"]), "\""));
+    }
+    if (root.contains("post_processor")) {
+      RETURN_IF_ERROR(ParsePrefixIds(root["post_processor"], "post_processor", *tokenizer,
+                                     &tokenizer->prefix_ids_));
     }
   } catch (const json::exception& e) {
     return Invalid("tokenizer.json", e.what());

@@ -38,8 +38,8 @@ namespace sluice::tokenizer {
 // Not supported (FromJson rejects them with INVALID_ARGUMENT naming the JSON
 // path): models other than BPE, BPE dropout, byte_fallback,
 // continuing_subword_prefix / end_of_word_suffix, other normalizers and
-// pre-tokenizers. Accepted but ignored: `post_processor` (no BOS/EOS is ever
-// added: callers add bos_id() themselves when a model wants one), the
+// pre-tokenizers. Read but not applied by Encode: `post_processor` (no
+// BOS/EOS is ever added; prefix_ids() says what it would prepend), the
 // added-token flags lstrip/rstrip/single_word/normalized (every added token is
 // matched on the raw text, which is what Qwen2 and Llama-3 declare).
 //
@@ -99,6 +99,13 @@ class BpeTokenizer {
   std::optional<int32_t> bos_id() const;
   std::optional<int32_t> eos_id() const;
 
+  // The ids the tokenizer's post-processor puts before every encoded text
+  // (a TemplateProcessing "single" template, alone or in a Sequence:
+  // Llama-3's <|begin_of_text|>); empty when it adds none (Qwen2). Encode
+  // never adds them: a caller encoding a model's prompt prepends them, as
+  // transformers does with add_special_tokens.
+  const std::vector<int32_t>& prefix_ids() const { return prefix_ids_; }
+
   // Number of merges (their rank is their index in tokenizer.json).
   int64_t num_merges() const { return num_merges_; }
 
@@ -133,6 +140,7 @@ class BpeTokenizer {
   // (left id << 32 | right id) -> merge.
   absl::flat_hash_map<uint64_t, Merge> merges_;
   int64_t num_merges_ = 0;
+  std::vector<int32_t> prefix_ids_;
   bool ignore_merges_ = false;
 
   std::vector<AddedToken> added_tokens_;

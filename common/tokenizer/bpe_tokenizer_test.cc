@@ -253,6 +253,41 @@ std::string TinyJson(const std::string& model, const std::string& extra = "") {
   return root.dump();
 }
 
+// Meta's own Llama-3 tokenizer.json adds <|begin_of_text|> through a
+// TemplateProcessing post-processor (llama.cpp's conversion, in testdata,
+// keeps only ByteLevel); prefix_ids() reports it and Encode leaves it out.
+TEST(BpeTokenizerTest, TemplateProcessingPrefixIsReportedNotAdded) {
+  nlohmann::json root =
+      nlohmann::json::parse(ReadFile(TestdataPath("tokenizers/llama3/tokenizer.json")));
+  EXPECT_TRUE(Load("llama3").prefix_ids().empty());
+  EXPECT_TRUE(Load("qwen2").prefix_ids().empty());
+  root["post_processor"] = nlohmann::json::parse(R"({
+    "type": "Sequence",
+    "processors": [
+      {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+      {"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                  {"Sequence": {"id": "A", "type_id": 0}}],
+       "pair": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}},
+                {"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 1}},
+                {"Sequence": {"id": "B", "type_id": 1}}],
+       "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>", "ids": [128000],
+                                                "tokens": ["<|begin_of_text|>"]}}}]})");
+  auto tokenizer = BpeTokenizer::FromJson(root.dump());
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  EXPECT_EQ((*tokenizer)->prefix_ids(), std::vector<int32_t>{128000});
+  EXPECT_EQ((*tokenizer)->Encode("Hello"), Load("llama3").Encode("Hello"));
+
+  // A template naming a token the vocabulary lacks is an error naming it.
+  root["post_processor"] = nlohmann::json::parse(R"({"type": "TemplateProcessing",
+    "single": [{"SpecialToken": {"id": "<nope>", "type_id": 0}}, {"Sequence": {"id": "A"}}]})");
+  auto bad = BpeTokenizer::FromJson(root.dump());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("post_processor.single"), absl::string_view::npos);
+  EXPECT_NE(bad.status().message().find("<nope>"), absl::string_view::npos);
+}
+
 TEST(BpeTokenizerTest, TinyTokenizerMergesByRankWithBothMergeSpellings) {
   for (const std::string merges :
        {R"(["a b", "ab c", "Ġ a"])", R"([["a", "b"], ["ab", "c"], ["Ġ", "a"]])"}) {

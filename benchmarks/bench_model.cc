@@ -178,6 +178,18 @@ int main(int argc, char** argv) {
     std::cerr << "bench_model: " << saved.message() << "\n";
     return 1;
   }
+  // Loading the directory back into a runnable model (page cache warm, as
+  // after the save), against the baseline's loader on the same files.
+  double load_s = 1e9;
+  for (int r = 0; r < flags.repeats; ++r) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<sluice::model::HfModel> loaded = sluice::model::LoadHfModel(dir.string());
+    load_s = std::min(load_s, absl::ToDoubleSeconds(absl::Now() - start));
+    if (!loaded.ok()) {
+      std::cerr << "bench_model: " << loaded.status().message() << "\n";
+      return 1;
+    }
+  }
   torch::NoGradGuard no_grad;
   torch::manual_seed(0);
   const torch::Tensor ids =
@@ -216,7 +228,8 @@ int main(int argc, char** argv) {
                      {"seq", flags.seq},
                      {"decode_steps", flags.decode_steps},
                      {"forward_tokens_per_s", forward_tps},
-                     {"decode_tokens_per_s", decode_tps}};
+                     {"decode_tokens_per_s", decode_tps},
+                     {"load_seconds", load_s}};
 
   // The baseline on the same weights, with the same first sequence.
   std::vector<int64_t> first(ids[0].data_ptr<int64_t>(), ids[0].data_ptr<int64_t>() + flags.seq);
@@ -241,6 +254,10 @@ int main(int argc, char** argv) {
       model_json["max_abs_logit_diff_vs_python"] = max_diff;
       model_json["forward_ratio_vs_python"] =
           forward_tps / baseline["forward_tokens_per_s"].get<double>();
+      if (baseline.contains("load_seconds")) {
+        // > 1: we load faster.
+        model_json["load_speedup_vs_python"] = baseline["load_seconds"].get<double>() / load_s;
+      }
       model_json["decode_ratio_vs_python"] =
           decode_tps / baseline["decode_tokens_per_s"].get<double>();
     }
@@ -251,8 +268,14 @@ int main(int argc, char** argv) {
   std::error_code ignored;
   fs::remove_all(dir, ignored);
   out["model"] = model_json;
-  std::cout << absl::StrFormat("model (%d params, %d threads): forward %.0f tokens/s, decode %.0f tokens/s\n",
-                               config.ParameterCount(), flags.threads, forward_tps, decode_tps);
+  std::cout << absl::StrFormat(
+      "model (%d params, %d threads): forward %.0f tokens/s, decode %.0f tokens/s, load %.3f s\n",
+      config.ParameterCount(), flags.threads, forward_tps, decode_tps, load_s);
+  if (model_json.contains("load_speedup_vs_python")) {
+    std::cout << absl::StrFormat("  load: python %.3f s, %.2fx faster here\n",
+                                 model_json["python_torch"]["load_seconds"].get<double>(),
+                                 model_json["load_speedup_vs_python"].get<double>());
+  }
   if (model_json.contains("python_torch")) {
     std::cout << absl::StrFormat(
         "  python torch: forward %.0f tokens/s, decode %.0f tokens/s; ratio forward %.2f, decode "

@@ -9,7 +9,8 @@ file(READ ${OUT} report)
 foreach(path "tokenizer;qwen2;encode_mb_per_s" "tokenizer;llama3;encode_mb_per_s"
              "tokenizer;qwen2;decode_mb_per_s" "model;forward_tokens_per_s"
              "model;decode_tokens_per_s" "model;python_torch;forward_tokens_per_s"
-             "model;forward_ratio_vs_python" "model;decode_ratio_vs_python")
+             "model;forward_ratio_vs_python" "model;decode_ratio_vs_python"
+             "model;load_seconds" "model;load_speedup_vs_python")
   string(JSON value ERROR_VARIABLE error GET "${report}" ${path})
   if(error OR NOT value GREATER 0)
     message(FATAL_ERROR "bench_model: ${path} missing or not positive (${value}) in ${report}")

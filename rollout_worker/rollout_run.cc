@@ -181,8 +181,10 @@ class RolloutRun::Impl {
             absl::StrCat("tensor ", spec.name(), ": dtype ", v1::DType_Name(spec.dtype()),
                          " is not supported (float32 only in this release)"));
       }
+      // Views over the received bytes: LoadWeights copies them once, into
+      // the parameters (fetched outlives this function's use of them).
       ASSIGN_OR_RETURN(torch::Tensor t,
-                       model::Float32TensorFromBytes(
+                       model::Float32TensorView(
                            std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
                            fetched.tensor_bytes[i]));
       tensors.push_back({spec.name(), std::move(t)});

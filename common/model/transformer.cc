@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace sluice::model {
 namespace {
@@ -324,6 +325,12 @@ std::string TensorBytes(const torch::Tensor& tensor) {
 
 absl::StatusOr<torch::Tensor> Float32TensorFromBytes(const std::vector<int64_t>& shape,
                                                      const std::string& bytes) {
+  ASSIGN_OR_RETURN(torch::Tensor view, Float32TensorView(shape, bytes));
+  return view.clone();
+}
+
+absl::StatusOr<torch::Tensor> Float32TensorView(const std::vector<int64_t>& shape,
+                                                const std::string& bytes) {
   int64_t numel = 1;
   for (int64_t dim : shape) {
     if (dim < 0) {
@@ -340,9 +347,14 @@ absl::StatusOr<torch::Tensor> Float32TensorFromBytes(const std::vector<int64_t>&
                                                    numel * 4, " bytes of float32, got ",
                                                    bytes.size()));
   }
-  torch::Tensor tensor = torch::empty(shape, torch::TensorOptions().dtype(torch::kFloat32));
-  if (!bytes.empty()) std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
-  return tensor;
+  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  if (bytes.empty()) return torch::empty(shape, options);
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(float) != 0) {
+    torch::Tensor tensor = torch::empty(shape, options);
+    std::memcpy(tensor.data_ptr(), bytes.data(), bytes.size());
+    return tensor;
+  }
+  return torch::from_blob(const_cast<char*>(bytes.data()), shape, options);
 }
 
 }  // namespace sluice::model

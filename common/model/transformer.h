@@ -139,6 +139,12 @@ torch::Tensor Entropy(const torch::Tensor& logits, double temperature = 1.0);
 
 // Raw bytes (little-endian, row-major) of a CPU tensor, made contiguous.
 std::string TensorBytes(const torch::Tensor& tensor);
+// A float32 tensor of `shape` over `bytes`, not copied (copied only when the
+// bytes are misaligned): valid while `bytes` lives and is unchanged; for
+// handing received weights to LoadWeights without a second copy.
+// INVALID_ARGUMENT when the byte count does not match.
+absl::StatusOr<torch::Tensor> Float32TensorView(const std::vector<int64_t>& shape,
+                                                const std::string& bytes);
 // A float32 tensor of `shape` from `bytes` (copied). INVALID_ARGUMENT when the
 // byte count does not match.
 absl::StatusOr<torch::Tensor> Float32TensorFromBytes(const std::vector<int64_t>& shape,

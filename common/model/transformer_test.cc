@@ -453,6 +453,13 @@ TEST(TransformerTest, TensorBytesRoundTripAndSizeCheck) {
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("32 bytes"));
   EXPECT_FALSE(Float32TensorFromBytes({-1, 2}, bytes).ok());
   EXPECT_TRUE(Float32TensorFromBytes({0, 5}, "").ok());
+  // The copy owns its data; the view reads the string's.
+  EXPECT_NE(back->data_ptr(), static_cast<const void*>(bytes.data()));
+  absl::StatusOr<torch::Tensor> view = Float32TensorView({3, 2}, bytes);
+  ASSERT_TRUE(view.ok());
+  EXPECT_EQ(view->data_ptr(), static_cast<const void*>(bytes.data()));
+  EXPECT_TRUE(torch::equal(*view, tensor));
+  EXPECT_EQ(Float32TensorView({4, 2}, bytes).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // The micro model memorises a handful of fixed sequences: the whole training

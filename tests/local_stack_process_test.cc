@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -21,6 +23,15 @@ namespace {
 using ::testing::HasSubstr;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(90); }
+
+// Runs `sluice ARGS...` to the end, its output in `log`.
+absl::StatusOr<ExitStatus> RunSluice(std::vector<std::string> args, const std::string& log) {
+  args.insert(args.begin(), testing::BinDir() + "/sluice");
+  absl::StatusOr<std::unique_ptr<Subprocess>> process =
+      Subprocess::Start({.argv = std::move(args), .log_path = log});
+  if (!process.ok()) return process.status();
+  return (*process)->Wait(Soon());
+}
 
 struct Up {
   std::unique_ptr<Subprocess> process;
@@ -140,12 +151,9 @@ algorithm: {objective: grpo, group_size: 4, batch_size_groups: 4, max_staleness:
 rollout: {sampling: {max_new_tokens: 3}}
 )";
   const std::string log = dir + "/qs.log";
-  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "quickstart",
-                                             "--runs-dir", dir + "/runs", "--spec", spec},
-                                    .log_path = log});
-  ASSERT_TRUE(process.ok());
-  absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
-  ASSERT_TRUE(exit.ok());
+  absl::StatusOr<ExitStatus> exit =
+      RunSluice({"quickstart", "--runs-dir", dir + "/runs", "--spec", spec}, log);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   const std::string output = testing::ReadFile(log);
   EXPECT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("RUN_STATE_SUCCEEDED"));
@@ -169,11 +177,8 @@ rollout: {sampling: {max_new_tokens: 3}}
 TEST(LocalStackProcessTest, RunFromAnHfDirectoryWritesAnHfCheckpoint) {
   const std::string dir = testing::MakeTempDir("hfrun");
   const std::string init_log = dir + "/init.log";
-  auto init = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "init-model", "--builtin",
-                                          "micro", "--seed", "3", "--out", dir + "/micro"},
-                                 .log_path = init_log});
-  ASSERT_TRUE(init.ok());
-  absl::StatusOr<ExitStatus> init_exit = (*init)->Wait(Soon());
+  absl::StatusOr<ExitStatus> init_exit = RunSluice(
+      {"init-model", "--builtin", "micro", "--seed", "3", "--out", dir + "/micro"}, init_log);
   ASSERT_TRUE(init_exit.ok() && init_exit->success()) << testing::ReadFile(init_log);
 
   const std::string spec = dir + "/hf.yaml";
@@ -189,12 +194,9 @@ rollout: {sampling: {max_new_tokens: 3}}
 checkpoint: {dir: )", dir, R"(/checkpoints, every_n_steps: 2, keep_last: 1}
 )");
   const std::string log = dir + "/run.log";
-  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "quickstart",
-                                             "--runs-dir", dir + "/runs", "--spec", spec},
-                                    .log_path = log});
-  ASSERT_TRUE(process.ok());
-  absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
-  ASSERT_TRUE(exit.ok());
+  absl::StatusOr<ExitStatus> exit =
+      RunSluice({"quickstart", "--runs-dir", dir + "/runs", "--spec", spec}, log);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_TRUE(exit->success()) << testing::ReadFile(log);
   EXPECT_THAT(testing::ReadFile(log), HasSubstr("RUN_STATE_SUCCEEDED"));
 
@@ -209,11 +211,8 @@ checkpoint: {dir: )", dir, R"(/checkpoints, every_n_steps: 2, keep_last: 1}
   EXPECT_EQ(state["source_model"], dir + "/micro");
 
   const std::string logits_log = dir + "/logits.log";
-  auto logits = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "logits", "--model",
-                                            checkpoint, "--prompt", "3+4="},
-                                   .log_path = logits_log});
-  ASSERT_TRUE(logits.ok());
-  absl::StatusOr<ExitStatus> logits_exit = (*logits)->Wait(Soon());
+  absl::StatusOr<ExitStatus> logits_exit =
+      RunSluice({"logits", "--model", checkpoint, "--prompt", "3+4="}, logits_log);
   ASSERT_TRUE(logits_exit.ok() && logits_exit->success()) << testing::ReadFile(logits_log);
   const auto output = nlohmann::json::parse(testing::ReadFile(logits_log));
   EXPECT_EQ(output["logits"].size(), 4u);  // One row per prompt token.
@@ -224,12 +223,9 @@ TEST(LocalStackProcessTest, QuickstartRefusesAnInvalidSpecNamingTheField) {
   const std::string spec = dir + "/bad.yaml";
   std::ofstream(spec) << "algorithm: {grup_size: 4}\n";
   const std::string log = dir + "/qs.log";
-  auto process = Subprocess::Start({.argv = {testing::BinDir() + "/sluice", "quickstart",
-                                             "--runs-dir", dir + "/runs", "--spec", spec},
-                                    .log_path = log});
-  ASSERT_TRUE(process.ok());
-  absl::StatusOr<ExitStatus> exit = (*process)->Wait(Soon());
-  ASSERT_TRUE(exit.ok());
+  absl::StatusOr<ExitStatus> exit =
+      RunSluice({"quickstart", "--runs-dir", dir + "/runs", "--spec", spec}, log);
+  ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->code, 2);
   EXPECT_THAT(testing::ReadFile(log), HasSubstr("grup_size"));
 }

@@ -302,15 +302,21 @@ std::unique_ptr<model::Transformer> ModelOf(const PublishedVersion& published,
   return std::move(*model);
 }
 
+// SmallSpec without warm start, `steps` RL steps, checkpoints in `dir`.
+v1::RunSpec CheckpointingSpec(const std::string& dir, int64_t steps) {
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_algorithm()->set_total_steps(steps);
+  spec.mutable_checkpoint()->set_dir(dir);
+  return spec;
+}
+
 TEST(TrainerRunTest, CheckpointsAreHfDirectoriesThatLoadBackWithIdenticalLogits) {
   FakeBuffer buffer;
   FakeReward reward;
   WeightStore weights(/*retain=*/8);
-  v1::RunSpec spec = SmallSpec();
-  spec.mutable_warm_start()->set_sft_steps(0);
-  spec.mutable_algorithm()->set_total_steps(4);
   const std::string dir = ScratchDir("checkpoints");
-  spec.mutable_checkpoint()->set_dir(dir);
+  v1::RunSpec spec = CheckpointingSpec(dir, 4);
   spec.mutable_checkpoint()->set_every_n_steps(2);
   spec.mutable_checkpoint()->set_keep_last(1);
   TrainerRun run("run-ckpt", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
@@ -349,12 +355,9 @@ TEST(TrainerRunTest, Bf16CheckpointsHalveTheWeightsAndKeepTheArgmax) {
   FakeBuffer buffer;
   FakeReward reward;
   WeightStore weights(/*retain=*/8);
-  v1::RunSpec spec = SmallSpec();
-  spec.mutable_warm_start()->set_sft_steps(0);
-  spec.mutable_algorithm()->set_total_steps(1);
-  spec.mutable_model()->set_dtype(v1::DTYPE_BFLOAT16);
   const std::string dir = ScratchDir("bf16_checkpoint");
-  spec.mutable_checkpoint()->set_dir(dir);
+  v1::RunSpec spec = CheckpointingSpec(dir, 1);
+  spec.mutable_model()->set_dtype(v1::DTYPE_BFLOAT16);
   TrainerRun run("run-bf16", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
   ASSERT_TRUE(run.Run().ok());
   const std::string checkpoint = dir + "/step-00000001";
@@ -378,11 +381,8 @@ TEST(TrainerRunTest, ARunStartsFromAHfDirectoryWithItsWeights) {
   FakeBuffer buffer;
   FakeReward reward;
   WeightStore weights(/*retain=*/8);
-  v1::RunSpec first = SmallSpec();
-  first.mutable_warm_start()->set_sft_steps(0);
-  first.mutable_algorithm()->set_total_steps(1);
   const std::string dir = ScratchDir("from_hf");
-  first.mutable_checkpoint()->set_dir(dir);
+  const v1::RunSpec first = CheckpointingSpec(dir, 1);
   TrainerRun run1("run-a", first, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
   ASSERT_TRUE(run1.Run().ok());
   const std::string checkpoint = dir + "/step-00000001";

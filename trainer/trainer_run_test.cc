@@ -230,13 +230,9 @@ TEST(TrainerRunTest, MinibatchesPublishOneVersionEachAndClipAgainstTheBatchStart
   EXPECT_GT(second_minibatch_kl, 0.0);
 }
 
-TEST(TrainerRunTest, StopEndsARunBlockedOnSampling) {
-  FakeBuffer buffer(/*block_samples=*/true);
-  FakeReward reward;
-  WeightStore weights;
-  v1::RunSpec spec = SmallSpec();
-  spec.mutable_warm_start()->set_sft_steps(0);
-  TrainerRun run("run-2", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+// Runs `run` on a thread, checks that it is still running (blocked) after
+// 300 ms, stops it and returns what Run() returned.
+absl::Status RunUntilStopped(TrainerRun& run, bool checkpoint) {
   absl::Notification done;
   absl::Status result;
   std::thread thread([&] {
@@ -244,10 +240,20 @@ TEST(TrainerRunTest, StopEndsARunBlockedOnSampling) {
     done.Notify();
   });
   EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
-  run.Stop();
+  run.Stop(checkpoint);
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
   thread.join();
-  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  return result;
+}
+
+TEST(TrainerRunTest, StopEndsARunBlockedOnSampling) {
+  FakeBuffer buffer(/*block_samples=*/true);
+  FakeReward reward;
+  WeightStore weights;
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  TrainerRun run("run-2", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
+  EXPECT_EQ(RunUntilStopped(run, /*checkpoint=*/false).code(), absl::StatusCode::kCancelled);
 }
 
 TEST(TrainerRunTest, AnUnreachableRewardServerFailsTheRunWithItsError) {
@@ -412,17 +418,7 @@ TEST(TrainerRunTest, StopWithCheckpointWritesTheWeightsItHas) {
   const std::string dir = ScratchDir("stop_checkpoint");
   spec.mutable_checkpoint()->set_dir(dir);
   TrainerRun run("run-stop", spec, {&buffer, &reward, nullptr, &weights, nullptr, nullptr});
-  absl::Notification done;
-  absl::Status result;
-  std::thread thread([&] {
-    result = run.Run();
-    done.Notify();
-  });
-  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
-  run.Stop(/*checkpoint=*/true);
-  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
-  thread.join();
-  EXPECT_EQ(result.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(RunUntilStopped(run, /*checkpoint=*/true).code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(model::LoadHfModel(dir + "/step-00000000").ok());
   EXPECT_FALSE(fs::exists(dir + "/.step-00000000.tmp"));
 
@@ -432,10 +428,7 @@ TEST(TrainerRunTest, StopWithCheckpointWritesTheWeightsItHas) {
   const std::string empty_dir = ScratchDir("stop_untrained");
   spec.mutable_checkpoint()->set_dir(empty_dir);
   TrainerRun untrained("run-stop-2", spec, {&blocked, &reward, nullptr, &weights, nullptr, nullptr});
-  std::thread second([&] { EXPECT_EQ(untrained.Run().code(), absl::StatusCode::kCancelled); });
-  absl::SleepFor(absl::Milliseconds(300));
-  untrained.Stop(/*checkpoint=*/true);
-  second.join();
+  EXPECT_EQ(RunUntilStopped(untrained, /*checkpoint=*/true).code(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(fs::is_empty(empty_dir));
 }
 

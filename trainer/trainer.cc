@@ -3,8 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <filesystem>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <numeric>
 #include <random>
@@ -19,13 +19,13 @@
 #include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/model/generation.h"
+#include "common/model/hf_checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
-#include "common/status_macros.h"
-#include "common/task/arithmetic.h"
-#include "common/model/hf_checkpoint.h"
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
+#include "common/status_macros.h"
+#include "common/task/arithmetic.h"
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
 #include "nlohmann/json.hpp"

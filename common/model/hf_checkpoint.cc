@@ -31,8 +31,6 @@ torch::ScalarType TorchType(DType dtype) {
   return torch::kFloat32;
 }
 
-// A tensor owning a copy of `view`'s bytes (the mapping is not aligned in
-// general and goes away with the file), floating types converted to float32.
 // A tensor over the view's bytes in the memory-mapped file, in the file's
 // dtype: no copy, no conversion (LoadWeights converts to float32 as it copies
 // into the parameters, one tensor at a time, so loading never holds a second

@@ -2,15 +2,17 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
-#include <iterator>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -39,7 +41,35 @@ std::string UniqueMarker() {
                       absl::Uniform<uint64_t>(gen, 0, uint64_t{1} << 62));
 }
 
-// Host pids whose command line contains `marker`.
+// All of `fd`'s bytes, or nullopt when a read fails. Reading /proc/PID/*
+// of a process that exits between open and read fails with ESRCH; a
+// std::ifstream turns that into an exception from its underflow (which
+// aborted a run of the fork-bomb test), so /proc is read with plain read().
+std::optional<std::string> ReadAllOrNullopt(int fd) {
+  std::string text;
+  char chunk[4096];
+  while (true) {
+    const ssize_t n = read(fd, chunk, sizeof(chunk));
+    if (n == 0) return text;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::nullopt;
+    }
+    text.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+// /proc/PID/cmdline, or nullopt when the process is gone (at open or later).
+std::optional<std::string> ProcCmdline(absl::string_view pid) {
+  const int fd = open(absl::StrCat("/proc/", pid, "/cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return std::nullopt;
+  std::optional<std::string> cmdline = ReadAllOrNullopt(fd);
+  close(fd);
+  return cmdline;
+}
+
+// Host pids whose command line contains `marker`. Processes that exit while
+// /proc is scanned are skipped: they are gone, which is what callers check.
 std::vector<pid_t> ProcessesWithMarker(const std::string& marker) {
   std::vector<pid_t> pids;
   DIR* proc = opendir("/proc");
@@ -48,9 +78,10 @@ std::vector<pid_t> ProcessesWithMarker(const std::string& marker) {
     char* end;
     const long pid = strtol(entry->d_name, &end, 10);
     if (*end != '\0' || pid <= 0 || pid == getpid()) continue;
-    std::ifstream file(absl::StrCat("/proc/", entry->d_name, "/cmdline"), std::ios::binary);
-    std::string cmdline((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-    if (cmdline.find(marker) != std::string::npos) pids.push_back(static_cast<pid_t>(pid));
+    const std::optional<std::string> cmdline = ProcCmdline(entry->d_name);
+    if (cmdline.has_value() && cmdline->find(marker) != std::string::npos) {
+      pids.push_back(static_cast<pid_t>(pid));
+    }
   }
   closedir(proc);
   return pids;
@@ -91,6 +122,57 @@ class SandboxTest : public ::testing::Test {
 
   std::unique_ptr<Sandbox> sandbox_;
 };
+
+// The race that once aborted ForkBombIsContainedAndLeavesNothing: /proc/PID/
+// cmdline opened while the process lives and read after it was reaped.
+TEST(ProcScanTest, ReadingAProcessThatWasReapedAfterOpenIsNotAnError) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    pause();
+    _exit(0);
+  }
+  const int fd =
+      open(absl::StrCat("/proc/", child, "/cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  kill(child, SIGKILL);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_EQ(ReadAllOrNullopt(fd), std::nullopt);
+  close(fd);
+  EXPECT_EQ(ProcCmdline(absl::StrCat(child)), std::nullopt);
+}
+
+// Scanning /proc while hundreds of marked processes start and exit finds
+// some of them and never throws.
+TEST(ProcScanTest, ScanningWhileProcessesComeAndGoNeverFails) {
+  const std::string marker = UniqueMarker();
+  std::atomic<bool> done{false};
+  std::thread churn([&] {
+    while (!done.load()) {
+      std::vector<pid_t> children;
+      for (int i = 0; i < 16; ++i) {
+        const pid_t child = fork();
+        if (child == 0) {
+          execl("/bin/true", "true", marker.c_str(), static_cast<char*>(nullptr));
+          _exit(127);
+        }
+        if (child > 0) children.push_back(child);
+      }
+      for (pid_t child : children) waitpid(child, nullptr, 0);
+    }
+  });
+  const absl::Time until = absl::Now() + absl::Seconds(2);
+  int scans = 0;
+  while (absl::Now() < until) {
+    ProcessesWithMarker(marker);
+    ++scans;
+  }
+  done.store(true);
+  churn.join();
+  EXPECT_GT(scans, 0);
+  EXPECT_THAT(ProcessesWithMarker(marker), ::testing::IsEmpty());
+}
 
 TEST(SandboxOptionsTest, ValidateNamesTheField) {
   SandboxOptions options;

@@ -1,0 +1,164 @@
+#include "common/run/run_memory.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <limits>
+
+namespace sluice::run {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+// A shape small enough to check by hand.
+model::ModelConfig Small() {
+  model::ModelConfig c;
+  c.vocab_size = 100;
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;
+  c.head_dim = 16;
+  c.max_position_embeddings = 32;
+  return c;
+}
+
+// Qwen2.5-0.5B's shape.
+model::ModelConfig Qwen05() {
+  model::ModelConfig c;
+  c.architecture = "Qwen2ForCausalLM";
+  c.vocab_size = 151936;
+  c.hidden_size = 896;
+  c.intermediate_size = 4864;
+  c.num_hidden_layers = 24;
+  c.num_attention_heads = 14;
+  c.num_key_value_heads = 2;
+  c.max_position_embeddings = 32768;
+  c.tie_word_embeddings = true;
+  c.attention_bias = true;
+  return c;
+}
+
+v1::RunSpec Spec(int group_size, int batch_groups) {
+  v1::RunSpec spec;
+  spec.mutable_algorithm()->set_group_size(group_size);
+  spec.mutable_algorithm()->set_batch_size_groups(batch_groups);
+  spec.mutable_algorithm()->set_max_staleness(2);
+  spec.mutable_algorithm()->set_minibatches_per_batch(1);
+  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_DECOUPLED_PPO);
+  spec.mutable_buffer()->set_max_times_sampled(1);
+  spec.mutable_task()->set_eval_split_size(200);
+  return spec;
+}
+
+TEST(RunMemoryTest, GenerationBatchByHand) {
+  // KV: 4 sequences x 32 tokens x (2 layers x 2 x 1 head x 16 x 4 B) = 32768.
+  // Prefill: 4 x 8 x (4*32 + 2*64) x 4 = 32768 activations, 4 x 2 heads x 8 x
+  // 8 x 2 x 4 = 4096 attention, 4 x 8 x 100 x 4 = 12800 logits; it exceeds a
+  // decoding step's 4 x 100 x 3 x 4 = 4800.
+  EXPECT_EQ(GenerationBatchBytes(Small(), 4, 8, 32), 32768 + 32768 + 4096 + 12800);
+}
+
+TEST(RunMemoryTest, TrainingBatchByHand) {
+  // Saved: 2 seq x 10 tok x 2 layers x (320 + 256 + 2*2*16) x 4 = 102400.
+  // Attention: 2 x 2 layers x 2 heads x 10 x 10 x 2 x 4 = 6400.
+  // Logits: 2 x 10 x 100 x 3 x 4 = 24000.
+  EXPECT_EQ(TrainingBatchBytes(Small(), 2, 10), 102400 + 6400 + 24000);
+}
+
+TEST(RunMemoryTest, StoredGroupBytes) {
+  EXPECT_EQ(StoredGroupBytes(8, 100), 8 * (100 * 16 + 512) + 1024);
+}
+
+TEST(RunMemoryTest, SequenceLengthIsPromptPlusNewTokensWithinTheContext) {
+  v1::RunSpec spec = Spec(8, 16);
+  EXPECT_EQ(RunSequenceTokens(spec, Small(), -1), 32);  // unknown prompt: the context
+  EXPECT_EQ(RunSequenceTokens(spec, Small(), 5), 32);   // no max_new_tokens: up to the context
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(10);
+  EXPECT_EQ(RunSequenceTokens(spec, Small(), 5), 15);
+  spec.mutable_model()->set_max_context_tokens(12);
+  EXPECT_EQ(RunSequenceTokens(spec, Small(), 5), 12);
+}
+
+TEST(RunMemoryTest, QwenWorkerKvCacheIsWhatVllmWouldReserve) {
+  // 128 sequences x 1,024 tokens x 24 layers x 2 x 2 KV heads x 64 x 4 B
+  // = 3 GiB of KV cache, plus two copies of the 494M weights.
+  v1::RunSpec spec = Spec(8, 16);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(768);
+  const RunMemoryEstimate estimate = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_EQ(estimate.sequence_tokens, 1024);
+  const int64_t kv = int64_t{128} * 1024 * 24 * 2 * 2 * 64 * 4;
+  EXPECT_EQ(kv, int64_t{3} << 30);
+  ASSERT_EQ(estimate.rollout_worker.terms.size(), 2u);
+  EXPECT_EQ(estimate.rollout_worker.terms[0].bytes, Qwen05().ParameterCount() * 2 * 4);
+  // The prefill's logits of every prompt position (128 x 256 x 151,936 x 4 B
+  // = 18.5 GiB) dominate: generation.cc computes them all and keeps the last.
+  EXPECT_EQ(estimate.rollout_worker.terms[1].bytes, GenerationBatchBytes(Qwen05(), 128, 256, 1024));
+  EXPECT_GT(estimate.rollout_worker.terms[1].bytes, kv + (int64_t{18} << 30));
+  // The trainer holds 4 x 4 B per parameter plus 4 published versions.
+  EXPECT_GE(estimate.trainer.bytes, Qwen05().ParameterCount() * 32);
+  // The buffer: (2 + 1 + 1) x 16 groups of 8 x 1024 tokens.
+  EXPECT_EQ(estimate.replay_buffer.bytes, 64 * StoredGroupBytes(8, 1024));
+}
+
+TEST(RunMemoryTest, AbsurdSpecsSaturateInsteadOfOverflowing) {
+  const v1::RunSpec spec = Spec(1000000000, std::numeric_limits<int32_t>::max());
+  const RunMemoryEstimate estimate = EstimateRunMemory(spec, Qwen05(), -1);
+  EXPECT_EQ(estimate.rollout_worker.bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(estimate.replay_buffer.bytes, std::numeric_limits<int64_t>::max());
+  EXPECT_GT(estimate.trainer.bytes, int64_t{1} << 50);
+  const std::string line =
+      CheckMemoryBudget("rollout worker", estimate.rollout_worker,
+                        {int64_t{16} << 30, "--memory-budget of the rollout worker at w:1"});
+  EXPECT_THAT(line, AllOf(HasSubstr("rollout worker: the run needs about more than 8 EiB"),
+                          HasSubstr("16.0 GiB budget of --memory-budget of the rollout worker"),
+                          HasSubstr("algorithm.group_size"),
+                          HasSubstr("x 1,000,000,000)")));
+}
+
+TEST(RunMemoryTest, CheckNamesTheLargestTermFirstAndPassesWhatFits) {
+  v1::RunSpec spec = Spec(8, 16);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(768);
+  const RunMemoryEstimate estimate = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_THAT(CheckMemoryBudget("rollout worker", estimate.rollout_worker, {int64_t{64} << 30, "x"}),
+              IsEmpty());
+  EXPECT_THAT(CheckMemoryBudget("rollout worker", estimate.rollout_worker, {0, "unknown"}),
+              IsEmpty());
+  const std::string line =
+      CheckMemoryBudget("rollout worker", estimate.rollout_worker, {int64_t{2} << 30, "w"});
+  EXPECT_THAT(line, HasSubstr("(generation batch 2"));
+  EXPECT_THAT(line, HasSubstr("lower algorithm.batch_size_groups (or set "
+                              "rollout.max_concurrent_groups_per_worker), algorithm.group_size"));
+}
+
+TEST(RunMemoryTest, FormatBytes) {
+  EXPECT_EQ(FormatBytes(900), "900 B");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
+  EXPECT_EQ(FormatBytes(int64_t{3} << 30), "3.0 GiB");
+}
+
+TEST(RunMemoryTest, ParseMemorySize) {
+  EXPECT_EQ(*ParseMemorySize("17179869184"), int64_t{16} << 30);
+  EXPECT_EQ(*ParseMemorySize("16GiB"), int64_t{16} << 30);
+  EXPECT_EQ(*ParseMemorySize("16G"), int64_t{16} << 30);
+  EXPECT_EQ(*ParseMemorySize("512 MiB"), int64_t{512} << 20);
+  EXPECT_EQ(*ParseMemorySize("1.5g"), int64_t{3} << 29);
+  EXPECT_EQ(*ParseMemorySize("64k"), 65536);
+  for (const char* bad : {"", "abc", "-1", "0", "12 parsecs", "1e30", "0%", "101%", "GiB"}) {
+    EXPECT_FALSE(ParseMemorySize(bad).ok()) << bad;
+  }
+  EXPECT_THAT(std::string(ParseMemorySize("12 parsecs").status().message()),
+              HasSubstr("unknown unit 'parsecs'"));
+  const std::optional<int64_t> machine = MachineMemoryBytes();
+  ASSERT_TRUE(machine.has_value());
+  EXPECT_GT(*machine, int64_t{256} << 20);
+  const absl::StatusOr<int64_t> half = ParseMemorySize("50%");
+  ASSERT_TRUE(half.ok()) << half.status();
+  EXPECT_NEAR(static_cast<double>(*half), static_cast<double>(*machine) / 2, 1.0);
+}
+
+}  // namespace
+}  // namespace sluice::run

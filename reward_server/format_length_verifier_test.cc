@@ -1,7 +1,9 @@
 // The "format" and "length" verifiers, and run parameters reaching them
 // through a composition.
+#include <algorithm>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -9,6 +11,7 @@
 #include "reward_server/format_verifier.h"
 #include "reward_server/length_verifier.h"
 #include "reward_server/scorer.h"
+#include "reward_server/verifier_params.h"
 
 namespace sluice::reward_server {
 namespace {
@@ -141,6 +144,16 @@ TEST(LengthVerifierTest, BadParametersAreInvalidInputNamingThem) {
     EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kInvalidInput) << message;
     EXPECT_THAT(outcome.detail, HasSubstr(message));
   }
+}
+
+// `sluice submit --validate-only` checks names against this list offline.
+TEST(BuiltinVerifierNamesTest, AreTheBuiltinRegistrysNames) {
+  absl::StatusOr<VerifierRegistry> registry = MakeBuiltinVerifierRegistry();
+  ASSERT_TRUE(registry.ok()) << registry.status();
+  std::vector<std::string> names;
+  for (const auto& verifier : registry->List()) names.push_back(verifier->info().name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, BuiltinVerifierNames());
 }
 
 TEST(CompositionParamsTest, RunParamsReachTheirVerifierAndItemMetadataWins) {

@@ -64,6 +64,12 @@ absl::Status CheckOneOf(const std::map<std::string, std::string>& params, const 
 
 }  // namespace
 
+const std::vector<std::string>& BuiltinVerifierNames() {
+  static const std::vector<std::string>* const names =
+      new std::vector<std::string>{"code", "exact_match", "format", "length", "math"};
+  return *names;
+}
+
 bool ParseBoolParam(absl::string_view value, bool* ok) {
   const std::string lower = absl::AsciiStrToLower(value);
   *ok = true;

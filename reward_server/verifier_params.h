@@ -3,6 +3,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
@@ -27,6 +28,11 @@ namespace sluice::reward_server {
 // checked (another reward server may offer it): OK.
 absl::Status ValidateVerifierParams(absl::string_view verifier,
                                     const std::map<std::string, std::string>& params);
+
+// The names of the verifiers every reward server of this build offers
+// (MakeBuiltinVerifierRegistry's), sorted: what `sluice submit
+// --validate-only` checks reward.verifiers against without a server.
+const std::vector<std::string>& BuiltinVerifierNames();
 
 // "true"/"1"/"yes" and "false"/"0"/"no" (any case); nullopt-like false with
 // *ok = false otherwise.

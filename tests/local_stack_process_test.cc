@@ -21,6 +21,7 @@ namespace sluice {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(90); }
 
@@ -228,6 +229,34 @@ TEST(LocalStackProcessTest, QuickstartRefusesAnInvalidSpecNamingTheField) {
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_EQ(exit->code, 2);
   EXPECT_THAT(testing::ReadFile(log), HasSubstr("grup_size"));
+}
+
+// `sluice submit --validate-only` needs no controller: nothing is running
+// here, and no endpoints.json is found from the test's directory.
+TEST(LocalStackProcessTest, ValidateOnlyWorksOfflineAndNamesEveryProblem) {
+  const std::string dir = testing::MakeTempDir("validate");
+  const std::string good = dir + "/good.yaml";
+  std::ofstream(good) << "model: {builtin: tiny}\ntask: {arithmetic: {}}\n";
+  const std::string log = dir + "/good.log";
+  absl::StatusOr<ExitStatus> exit = RunSluice({"submit", good, "--validate-only"}, log);
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  std::string output = testing::ReadFile(log);
+  EXPECT_TRUE(exit->success()) << output;
+  EXPECT_THAT(output, HasSubstr("\"group_size\": 8"));
+  EXPECT_THAT(output, HasSubstr("is valid"));
+  EXPECT_THAT(output, HasSubstr("estimated memory: rollout worker"));
+
+  const std::string bad = dir + "/bad.yaml";
+  std::ofstream(bad) << "task: {arithmetic: {}}\nalgorithm: {group_size: 1000000000}\n"
+                        "reward: {verifiers: [{name: nosuch}]}\n";
+  exit = RunSluice({"submit", bad, "--validate-only"}, dir + "/bad.log");
+  ASSERT_TRUE(exit.ok()) << exit.status();
+  output = testing::ReadFile(dir + "/bad.log");
+  EXPECT_EQ(exit->code, 2) << output;
+  EXPECT_THAT(output, HasSubstr("model: exactly one of builtin or hf_model_dir must be set"));
+  EXPECT_THAT(output, HasSubstr("algorithm.group_size: must be <= 1024, got 1000000000"));
+  EXPECT_THAT(output, HasSubstr("reward.verifiers[0].name: unknown verifier \"nosuch\""));
+  EXPECT_THAT(output, Not(HasSubstr("connect")));
 }
 
 TEST(LocalStackProcessTest, HealthCommandExitCodes) {

@@ -39,6 +39,7 @@
 #include "services/cli/run_client.h"
 #include "services/cli/score_command.h"
 #include "services/cli/tokenize_command.h"
+#include "services/controller/run_spec.h"
 #include "services/controller/spec_yaml.h"
 #include "services/runtime/health_client.h"
 #include "services/runtime/service_main.h"
@@ -195,7 +196,8 @@ int RunQuickstart(LocalStackOptions options, const QuickstartFlags& flags) {
   } else if (!watcher_done) {
     std::cerr << "\nsluice quickstart: " << reason << ", cancelling the run\n";
     sluice::v1::ListRunsRequest active;
-    for (auto state : {sluice::v1::RUN_STATE_PENDING, sluice::v1::RUN_STATE_WARM_START,
+    for (auto state : {sluice::v1::RUN_STATE_QUEUED, sluice::v1::RUN_STATE_PENDING,
+                       sluice::v1::RUN_STATE_WARM_START,
                        sluice::v1::RUN_STATE_TRAINING, sluice::v1::RUN_STATE_EVALUATING}) {
       active.add_states(state);
     }
@@ -258,6 +260,25 @@ int RunSubmit(const SubmitFlags& flags) {
               << absl::StrReplaceAll(spec.status().message(), {{"\n", "\n  "}}) << "\n";
     return 2;
   }
+  if (flags.validate_only && flags.target.empty()) {
+    // Offline: the same checks SubmitRun makes, without a controller; only
+    // the services' memory budgets are theirs to judge.
+    absl::StatusOr<sluice::controller::OfflineValidation> valid =
+        sluice::controller::ValidateSpecOffline(*spec);
+    if (!valid.ok()) {
+      std::cerr << "sluice submit: " << flags.spec_path << " is not a valid run spec:\n  "
+                << absl::StrReplaceAll(valid.status().message(), {{"\n", "\n  "}}) << "\n";
+      return 2;
+    }
+    std::cout << sluice::cli::RunToJson(valid->spec) << "\n";
+    std::cerr << "sluice submit: " << flags.spec_path
+              << " is valid (above: the spec with every default resolved; checked offline, "
+                 "--target also asks a controller)\n"
+              << "sluice submit: estimated memory: "
+              << sluice::controller::DescribeRunMemory(valid->memory)
+              << "; the controller checks it against the services' --memory-budget at submit\n";
+    return 0;
+  }
   const std::string target = sluice::cli::ResolveControllerTarget(flags.target);
   sluice::cli::SubmitOptions options;
   options.validate_only = flags.validate_only;
@@ -302,9 +323,7 @@ int RunRunsCommand(const std::string& command, const std::string& run_id,
       return 1;
     }
     for (const auto& run : runs->runs()) {
-      std::cout << run.run_id() << "  " << sluice::v1::RunState_Name(run.state()) << "  "
-                << run.spec().name() << "  step " << run.progress().step() << "/"
-                << run.progress().total_steps() << "\n";
+      std::cout << sluice::cli::FormatRunListLine(run) << "\n";
     }
     return 0;
   }
@@ -421,7 +440,9 @@ int main(int argc, char** argv) {
   submit->add_flag("--watch", submit_flags.watch,
                    "follow the run until it ends; exit 0 only if it SUCCEEDED");
   submit->add_flag("--validate-only", submit_flags.validate_only,
-                   "check the spec and print it with defaults resolved; start nothing");
+                   "check the spec offline (as SubmitRun would, and estimate its memory) and "
+                   "print it with defaults resolved; start nothing. With --target, the "
+                   "controller checks it too (verifiers, memory budgets)");
   submit->add_option("--interval-ms", submit_flags.interval_ms,
                      "with --watch: how often progress is redrawn")
       ->capture_default_str()

@@ -205,6 +205,15 @@ std::string FormatProgressLine(const v1::Run& run) {
   return line;
 }
 
+std::string FormatRunListLine(const v1::Run& run) {
+  std::string state = v1::RunState_Name(run.state());
+  if (run.state() == v1::RUN_STATE_QUEUED && run.queue_position() > 0) {
+    absl::StrAppend(&state, " (position ", run.queue_position(), ")");
+  }
+  return absl::StrCat(run.run_id(), "  ", state, "  ", run.spec().name(), "  step ",
+                      run.progress().step(), "/", run.progress().total_steps());
+}
+
 std::string FormatOutcome(const v1::Run& run) {
   const v1::RunSummary& s = run.summary();
   std::string text = absl::StrCat("run ", run.run_id(), " ", StateName(run.state()), " after ",

@@ -75,6 +75,11 @@ std::string FormatProgressLine(const v1::Run& run);
 
 // The end of a run in a few lines: state and wall time, the error if any,
 // eval_before -> eval_after and the main figures.
+// One line of `sluice runs list`: id, state (a queued run with its place in
+// the queue), name, steps.
+//   run-20260101-000000-ab12  RUN_STATE_QUEUED (position 2)  addition  step 0/600
+std::string FormatRunListLine(const v1::Run& run);
+
 std::string FormatOutcome(const v1::Run& run);
 
 // JSON of a run or spec as the run files write it (controller::ProtoToJson:

@@ -24,6 +24,7 @@ namespace fakes = controller::testing;
 
 v1::RunSpec ValidSpec() {
   v1::RunSpec spec;
+  spec.mutable_model()->set_builtin("tiny");
   spec.mutable_task()->mutable_arithmetic();
   spec.mutable_algorithm()->set_total_steps(2);
   return spec;

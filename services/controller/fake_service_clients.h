@@ -5,8 +5,10 @@
 // they record the last request of each kind, signal the first call through
 // an absl::Notification, and answer OK unless told otherwise. Test-only.
 
+#include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -33,20 +35,73 @@ class FakeClock {
   absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1767225600);  // 2026-01-01
 };
 
+inline v1::TrainerStatus IdleTrainer() {
+  v1::TrainerStatus status;
+  status.set_state(v1::TRAINER_STATE_IDLE);
+  status.set_memory_budget_bytes(int64_t{16} << 30);
+  return status;
+}
+
 class FakeTrainer : public TrainerClient {
  public:
   const std::string& address() const override { return address_; }
   absl::Status StartTraining(const v1::StartTrainingRequest& request) override {
     absl::MutexLock lock(&mu_);
     start_ = request;
+    ++starts_;
+    if (start_status_.ok()) {
+      status_.set_run_id(request.run_id());
+      status_.set_state(v1::TRAINER_STATE_LOADING);
+    }
     if (!started.HasBeenNotified()) started.Notify();
     return start_status_;
   }
   absl::Status StopTraining(const v1::StopTrainingRequest& request) override {
     absl::MutexLock lock(&mu_);
     stop_ = request;
+    ++stops_;
+    status_.clear_run_id();
+    status_.set_state(v1::TRAINER_STATE_IDLE);
     if (!stopped.HasBeenNotified()) stopped.Notify();
     return absl::OkStatus();
+  }
+  // As a trainer answers: its current run (from StartTraining until
+  // StopTraining) unless SetStatus overrode it; UNAVAILABLE after
+  // FailStatus.
+  absl::StatusOr<v1::TrainerStatus> GetStatus() override {
+    absl::MutexLock lock(&mu_);
+    ++status_calls_;
+    if (!status_error_.ok()) return status_error_;
+    return status_;
+  }
+  void SetStatus(v1::TrainerStatus status) {
+    absl::MutexLock lock(&mu_);
+    status_ = std::move(status);
+  }
+  // What a trainer that reports `state` for `run_id` also says of itself.
+  void SetRunState(const std::string& run_id, v1::TrainerState state) {
+    absl::MutexLock lock(&mu_);
+    if (status_.run_id() != run_id) return;
+    status_.set_state(state);
+  }
+  void FailStatus(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    status_error_ = std::move(status);
+  }
+  int starts() const {
+    absl::MutexLock lock(&mu_);
+    return starts_;
+  }
+  int stops() const {
+    absl::MutexLock lock(&mu_);
+    return stops_;
+  }
+  bool AwaitStatusCalls(int calls, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return status_calls_ >= calls;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   }
   void FailStart(absl::Status status) {
     absl::MutexLock lock(&mu_);
@@ -68,6 +123,11 @@ class FakeTrainer : public TrainerClient {
   const std::string address_ = "trainer:1";
   mutable absl::Mutex mu_;
   absl::Status start_status_ ABSL_GUARDED_BY(mu_);
+  absl::Status status_error_ ABSL_GUARDED_BY(mu_);
+  v1::TrainerStatus status_ ABSL_GUARDED_BY(mu_) = IdleTrainer();
+  int starts_ ABSL_GUARDED_BY(mu_) = 0;
+  int stops_ ABSL_GUARDED_BY(mu_) = 0;
+  int status_calls_ ABSL_GUARDED_BY(mu_) = 0;
   v1::StartTrainingRequest start_ ABSL_GUARDED_BY(mu_);
   v1::StopTrainingRequest stop_ ABSL_GUARDED_BY(mu_);
 };
@@ -78,14 +138,36 @@ class FakeWorker : public RolloutWorkerClient {
   absl::Status StartRollouts(const v1::StartRolloutsRequest& request) override {
     absl::MutexLock lock(&mu_);
     start_ = request;
+    serving_ = request.run_id();
     if (!started.HasBeenNotified()) started.Notify();
     return absl::OkStatus();
   }
   absl::Status StopRollouts(const v1::StopRolloutsRequest& request) override {
     absl::MutexLock lock(&mu_);
     stop_ = request;
+    serving_.clear();
     if (!stopped.HasBeenNotified()) stopped.Notify();
     return absl::OkStatus();
+  }
+  // The run from StartRollouts until StopRollouts (or ForgetRun).
+  absl::StatusOr<v1::RolloutWorkerStatus> GetStatus() override {
+    absl::MutexLock lock(&mu_);
+    v1::RolloutWorkerStatus status;
+    status.set_worker_id("fake-worker");
+    status.set_memory_budget_bytes(memory_budget_);
+    status.set_state(serving_.empty() ? v1::ROLLOUT_WORKER_STATE_IDLE
+                                      : v1::ROLLOUT_WORKER_STATE_RUNNING);
+    if (!serving_.empty()) status.add_runs()->set_run_id(serving_);
+    return status;
+  }
+  // As a restarted worker: it no longer serves its run.
+  void ForgetRun() {
+    absl::MutexLock lock(&mu_);
+    serving_.clear();
+  }
+  void SetMemoryBudget(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    memory_budget_ = bytes;
   }
   v1::StartRolloutsRequest start_request() const {
     absl::MutexLock lock(&mu_);
@@ -102,6 +184,8 @@ class FakeWorker : public RolloutWorkerClient {
  private:
   const std::string address_ = "worker:1";
   mutable absl::Mutex mu_;
+  std::string serving_ ABSL_GUARDED_BY(mu_);
+  int64_t memory_budget_ ABSL_GUARDED_BY(mu_) = int64_t{16} << 30;
   v1::StartRolloutsRequest start_ ABSL_GUARDED_BY(mu_);
   v1::StopRolloutsRequest stop_ ABSL_GUARDED_BY(mu_);
 };
@@ -125,6 +209,16 @@ class FakeBuffer : public ReplayBufferClient {
     sampled->set_groups(6);
     return stats;
   }
+  absl::StatusOr<v1::GetStatsResponse> GetServerStats() override {
+    absl::MutexLock lock(&mu_);
+    v1::GetStatsResponse response;
+    response.set_memory_budget_bytes(memory_budget_);
+    return response;
+  }
+  void SetMemoryBudget(int64_t bytes) {
+    absl::MutexLock lock(&mu_);
+    memory_budget_ = bytes;
+  }
   v1::ConfigureRunRequest configure_request() const {
     absl::MutexLock lock(&mu_);
     return configure_;
@@ -133,7 +227,34 @@ class FakeBuffer : public ReplayBufferClient {
  private:
   const std::string address_ = "buffer:1";
   mutable absl::Mutex mu_;
+  int64_t memory_budget_ ABSL_GUARDED_BY(mu_) = int64_t{8} << 30;
   v1::ConfigureRunRequest configure_ ABSL_GUARDED_BY(mu_);
+};
+
+// Offers the builtin verifiers unless told otherwise.
+class FakeRewardServer : public RewardServerClient {
+ public:
+  const std::string& address() const override { return address_; }
+  absl::StatusOr<std::vector<std::string>> ListVerifiers() override {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    return names_;
+  }
+  void SetVerifiers(std::vector<std::string> names) {
+    absl::MutexLock lock(&mu_);
+    names_ = std::move(names);
+  }
+  void Fail(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    error_ = std::move(status);
+  }
+
+ private:
+  const std::string address_ = "reward:1";
+  absl::Mutex mu_;
+  std::vector<std::string> names_ ABSL_GUARDED_BY(mu_) = {"code", "exact_match", "format",
+                                                          "length", "math"};
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
 };
 
 // Healthy unless told otherwise; counts checks per address.

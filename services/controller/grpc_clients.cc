@@ -1,5 +1,6 @@
 #include "services/controller/grpc_clients.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/base/thread_annotations.h"
@@ -10,6 +11,7 @@
 #include "grpcpp/grpcpp.h"
 #include "services/runtime/grpc_status.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
+#include "sluice/v1/reward_server.grpc.pb.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
 #include "sluice/v1/trainer.grpc.pb.h"
 
@@ -19,6 +21,8 @@ namespace {
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
   return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
 }
+
+constexpr absl::Duration kStopTrainingTimeout = absl::Minutes(5);
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
@@ -38,10 +42,21 @@ class GrpcTrainerClient final : public TrainerClient {
     return runtime::FromGrpcStatus(stub_->StartTraining(&context, request, &response));
   }
   absl::Status StopTraining(const v1::StopTrainingRequest& request) override {
+    // The trainer answers once its run has stopped, after writing the final
+    // checkpoint when asked: that can take minutes for a large model.
     grpc::ClientContext context;
-    SetDeadline(context, timeout_);
+    SetDeadline(context, std::max(timeout_, kStopTrainingTimeout));
     v1::StopTrainingResponse response;
     return runtime::FromGrpcStatus(stub_->StopTraining(&context, request, &response));
+  }
+  absl::StatusOr<v1::TrainerStatus> GetStatus() override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::GetTrainerStatusResponse response;
+    const grpc::Status status =
+        stub_->GetTrainerStatus(&context, v1::GetTrainerStatusRequest(), &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    return std::move(*response.mutable_status());
   }
 
  private:
@@ -68,6 +83,15 @@ class GrpcRolloutWorkerClient final : public RolloutWorkerClient {
     SetDeadline(context, timeout_ + absl::Milliseconds(request.timeout_ms()));
     v1::StopRolloutsResponse response;
     return runtime::FromGrpcStatus(stub_->StopRollouts(&context, request, &response));
+  }
+  absl::StatusOr<v1::RolloutWorkerStatus> GetStatus() override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::GetWorkerStatusResponse response;
+    const grpc::Status status =
+        stub_->GetWorkerStatus(&context, v1::GetWorkerStatusRequest(), &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    return std::move(*response.mutable_status());
   }
 
  private:
@@ -99,11 +123,44 @@ class GrpcReplayBufferClient final : public ReplayBufferClient {
     if (!status.ok()) return runtime::FromGrpcStatus(status);
     return std::move(*response.mutable_stats());
   }
+  absl::StatusOr<v1::GetStatsResponse> GetServerStats() override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::GetStatsResponse response;
+    const grpc::Status status = stub_->GetStats(&context, v1::GetStatsRequest(), &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    return response;
+  }
 
  private:
   const std::string address_;
   const absl::Duration timeout_;
   const std::unique_ptr<v1::ReplayBufferService::Stub> stub_;
+};
+
+class GrpcRewardServerClient final : public RewardServerClient {
+ public:
+  GrpcRewardServerClient(std::string address, absl::Duration timeout)
+      : address_(std::move(address)),
+        timeout_(timeout),
+        stub_(v1::RewardService::NewStub(Channel(address_))) {}
+  const std::string& address() const override { return address_; }
+  absl::StatusOr<std::vector<std::string>> ListVerifiers() override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::ListVerifiersResponse response;
+    const grpc::Status status =
+        stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    std::vector<std::string> names;
+    for (const v1::VerifierInfo& verifier : response.verifiers()) names.push_back(verifier.name());
+    return names;
+  }
+
+ private:
+  const std::string address_;
+  const absl::Duration timeout_;
+  const std::unique_ptr<v1::RewardService::Stub> stub_;
 };
 
 // Keeps one channel per address: a check every second must not open a new
@@ -160,6 +217,10 @@ ServiceClients MakeGrpcServiceClients(const ServiceAddresses& addresses,
         std::make_shared<GrpcRolloutWorkerClient>(address, call_timeout));
   }
   clients.reward_server_address = addresses.reward_server;
+  if (!addresses.reward_server.empty()) {
+    clients.reward_server =
+        std::make_shared<GrpcRewardServerClient>(addresses.reward_server, call_timeout);
+  }
   clients.health = std::make_shared<GrpcHealthChecker>(health_timeout);
   return clients;
 }

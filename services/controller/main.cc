@@ -6,6 +6,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "services/controller/controller_metrics.h"
 #include "services/controller/controller_service.h"
@@ -61,6 +62,12 @@ int main(int argc, char** argv) {
                  "rollout workers, comma-separated HOST:PORT list")
       ->delimiter(',')
       ->type_name("HOST:PORT,...");
+  int64_t stall_timeout_ms = absl::ToInt64Milliseconds(registry_options.driver.stall_timeout);
+  app.add_option("--stall-timeout-ms", stall_timeout_ms,
+                 "fail an active run that made no progress (no step, evaluation, new version or "
+                 "generated tokens) for this long, saying what each service reports; 0 = never")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   app.add_option("--advertise-address", advertise_address,
                  "how the other services reach this controller; default 127.0.0.1:<bound port> "
                  "when listening on a wildcard or loopback address, else the listen host")
@@ -72,6 +79,7 @@ int main(int argc, char** argv) {
   std::unique_ptr<controller::RunRegistry> registry;
   std::shared_ptr<controller::ControllerServiceImpl> service;
   const int code = main.Run(argc, argv, [&](ServiceContext& context) {
+    registry_options.driver.stall_timeout = absl::Milliseconds(stall_timeout_ms);
     metrics = std::make_unique<controller::ControllerMetrics>(context.metrics_registry());
     registry = std::make_unique<controller::RunRegistry>(
         registry_options, controller::MakeGrpcServiceClients(addresses), metrics.get());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <numeric>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -72,26 +73,60 @@ RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
   for (const auto& worker : workers_) {
     health_targets_.push_back({"rollout_worker", worker->address()});
   }
+  worker_mismatches_.assign(workers_.size(), 0);
 
   absl::MutexLock lock(&mu_);
+  last_progress_at_ = absl::Now();
   run_ = std::move(run);
-  run_.set_state(v1::RUN_STATE_PENDING);
+  run_.set_state(v1::RUN_STATE_QUEUED);
   created_at_ = absl::FromUnixSeconds(run_.created_at().seconds()) +
                 absl::Nanoseconds(run_.created_at().nanos());
   *run_.mutable_updated_at() = run_.created_at();
   v1::RunProgress& progress = *run_.mutable_progress();
   progress.set_total_steps(spec_.algorithm().total_steps());
-  progress.set_phase("starting services");
+  progress.set_phase("queued");
   v1::RunSummary& summary = *run_.mutable_summary();
   summary.set_run_id(run_id_);
-  summary.set_state(v1::RunState_Name(v1::RUN_STATE_PENDING));
+  summary.set_state(v1::RunState_Name(v1::RUN_STATE_QUEUED));
   summary.set_eta(spec_.algorithm().max_staleness());
 }
 
 RunDriver::~RunDriver() { Shutdown("the controller shut down while the run was active"); }
 
-void RunDriver::Start() {
+void RunDriver::SetOnStopped(std::function<void()> on_stopped) {
+  on_stopped_ = std::move(on_stopped);
+}
+
+bool RunDriver::Start() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_) return false;
+    started_ = true;
+    if (IsTerminal(run_.state())) {
+      thread_exited_ = true;  // Cancelled while queued: nothing to stop.
+      return false;
+    }
+    run_.set_queue_position(0);
+    run_.mutable_progress()->set_phase("starting services");
+    TransitionLocked(v1::RUN_STATE_PENDING, "");
+  }
   thread_ = std::thread([this] { Main(); });
+  return true;
+}
+
+void RunDriver::SetQueuePosition(int position) {
+  absl::MutexLock lock(&mu_);
+  if (run_.state() != v1::RUN_STATE_QUEUED || run_.queue_position() == position) return;
+  run_.set_queue_position(position);
+  run_.mutable_progress()->set_phase(
+      position == 1 ? "queued: next to start" : absl::StrCat("queued: ", position - 1,
+                                                             " run(s) ahead"));
+  TouchLocked();
+}
+
+bool RunDriver::Stopped() const {
+  absl::MutexLock lock(&mu_);
+  return thread_exited_;
 }
 
 absl::Time RunDriver::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
@@ -104,15 +139,75 @@ bool RunDriver::Terminal() const {
 bool RunDriver::WakeDriver() const { return IsTerminal(run_.state()) || finish_requested_; }
 
 void RunDriver::Main() {
-  if (StartServices()) Watch();
+  if (AwaitServicesFree() && StartServices()) Watch();
   bool succeeded = false;
   {
     absl::MutexLock lock(&mu_);
     succeeded = run_.state() == v1::RUN_STATE_SUCCEEDED;
   }
   if (!succeeded) StopServices();
-  absl::MutexLock lock(&mu_);
-  thread_exited_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    thread_exited_ = true;
+  }
+  if (on_stopped_) on_stopped_();
+}
+
+bool RunDriver::AwaitServicesFree() {
+  const absl::Time deadline = absl::Now() + options_.service_free_timeout;
+  std::string phase;
+  while (!Terminal()) {
+    // Who still holds another run; "" when nobody does. A service that does
+    // not answer is left to StartServices, which names the failure.
+    std::string busy;
+    if (absl::StatusOr<v1::TrainerStatus> trainer = clients_.trainer->GetStatus(); trainer.ok()) {
+      const v1::TrainerState state = trainer->state();
+      if (!trainer->run_id().empty() && trainer->run_id() != run_id_ &&
+          state != v1::TRAINER_STATE_IDLE && state != v1::TRAINER_STATE_FINISHED &&
+          state != v1::TRAINER_STATE_FAILED) {
+        busy = absl::StrCat("trainer (", clients_.trainer->address(), ") with run ",
+                            trainer->run_id(), " (", v1::TrainerState_Name(state), ")");
+      }
+    }
+    for (size_t i = 0; busy.empty() && i < workers_.size(); ++i) {
+      absl::StatusOr<v1::RolloutWorkerStatus> worker = workers_[i]->GetStatus();
+      if (!worker.ok()) continue;
+      for (const v1::RolloutRunStatus& other : worker->runs()) {
+        if (other.run_id() != run_id_ && other.groups_in_flight() > 0) {
+          busy = absl::StrCat("rollout worker (", workers_[i]->address(), ") with run ",
+                              other.run_id());
+        }
+      }
+    }
+    if (busy.empty()) {
+      if (!phase.empty()) {
+        absl::MutexLock lock(&mu_);
+        run_.mutable_progress()->set_phase("starting services");
+        TouchLocked();
+      }
+      return true;
+    }
+    if (absl::Now() >= deadline) {
+      Fail(absl::StrCat("the ", busy, " is still busy after ",
+                        absl::FormatDuration(options_.service_free_timeout),
+                        "; stop that run first (sluice runs cancel, or StopTraining)"));
+      return false;
+    }
+    const std::string waiting = absl::StrCat("waiting for the ", busy);
+    if (waiting != phase) {
+      phase = waiting;
+      log::Info("run waits for a service", {{"run_id", run_id_}, {"busy", busy}});
+      absl::MutexLock lock(&mu_);
+      if (!IsTerminal(run_.state())) {
+        run_.mutable_progress()->set_phase(phase);
+        TouchLocked();
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &RunDriver::WakeDriver),
+                         options_.service_free_poll);
+  }
+  return false;
 }
 
 bool RunDriver::StartServices() {
@@ -193,7 +288,9 @@ void RunDriver::Watch() {
     }
     if (absl::Now() >= next_check) {
       CheckHealth();
+      Reconcile();
       RefreshBufferStats();
+      CheckStall();
       next_check = absl::Now() + options_.health_check_interval;
     }
   }
@@ -221,6 +318,99 @@ void RunDriver::CheckHealth() {
   }
 }
 
+void RunDriver::Reconcile() {
+  if (Terminal()) return;
+  if (absl::StatusOr<v1::TrainerStatus> trainer = clients_.trainer->GetStatus(); trainer.ok()) {
+    last_trainer_status_ = *trainer;
+    const bool ours = trainer->run_id() == run_id_;
+    const v1::TrainerState state = trainer->state();
+    if (ours && state == v1::TRAINER_STATE_FAILED) {
+      // Its own report of the failure may have been lost.
+      Fail(absl::StrCat("trainer: ", trainer->last_error().empty() ? "failed without an error message"
+                                                                   : trainer->last_error()));
+      return;
+    }
+    if (ours && state == v1::TRAINER_STATE_FINISHED) {
+      absl::MutexLock lock(&mu_);
+      finish_requested_ = true;  // As if its FINISHED report had arrived.
+    }
+    if (!ours || state == v1::TRAINER_STATE_IDLE) {
+      if (++trainer_mismatches_ >= options_.health_check_failures) {
+        Fail(absl::StrCat("trainer (", clients_.trainer->address(),
+                          ") is no longer training this run: it reports ",
+                          trainer->run_id().empty() ? std::string("no run")
+                                                    : absl::StrCat("run ", trainer->run_id()),
+                          " in state ", v1::TrainerState_Name(state),
+                          " (stopped by another client, or restarted)"));
+        return;
+      }
+    } else {
+      trainer_mismatches_ = 0;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // Once the prompts are done, workers may end the run on their own.
+    if (feed_ != nullptr && feed_->done()) return;
+  }
+  for (size_t i = 0; i < workers_started_ && i < workers_.size(); ++i) {
+    absl::StatusOr<v1::RolloutWorkerStatus> worker = workers_[i]->GetStatus();
+    if (!worker.ok()) continue;  // Reachability is the health check's.
+    const bool serving = std::any_of(worker->runs().begin(), worker->runs().end(),
+                                     [&](const v1::RolloutRunStatus& r) {
+                                       return r.run_id() == run_id_;
+                                     });
+    if (serving && worker->state() == v1::ROLLOUT_WORKER_STATE_FAILED) {
+      Fail(absl::StrCat("rollout worker (", workers_[i]->address(), ") failed: ",
+                        worker->last_error().empty() ? "no error message" : worker->last_error()));
+      return;
+    }
+    if (serving) {
+      worker_mismatches_[i] = 0;
+      continue;
+    }
+    if (++worker_mismatches_[i] >= options_.health_check_failures) {
+      Fail(absl::StrCat("rollout worker (", workers_[i]->address(),
+                        ") no longer serves this run: it reports state ",
+                        v1::RolloutWorkerState_Name(worker->state()), " and ",
+                        worker->runs().empty() ? "no run" : "other runs",
+                        " (stopped by another client, or restarted)"));
+      return;
+    }
+  }
+}
+
+void RunDriver::CheckStall() {
+  if (options_.stall_timeout <= absl::ZeroDuration()) return;
+  std::string message;
+  {
+    absl::MutexLock lock(&mu_);
+    if (IsTerminal(run_.state())) return;
+    const absl::Duration quiet = absl::Now() - last_progress_at_;
+    if (quiet < options_.stall_timeout) return;
+    const v1::RunProgress& progress = run_.progress();
+    const absl::Duration shown =
+        absl::Trunc(quiet, quiet >= absl::Minutes(1) ? absl::Seconds(1) : absl::Milliseconds(1));
+    message = absl::StrCat("no progress for ", absl::FormatDuration(shown),
+                           " (stall timeout ", absl::FormatDuration(options_.stall_timeout),
+                           "): phase \"", progress.phase(), "\", step ", progress.step(), "/",
+                           progress.total_steps(), ", policy version ", progress.policy_version());
+  }
+  if (last_trainer_status_.has_value()) {
+    absl::StrAppend(&message, "; the trainer reports ",
+                    v1::TrainerState_Name(last_trainer_status_->state()));
+    if (!last_trainer_status_->last_error().empty()) {
+      absl::StrAppend(&message, " (last error: ", last_trainer_status_->last_error(), ")");
+    }
+  }
+  if (last_buffer_stats_.has_value()) {
+    absl::StrAppend(&message, "; the replay buffer holds ", last_buffer_stats_->size_groups(),
+                    " groups, ", last_buffer_stats_->running(), " being generated, admission limit ",
+                    last_buffer_stats_->admission_limit());
+  }
+  Fail(message);
+}
+
 void RunDriver::RefreshBufferStats() {
   {
     absl::MutexLock lock(&mu_);
@@ -228,6 +418,7 @@ void RunDriver::RefreshBufferStats() {
   }
   absl::StatusOr<v1::BufferStats> stats = clients_.replay_buffer->GetStats(run_id_);
   if (!stats.ok()) return;  // Not fatal; the health check judges reachability.
+  last_buffer_stats_ = *stats;
   int64_t evicted = 0;
   for (const v1::EvictionCount& count : stats->evictions()) {
     if (count.reason() == v1::EVICTION_REASON_STALE ||
@@ -315,6 +506,7 @@ v1::Run RunDriver::Cancel(const std::string& reason) {
   if (TransitionLocked(v1::RUN_STATE_CANCELLED, reason.empty() ? "cancelled by user" : reason)) {
     log::Info("run cancelled", {{"run_id", run_id_}, {"reason", run_.error_message()}});
   }
+  if (!started_) thread_exited_ = true;  // Cancelled while queued: nothing to stop.
   v1::Run run = run_;
   FillLiveFiguresLocked(&run, Now());
   return run;
@@ -324,6 +516,10 @@ void RunDriver::BeginShutdown(const std::string& reason) {
   absl::MutexLock lock(&mu_);
   TransitionLocked(v1::RUN_STATE_FAILED, reason);
   shut_down_ = true;
+  if (!started_) {
+    started_ = true;  // Never starts now.
+    thread_exited_ = true;
+  }
 }
 
 void RunDriver::Shutdown(const std::string& reason) {
@@ -349,6 +545,8 @@ bool RunDriver::TransitionLocked(v1::RunState state, const std::string& error) {
     rl_started_at_ = now;
   }
   run_.set_state(state);
+  run_.set_queue_position(0);
+  ProgressLocked();
   v1::RunSummary& summary = *run_.mutable_summary();
   summary.set_state(v1::RunState_Name(state));
   if (IsTerminal(state)) {
@@ -375,6 +573,8 @@ bool RunDriver::TransitionLocked(v1::RunState state, const std::string& error) {
   TouchLocked();
   return true;
 }
+
+void RunDriver::ProgressLocked() { last_progress_at_ = absl::Now(); }
 
 void RunDriver::TouchLocked() {
   ++generation_;
@@ -491,6 +691,7 @@ v1::ReportRolloutProgressResponse RunDriver::ReportRolloutProgress(
   const int64_t tokens = std::max<int64_t>(0, request.tokens_generated());
   const int64_t groups = std::max<int64_t>(0, request.groups_inserted());
   if (tokens > 0 || groups > 0) {
+    ProgressLocked();
     if (tokens > 0) {
       token_reports_.emplace_back(now, tokens);
       while (!token_reports_.empty() &&
@@ -509,12 +710,14 @@ v1::ReportRolloutProgressResponse RunDriver::ReportRolloutProgress(
 
 void RunDriver::NotePolicyVersionLocked(int64_t version) {
   if (version <= max_policy_version_) return;
+  ProgressLocked();
   max_policy_version_ = version;
   run_.mutable_progress()->set_policy_version(version);
   run_.mutable_summary()->set_weight_versions(version + 1);
 }
 
 void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
+  ProgressLocked();
   v1::RunSummary& summary = *run_.mutable_summary();
   v1::RunProgress& progress = *run_.mutable_progress();
   *summary.add_evals() = eval;
@@ -531,6 +734,7 @@ void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
 
 void RunDriver::ApplyStepLocked(v1::TrainingStepMetrics step) {
   if (step.step() <= last_step_) return;  // A repeated report.
+  ProgressLocked();
   const absl::Time now = Now();
   last_step_ = step.step();
   step.set_rollout_tokens_per_second(TokensPerSecondLocked(now));
@@ -629,10 +833,15 @@ v1::ReportTrainerProgressResponse RunDriver::ReportTrainerProgress(
   const absl::Time now = Now();
   if (request.policy_version() >= 0) NotePolicyVersionLocked(request.policy_version());
   if (request.warm_start_step() > run_.progress().warm_start_step()) {
+    ProgressLocked();
     run_.mutable_progress()->set_warm_start_step(request.warm_start_step());
     run_.mutable_summary()->set_warm_start_steps(request.warm_start_step());
   }
   if (request.has_eval()) ApplyEvalLocked(request.eval());
+  if (request.state() != last_trainer_state_) {
+    last_trainer_state_ = request.state();
+    ProgressLocked();  // E.g. loading -> evaluating: the trainer moved on.
+  }
   if (request.has_step()) ApplyStepLocked(request.step());
   ApplyTrainerStateLocked(request);
   // Warm start lasts until its last step or dev evaluation was reported.

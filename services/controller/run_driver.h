@@ -5,6 +5,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -28,10 +29,22 @@ struct RunDriverOptions {
   absl::Duration lease_ttl = PromptFeed::kDefaultLeaseTtl;
   // LeasePrompts before the run is TRAINING answers "retry after this".
   absl::Duration lease_retry_after = absl::Milliseconds(200);
-  // Health of every service of an active run is checked this often...
+  // Health of every service of an active run is checked this often, and
+  // what the trainer and workers say they do is compared with the run...
   absl::Duration health_check_interval = absl::Seconds(1);
-  // ...and this many consecutive failures of one service fail the run.
+  // ...and this many consecutive failures of one service (unreachable, or
+  // no longer serving the run) fail the run.
   int health_check_failures = 3;
+  // An active run with no progress this long (no step, warm-start step,
+  // evaluation, new policy version, generated tokens or state change) is
+  // failed with what each service reported. Zero = never.
+  absl::Duration stall_timeout = absl::Minutes(30);
+  // Before starting, a run waits this long for the trainer and the workers
+  // to have let go of an earlier run (one stopped from outside, or slow to
+  // stop), then fails saying which is busy.
+  absl::Duration service_free_timeout = absl::Minutes(2);
+  // How often the wait above asks.
+  absl::Duration service_free_poll = absl::Milliseconds(200);
   // Window of worker token reports behind the generation throughput.
   absl::Duration throughput_window = absl::Seconds(5);
   // Time stamps and durations of run figures (not the waits above, which
@@ -50,15 +63,21 @@ class RunObserver {
   virtual void OnRunUpdated(const v1::Run& run) = 0;
 };
 
-// One run, from PENDING to a terminal state, and its own thread.
+// One run, from QUEUED to a terminal state, and its own thread.
 //
-//   PENDING -> WARM_START -> TRAINING -> EVALUATING -> SUCCEEDED
+//   QUEUED -> PENDING -> WARM_START -> TRAINING -> EVALUATING -> SUCCEEDED
+//      QUEUED -> CANCELLED (CancelRun before its turn; nothing was started)
 //      any active state -> FAILED (a service failed or is unreachable)
 //      any active state -> CANCELLED (CancelRun)
 //
-// The thread configures the replay buffer, starts the trainer and the
-// rollout workers (docs/run-lifecycle.md, step 2), then watches the health of
-// every service of the run until the run ends; on the trainer's FINISHED it
+// A driver is created QUEUED; the registry calls Start() when it is the
+// run's turn. The thread then waits until the trainer and the workers are
+// free, configures the replay buffer, starts the trainer and the rollout
+// workers (docs/run-lifecycle.md, step 2), then watches the run until it
+// ends: the health of every service, whether the trainer and the workers
+// still serve this run (a trainer stopped from outside, or restarted, fails
+// it), and progress (none for options.stall_timeout fails it). On the
+// trainer's FINISHED it
 // stops the workers, reads the buffer's statistics and marks the run
 // SUCCEEDED; on FAILED or CANCELLED it stops the workers and the trainer.
 // Everything else arrives through the RPC handlers below (the trainer's and
@@ -81,8 +100,20 @@ class RunDriver {
   RunDriver(const RunDriver&) = delete;
   RunDriver& operator=(const RunDriver&) = delete;
 
-  // Starts the driver thread. Call once.
-  void Start();
+  // Called at the end of the driver thread, once the run's services were
+  // told to stop (and for a run cancelled while queued, by Start()). Set
+  // before Start().
+  void SetOnStopped(std::function<void()> on_stopped);
+
+  // QUEUED -> PENDING and starts the driver thread; false (nothing started)
+  // when the run already ended (cancelled while queued). Call once.
+  bool Start() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Run.queue_position while QUEUED (1 = next).
+  void SetQueuePosition(int position) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // True once the thread has exited, or the run ended before it started.
+  bool Stopped() const ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string& run_id() const { return run_id_; }
 
@@ -134,11 +165,18 @@ class RunDriver {
   };
 
   void Main();
+  // Waits (phase "waiting for ...") until the trainer and the workers serve
+  // no other run; false when the run ended or failed meanwhile.
+  bool AwaitServicesFree();
   // Step 2 of the lifecycle; false when the run ended meanwhile.
   bool StartServices();
   // Health checks until the run is terminal or the trainer finished.
   void Watch();
   void CheckHealth();
+  // Compares what the trainer and the workers say they do with the run.
+  void Reconcile();
+  // Fails the run when it made no progress for options_.stall_timeout.
+  void CheckStall();
   void RefreshBufferStats();
   // The trainer said FINISHED: stop workers, read the buffer, SUCCEEDED.
   void Finish();
@@ -156,6 +194,8 @@ class RunDriver {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a change: counter, updated_at, observer.
   void TouchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records progress for the stall check (real clock).
+  void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyEvalLocked(const v1::EvalResult& eval) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyStepLocked(v1::TrainingStepMetrics step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest& request)
@@ -177,6 +217,11 @@ class RunDriver {
   std::vector<HealthTarget> health_targets_;
   bool trainer_started_ = false;
   size_t workers_started_ = 0;
+  int trainer_mismatches_ = 0;
+  std::vector<int> worker_mismatches_;
+  std::optional<v1::TrainerStatus> last_trainer_status_;
+  std::optional<v1::BufferStats> last_buffer_stats_;
+  std::function<void()> on_stopped_;
 
   mutable absl::Mutex mu_;
   v1::Run run_ ABSL_GUARDED_BY(mu_);
@@ -185,6 +230,8 @@ class RunDriver {
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool thread_exited_ ABSL_GUARDED_BY(mu_) = false;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time last_progress_at_ ABSL_GUARDED_BY(mu_);
   absl::Time created_at_ ABSL_GUARDED_BY(mu_);
   absl::Time left_pending_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time warm_start_started_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
@@ -192,6 +239,7 @@ class RunDriver {
   absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_policy_version_ ABSL_GUARDED_BY(mu_) = -1;
+  v1::TrainerState last_trainer_state_ ABSL_GUARDED_BY(mu_) = v1::TRAINER_STATE_UNSPECIFIED;
   std::deque<double> recent_step_rewards_ ABSL_GUARDED_BY(mu_);  // Last 10 steps.
   std::deque<std::pair<absl::Time, int64_t>> token_reports_ ABSL_GUARDED_BY(mu_);
 

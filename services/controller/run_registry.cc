@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "services/controller/run_spec.h"
 
 namespace sluice::controller {
@@ -69,10 +70,65 @@ std::string RunRegistry::NewRunIdLocked() {
   }
 }
 
+absl::Status RunRegistry::CheckAgainstServices(const v1::RunSpec& spec) const {
+  if (clients_.reward_server != nullptr) {
+    absl::StatusOr<std::vector<std::string>> verifiers = clients_.reward_server->ListVerifiers();
+    if (!verifiers.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot check reward.verifiers: the reward server at ", clients_.reward_server->address(),
+          " did not answer ListVerifiers: ", verifiers.status().message()));
+    }
+    RETURN_IF_ERROR(CheckVerifierNames(
+        spec, *verifiers, absl::StrCat("the reward server at ", clients_.reward_server->address())));
+  }
+  // Budgets the services report; one that does not answer is not checked
+  // here (the run then fails at start, naming it).
+  ServiceMemoryBudgets budgets;
+  if (clients_.trainer != nullptr) {
+    if (absl::StatusOr<v1::TrainerStatus> status = clients_.trainer->GetStatus(); status.ok()) {
+      budgets.trainer = {status->memory_budget_bytes(),
+                         absl::StrCat("the trainer at ", clients_.trainer->address())};
+    }
+  }
+  const size_t wanted = static_cast<size_t>(std::max(1, spec.rollout().num_workers()));
+  for (size_t i = 0; i < clients_.rollout_workers.size() && i < wanted; ++i) {
+    const auto& worker = clients_.rollout_workers[i];
+    absl::StatusOr<v1::RolloutWorkerStatus> status = worker->GetStatus();
+    if (!status.ok() || status->memory_budget_bytes() <= 0) continue;
+    if (budgets.rollout_worker.bytes <= 0 ||
+        status->memory_budget_bytes() < budgets.rollout_worker.bytes) {
+      budgets.rollout_worker = {status->memory_budget_bytes(),
+                                absl::StrCat("the rollout worker at ", worker->address())};
+    }
+  }
+  if (clients_.replay_buffer != nullptr) {
+    if (absl::StatusOr<v1::GetStatsResponse> stats = clients_.replay_buffer->GetServerStats();
+        stats.ok() && stats->memory_budget_bytes() > 0) {
+      budgets.replay_buffer = {
+          std::max<int64_t>(1, stats->memory_budget_bytes() - stats->memory_used_bytes()),
+          absl::StrCat("the replay buffer at ", clients_.replay_buffer->address(), " (",
+                       run::FormatBytes(stats->memory_used_bytes()), " of ",
+                       run::FormatBytes(stats->memory_budget_bytes()), " in use)")};
+    }
+  }
+  if (budgets.trainer.bytes <= 0 && budgets.rollout_worker.bytes <= 0 &&
+      budgets.replay_buffer.bytes <= 0) {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<run::RunMemoryEstimate> estimate = EstimateSpecMemory(spec);
+  if (!estimate.ok()) return estimate.status();
+  return CheckRunMemory(*estimate, budgets);
+}
+
 absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request) {
   v1::RunSpec spec = ResolveDefaults(request.spec());
   if (absl::Status valid = ValidateRunSpec(spec); !valid.ok()) return valid;
   if (request.validate_only()) {
+    // Without creating anything: the services are asked only when they are
+    // configured (a controller alone still validates specs).
+    if (clients_.trainer != nullptr || clients_.reward_server != nullptr) {
+      RETURN_IF_ERROR(CheckAgainstServices(spec));
+    }
     v1::Run run;
     *run.mutable_spec() = std::move(spec);
     return run;
@@ -80,6 +136,7 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   if (absl::Status configured = CheckServicesConfigured(spec); !configured.ok()) {
     return configured;
   }
+  RETURN_IF_ERROR(CheckAgainstServices(spec));
 
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the controller is shutting down");
@@ -110,11 +167,36 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   runs_.push_back(driver);
   by_id_[run_id] = driver;
   if (!request.request_id().empty()) by_request_id_[request.request_id()] = run_id;
+  driver->SetOnStopped([this] { OnRunStopped(); });
+  queue_.push_back(driver);
+  DispatchLocked();
   log::Info("run submitted", {{"run_id", run_id},
                               {"name", driver->Get().run.spec().name()},
+                              {"state", v1::RunState_Name(driver->Get().run.state())},
                               {"runs_dir", options_.runs_dir}});
-  driver->Start();
   return driver->Get().run;
+}
+
+void RunRegistry::DispatchLocked() {
+  if (!shut_down_ && (active_ == nullptr || active_->Stopped())) {
+    active_ = nullptr;
+    while (!queue_.empty() && active_ == nullptr) {
+      std::shared_ptr<RunDriver> next = std::move(queue_.front());
+      queue_.pop_front();
+      if (next->Start()) active_ = std::move(next);  // Else cancelled while queued.
+    }
+  }
+  RenumberQueueLocked();
+}
+
+void RunRegistry::RenumberQueueLocked() {
+  int position = 0;
+  for (const auto& driver : queue_) driver->SetQueuePosition(++position);
+}
+
+void RunRegistry::OnRunStopped() {
+  absl::MutexLock lock(&mu_);
+  DispatchLocked();
 }
 
 absl::StatusOr<std::shared_ptr<RunDriver>> RunRegistry::Find(const std::string& run_id) const {
@@ -135,7 +217,13 @@ absl::StatusOr<v1::Run> RunRegistry::Get(const std::string& run_id) const {
 absl::StatusOr<v1::Run> RunRegistry::Cancel(const std::string& run_id, const std::string& reason) {
   absl::StatusOr<std::shared_ptr<RunDriver>> driver = Find(run_id);
   if (!driver.ok()) return driver.status();
-  return (*driver)->Cancel(reason);
+  v1::Run run = (*driver)->Cancel(reason);
+  absl::MutexLock lock(&mu_);
+  if (auto it = std::find(queue_.begin(), queue_.end(), *driver); it != queue_.end()) {
+    queue_.erase(it);
+    RenumberQueueLocked();
+  }
+  return run;
 }
 
 absl::StatusOr<v1::ListRunsResponse> RunRegistry::List(const v1::ListRunsRequest& request) const {

@@ -1,6 +1,7 @@
 #ifndef SLUICE_SERVICES_CONTROLLER_RUN_REGISTRY_H_
 #define SLUICE_SERVICES_CONTROLLER_RUN_REGISTRY_H_
 
+#include <deque>
 #include <memory>
 #include <random>
 #include <string>
@@ -27,6 +28,10 @@ struct RunRegistryOptions {
 // ControllerService on them with protos as plain data. The gRPC edge
 // (controller_service.h) only converts statuses.
 //
+// One run is active at a time (the services serve one run each): a run
+// submitted while another is active is QUEUED, and runs start in
+// submission order, each once the one before has stopped its services.
+//
 // Thread-safe. Operations on one run serialize on that run's lock; the
 // registry lock is held only to find, add or list runs.
 class RunRegistry {
@@ -46,9 +51,13 @@ class RunRegistry {
   void SetControllerAddress(const std::string& address) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Resolves defaults, validates (INVALID_ARGUMENT naming each bad field),
-  // then unless validate_only creates the run: id, directory with spec.json,
-  // driver thread. A repeated non-empty request_id returns the existing run.
-  // FAILED_PRECONDITION when a service the run needs was not configured.
+  // checks the verifier names against the reward server's and the memory
+  // estimate against the budgets the services report, then unless
+  // validate_only creates the run: id, directory with spec.json, and a
+  // driver that starts now or, behind an active run, is QUEUED. A repeated
+  // non-empty request_id returns the existing run. FAILED_PRECONDITION when
+  // a service the run needs was not configured; UNAVAILABLE when the reward
+  // server cannot be asked for its verifiers.
   absl::StatusOr<v1::Run> Submit(const v1::SubmitRunRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
   // NOT_FOUND for an unknown id.
@@ -83,7 +92,14 @@ class RunRegistry {
 
  private:
   absl::Status CheckServicesConfigured(const v1::RunSpec& spec) const;
+  // The reward server's verifier names and the services' memory budgets.
+  absl::Status CheckAgainstServices(const v1::RunSpec& spec) const;
   std::string NewRunIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the next queued run when none is active; renumbers the queue.
+  void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RenumberQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A driver's thread ended: the services are free for the next run.
+  void OnRunStopped() ABSL_LOCKS_EXCLUDED(mu_);
 
   const RunRegistryOptions options_;
   const ServiceClients clients_;
@@ -95,6 +111,9 @@ class RunRegistry {
   std::vector<std::shared_ptr<RunDriver>> runs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::shared_ptr<RunDriver>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::string> by_request_id_ ABSL_GUARDED_BY(mu_);
+  // The run that holds the services (possibly stopped), and those waiting.
+  std::shared_ptr<RunDriver> active_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::shared_ptr<RunDriver>> queue_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -3,6 +3,7 @@
 #include "services/controller/run_registry.h"
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -24,10 +25,12 @@ namespace {
 using testing::FakeBuffer;
 using testing::FakeClock;
 using testing::FakeHealth;
+using testing::FakeRewardServer;
 using testing::FakeTrainer;
 using testing::FakeWorker;
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr absl::Duration kWait = absl::Seconds(10);
 
@@ -60,6 +63,7 @@ std::vector<nlohmann::json> ReadJsonLines(const std::string& path) {
 v1::RunSpec SmallSpec() {
   v1::RunSpec spec;
   spec.set_name("small");
+  spec.mutable_model()->set_builtin("tiny");
   spec.mutable_task()->mutable_arithmetic();
   spec.mutable_algorithm()->set_group_size(4);
   spec.mutable_algorithm()->set_batch_size_groups(2);
@@ -77,10 +81,12 @@ class RunRegistryTest : public ::testing::Test {
     std::filesystem::remove_all(runs_dir_);
   }
 
-  void MakeRegistry(bool with_services = true) {
+  void MakeRegistry(bool with_services = true,
+                    std::function<void(RunRegistryOptions&)> adjust = nullptr) {
     RunRegistryOptions options;
     options.runs_dir = runs_dir_;
     options.driver.health_check_interval = absl::Milliseconds(2);
+    options.driver.service_free_poll = absl::Milliseconds(2);
     options.driver.clock = [this] { return clock_.Now(); };
     options.driver.prompt_source = [](const v1::RunSpec&) { return Pool(20); };
     ServiceClients clients;
@@ -89,8 +95,10 @@ class RunRegistryTest : public ::testing::Test {
       clients.replay_buffer = buffer_;
       clients.rollout_workers = {worker_};
       clients.reward_server_address = "reward:1";
+      clients.reward_server = reward_;
       clients.health = health_;
     }
+    if (adjust) adjust(options);
     registry_ = std::make_unique<RunRegistry>(options, clients);
     registry_->SetControllerAddress("controller:1");
   }
@@ -117,6 +125,13 @@ class RunRegistryTest : public ::testing::Test {
     ASSERT_EQ(snapshot.run.progress().phase(), "loading model");
   }
 
+  // Waits until the trainer was started `n` times.
+  void AwaitTrainerStarts(int n) {
+    const absl::Time deadline = absl::Now() + kWait;
+    while (trainer_->starts() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_EQ(trainer_->starts(), n);
+  }
+
   // Waits until the run is in `state`; returns the run then.
   v1::Run AwaitState(const std::string& run_id, v1::RunState state) {
     std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
@@ -140,6 +155,7 @@ class RunRegistryTest : public ::testing::Test {
     request.set_state(state);
     request.set_policy_version(-1);
     if (fill) fill(request);
+    trainer_->SetRunState(run_id, state);  // A trainer says the same when asked.
     absl::StatusOr<v1::ReportTrainerProgressResponse> response =
         registry_->ReportTrainerProgress(request);
     EXPECT_TRUE(response.ok());
@@ -171,6 +187,7 @@ class RunRegistryTest : public ::testing::Test {
   std::shared_ptr<FakeWorker> worker_ = std::make_shared<FakeWorker>();
   std::shared_ptr<FakeBuffer> buffer_ = std::make_shared<FakeBuffer>();
   std::shared_ptr<FakeHealth> health_ = std::make_shared<FakeHealth>();
+  std::shared_ptr<FakeRewardServer> reward_ = std::make_shared<FakeRewardServer>();
   std::unique_ptr<RunRegistry> registry_;
 };
 
@@ -493,6 +510,203 @@ TEST_F(RunRegistryTest, ShutdownFailsActiveRunsAndStopsTheirServices) {
   v1::SubmitRunRequest request;
   *request.mutable_spec() = SmallSpec();
   EXPECT_EQ(registry_->Submit(request).status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(RunRegistryTest, RunsSubmittedWhileOneIsActiveQueueAndStartInOrder) {
+  MakeRegistry();
+  const std::string first = Submit(SmallSpec());
+  AwaitServicesStarted(first);
+  const std::string second = Submit(SmallSpec());
+  const std::string third = Submit(SmallSpec());
+  v1::Run run = *registry_->Get(second);
+  EXPECT_EQ(run.state(), v1::RUN_STATE_QUEUED);
+  EXPECT_EQ(run.queue_position(), 1);
+  EXPECT_EQ(run.progress().phase(), "queued: next to start");
+  run = *registry_->Get(third);
+  EXPECT_EQ(run.queue_position(), 2);
+  EXPECT_EQ(run.progress().phase(), "queued: 1 run(s) ahead");
+  v1::ListRunsRequest queued;
+  queued.add_states(v1::RUN_STATE_QUEUED);
+  EXPECT_EQ(registry_->List(queued)->runs_size(), 2);
+  // A queued run gets no prompts and is told to wait, not to stop.
+  EXPECT_FALSE(Lease(second, 1).run_done());
+  EXPECT_EQ(trainer_->starts(), 1);
+
+  // The first one ends: the second starts, the third moves up.
+  Report(first, v1::TRAINER_STATE_FINISHED);
+  AwaitState(first, v1::RUN_STATE_SUCCEEDED);
+  AwaitState(second, v1::RUN_STATE_PENDING);
+  EXPECT_EQ(registry_->Get(second)->queue_position(), 0);
+  AwaitTrainerStarts(2);
+  EXPECT_EQ(trainer_->start_request().run_id(), second);
+  EXPECT_EQ(registry_->Get(third)->queue_position(), 1);
+
+  // Cancelling a queued run removes it: it never starts.
+  const v1::Run cancelled = *registry_->Cancel(third, "");
+  EXPECT_EQ(cancelled.state(), v1::RUN_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.queue_position(), 0);
+  Report(second, v1::TRAINER_STATE_FINISHED);
+  AwaitState(second, v1::RUN_STATE_SUCCEEDED);
+  EXPECT_EQ(trainer_->starts(), 2);
+  EXPECT_EQ(registry_->Get(third)->state(), v1::RUN_STATE_CANCELLED);
+}
+
+// The run submitted right after a CancelRun starts only once the cancelled
+// run's trainer and workers were stopped, so it never finds them busy.
+TEST_F(RunRegistryTest, RunSubmittedRightAfterACancelStartsOnceTheServicesAreFree) {
+  MakeRegistry();
+  const std::string first = Submit(SmallSpec());
+  AwaitServicesStarted(first);
+  ASSERT_TRUE(registry_->Cancel(first, "").ok());
+  const std::string second = Submit(SmallSpec());
+  AwaitState(second, v1::RUN_STATE_PENDING);
+  AwaitTrainerStarts(2);
+  EXPECT_EQ(trainer_->stops(), 1);  // The first was stopped before the second started.
+  EXPECT_EQ(trainer_->start_request().run_id(), second);
+}
+
+TEST_F(RunRegistryTest, TrainerStoppedFromOutsideFailsTheRun) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_TRAINING);
+  // Another client's StopTraining: the trainer is idle, its health SERVING.
+  trainer_->SetStatus(testing::IdleTrainer());
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_EQ(run.error_message(),
+            "trainer (trainer:1) is no longer training this run: it reports no run in state "
+            "TRAINER_STATE_IDLE (stopped by another client, or restarted)");
+}
+
+TEST_F(RunRegistryTest, TrainerFailureSeenOnlyInItsStatusFailsTheRun) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  v1::TrainerStatus failed;
+  failed.set_run_id(run_id);
+  failed.set_state(v1::TRAINER_STATE_FAILED);
+  failed.set_last_error("loss is NaN");
+  trainer_->SetStatus(failed);  // Its report never arrived.
+  EXPECT_EQ(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(), "trainer: loss is NaN");
+}
+
+TEST_F(RunRegistryTest, WorkerThatNoLongerServesTheRunFailsIt) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  worker_->ForgetRun();
+  EXPECT_THAT(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(),
+              HasSubstr("rollout worker (worker:1) no longer serves this run: it reports state "
+                        "ROLLOUT_WORKER_STATE_IDLE and no run"));
+}
+
+TEST_F(RunRegistryTest, RunWithoutProgressFailsWithWhatTheServicesReport) {
+  MakeRegistry(true, [](RunRegistryOptions& o) { o.driver.stall_timeout = absl::Milliseconds(300); });
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_THAT(run.error_message(),
+              ::testing::AllOf(HasSubstr("no progress for"), HasSubstr("(stall timeout 300ms)"),
+                               HasSubstr("phase \"waiting for the first batch\", step 0/3"),
+                               HasSubstr("the trainer reports TRAINER_STATE_WAITING_FOR_DATA")));
+  ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
+}
+
+TEST_F(RunRegistryTest, ProgressKeepsARunAlive) {
+  MakeRegistry(true, [](RunRegistryOptions& o) { o.driver.stall_timeout = absl::Seconds(1); });
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  for (int step = 1; step <= 20; ++step) {
+    Report(run_id, v1::TRAINER_STATE_WARM_START, [&](auto& r) { r.set_warm_start_step(step); });
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  EXPECT_EQ(registry_->Get(run_id)->state(), v1::RUN_STATE_WARM_START);
+}
+
+TEST_F(RunRegistryTest, TrainerBusyWithAnotherRunIsAwaitedThenNamed) {
+  MakeRegistry(true, [](RunRegistryOptions& o) {
+    o.driver.service_free_timeout = absl::Milliseconds(300);
+  });
+  v1::TrainerStatus busy;
+  busy.set_run_id("run-of-someone-else");
+  busy.set_state(v1::TRAINER_STATE_TRAINING);
+  trainer_->SetStatus(busy);
+  const std::string run_id = Submit(SmallSpec());
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_EQ(run.error_message(),
+            "the trainer (trainer:1) with run run-of-someone-else (TRAINER_STATE_TRAINING) is "
+            "still busy after 300ms; stop that run first (sluice runs cancel, or StopTraining)");
+  EXPECT_EQ(trainer_->starts(), 0);
+}
+
+TEST_F(RunRegistryTest, RunStartsWhenTheBusyTrainerLetsGo) {
+  MakeRegistry();
+  v1::TrainerStatus busy;
+  busy.set_run_id("run-of-someone-else");
+  busy.set_state(v1::TRAINER_STATE_CHECKPOINTING);
+  trainer_->SetStatus(busy);
+  const std::string run_id = Submit(SmallSpec());
+  std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+  const absl::Time deadline = absl::Now() + kWait;
+  while (driver->Get().run.progress().phase().rfind("waiting for the trainer", 0) != 0 &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(driver->Get().run.progress().phase(),
+            "waiting for the trainer (trainer:1) with run run-of-someone-else "
+            "(TRAINER_STATE_CHECKPOINTING)");
+  trainer_->SetStatus(testing::IdleTrainer());
+  AwaitServicesStarted(run_id);
+  EXPECT_EQ(trainer_->start_request().run_id(), run_id);
+}
+
+TEST_F(RunRegistryTest, UnknownVerifierIsRefusedAtSubmitWithTheServersList) {
+  MakeRegistry();
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  v1::WeightedVerifier* verifier = request.mutable_spec()->mutable_reward()->add_verifiers();
+  verifier->set_name("nosuch");
+  absl::StatusOr<v1::Run> run = registry_->Submit(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(run.status().message(),
+            "reward.verifiers[0].name: unknown verifier \"nosuch\" (the reward server at reward:1 "
+            "offers code, exact_match, format, length, math)");
+  verifier->set_name("mathh");
+  EXPECT_THAT(std::string(registry_->Submit(request).status().message()),
+              HasSubstr("did you mean \"math\"?"));
+  // A verifier only this server offers is fine.
+  reward_->SetVerifiers({"math", "my_judge"});
+  verifier->set_name("my_judge");
+  EXPECT_TRUE(registry_->Submit(request).ok());
+  reward_->Fail(absl::UnavailableError("connection refused"));
+  run = registry_->Submit(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(run.status().message()),
+              HasSubstr("cannot check reward.verifiers: the reward server at reward:1 did not "
+                        "answer ListVerifiers: connection refused"));
+}
+
+TEST_F(RunRegistryTest, RunThatDoesNotFitAServicesMemoryBudgetIsRefused) {
+  MakeRegistry();
+  worker_->SetMemoryBudget(64 << 10);
+  buffer_->SetMemoryBudget(1 << 10);
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  absl::StatusOr<v1::Run> run = registry_->Submit(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(run.status().message());
+  EXPECT_THAT(message, HasSubstr("rollout worker: the run needs about"));
+  EXPECT_THAT(message, HasSubstr("more than the 64.0 KiB budget of the rollout worker at worker:1"));
+  EXPECT_THAT(message, HasSubstr("replay buffer: the run needs about"));
+  EXPECT_THAT(message, Not(HasSubstr("trainer:")));
+  EXPECT_EQ(trainer_->starts(), 0);
+  request.set_validate_only(true);  // Validation asks the services too.
+  EXPECT_EQ(registry_->Submit(request).status().code(), absl::StatusCode::kInvalidArgument);
+  worker_->SetMemoryBudget(int64_t{1} << 30);
+  buffer_->SetMemoryBudget(int64_t{1} << 30);
+  request.set_validate_only(false);
+  EXPECT_TRUE(registry_->Submit(request).ok());
 }
 
 }  // namespace

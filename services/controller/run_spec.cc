@@ -2,9 +2,13 @@
 
 #include "replay_buffer/run_table.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -17,7 +21,9 @@
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
 #include "common/task/char_tokenizer.h"
+#include "common/status_macros.h"
 #include "reward_server/verifier_params.h"
+#include "services/controller/spec_yaml.h"
 
 namespace sluice::controller {
 namespace {
@@ -42,6 +48,27 @@ constexpr double kDefaultWarmStartLearningRate = 1e-4;
 constexpr double kDefaultPriorityAlpha = 0.6;
 constexpr double kDefaultRecencyProbability = 0.5;
 
+// Upper bounds of the numeric fields. Far beyond any real run, they keep an
+// absurd value (group_size 1e9) from reaching a service that would try to
+// honour it; the memory estimate (CheckRunMemory) then judges what is left
+// against the services' budgets.
+constexpr int kMaxGroupSize = 1024;
+constexpr int kMaxBatchSizeGroups = 65536;
+constexpr int kMaxStaleness = 10000;
+constexpr int64_t kMaxSteps = 1000000000;
+constexpr int kMaxWorkers = 100000;
+constexpr int64_t kMaxArithmeticPrompts = 10000000;  // The controller holds them all.
+constexpr int kMaxEvalSplit = 1000000;
+constexpr int64_t kMaxSftSteps = 10000000;
+constexpr int kMaxWarmStartBatch = 65536;
+constexpr int kMaxVerifiers = 32;
+constexpr int64_t kMaxItemTimeoutMs = 3600000;
+constexpr int kMaxTimesSampled = 1000000;
+constexpr int64_t kMaxBufferGroups = 1000000000;
+constexpr double kMaxSamplesPerInsert = 1000000;
+constexpr int64_t kMaxKeepLast = 1000000;
+constexpr double kMaxCoefficient = 1000000;
+
 // Collects "path: problem" lines.
 class Problems {
  public:
@@ -60,6 +87,15 @@ class Problems {
  private:
   std::vector<std::string> lines_;
 };
+
+// "must be <= N (a sane bound ...)" for an integer over its bound.
+template <typename T, typename Bound>
+void AtMost(Problems& problems, absl::string_view path, T value, Bound bound,
+            absl::string_view why = "") {
+  if (value <= static_cast<T>(bound)) return;
+  problems.Add(path, "must be <= ", bound, why.empty() ? "" : " (", why, why.empty() ? "" : ")",
+               ", got ", value);
+}
 
 // Comparisons written so that NaN fails every range check.
 bool InOpenUnit(double x) { return x > 0 && x < 1; }
@@ -90,6 +126,17 @@ void ValidateSampling(const v1::SamplingParams& sampling, absl::string_view path
   }
 }
 
+// max_new_tokens and top_k against the model, when its config can be read
+// (ValidateModel reports it otherwise).
+void ValidateSamplingForModel(const v1::SamplingParams& sampling, absl::string_view path,
+                              const model::ModelConfig& config, int64_t context,
+                              Problems& problems) {
+  AtMost(problems, absl::StrCat(path, ".max_new_tokens"), sampling.max_new_tokens(), context,
+         "the model's context length");
+  AtMost(problems, absl::StrCat(path, ".top_k"), sampling.top_k(), config.vocab_size,
+         "the vocabulary size");
+}
+
 // The verifier a dataset format's rows are scored with when reward.verifiers
 // is empty; nullptr for JSONL (the user says) and formats without a reader.
 const char* DefaultDatasetVerifier(v1::DatasetFormat format) {
@@ -105,6 +152,12 @@ const char* DefaultDatasetVerifier(v1::DatasetFormat format) {
 }
 
 void ValidateModel(const RunSpec& spec, Problems& problems) {
+  if (spec.model().source_case() == v1::ModelConfig::SOURCE_NOT_SET) {
+    problems.Add("model",
+                 "exactly one of builtin or hf_model_dir must be set (e.g. model: {builtin: "
+                 "tiny}, or model: {hf_model_dir: /models/Qwen2.5-0.5B-Instruct})");
+    return;
+  }
   // The config, tokenizer and their fit with each other and the task, read
   // from the files the spec names (see run::ValidateRunModel).
   std::vector<std::string> model_problems;
@@ -124,6 +177,14 @@ void ValidateModel(const RunSpec& spec, Problems& problems) {
       problems.Add("model.dtype", "must be DTYPE_FLOAT32, DTYPE_BFLOAT16 or DTYPE_FLOAT16, got ",
                    v1::DType_Name(spec.model().dtype()));
   }
+  if (!model_problems.empty()) return;
+  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec.model());
+  if (!config.ok()) return;
+  const int64_t context = spec.model().max_context_tokens() > 0 ? spec.model().max_context_tokens()
+                                                                : config->max_position_embeddings;
+  ValidateSamplingForModel(spec.rollout().sampling(), "rollout.sampling", *config, context,
+                           problems);
+  ValidateSamplingForModel(spec.eval().sampling(), "eval.sampling", *config, context, problems);
 }
 
 void ValidateTask(const RunSpec& spec, Problems& problems) {
@@ -131,6 +192,11 @@ void ValidateTask(const RunSpec& spec, Problems& problems) {
   if (task.eval_split_size() < 0) {
     problems.Add("task.eval_split_size", "must be >= 0 (0 = default 200), got ",
                  task.eval_split_size());
+  }
+  AtMost(problems, "task.eval_split_size", task.eval_split_size(), kMaxEvalSplit);
+  if (task.has_arithmetic()) {
+    AtMost(problems, "task.arithmetic.num_prompts", task.arithmetic().num_prompts(),
+           kMaxArithmeticPrompts, "the controller holds every prompt in memory");
   }
   if (task.source_case() == v1::TaskConfig::SOURCE_NOT_SET) {
     problems.Add("task", "exactly one of arithmetic or dataset must be set");
@@ -185,13 +251,16 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
     problems.Add("algorithm.group_size",
                  "must be >= 2 (GRPO needs several samples per prompt), got ", a.group_size());
   }
+  AtMost(problems, "algorithm.group_size", a.group_size(), kMaxGroupSize);
   if (a.batch_size_groups() < 1) {
     problems.Add("algorithm.batch_size_groups", "must be >= 1, got ", a.batch_size_groups());
   }
+  AtMost(problems, "algorithm.batch_size_groups", a.batch_size_groups(), kMaxBatchSizeGroups);
   if (a.max_staleness() < 0) {
     problems.Add("algorithm.max_staleness", "must be >= 0 (0 = synchronous on-policy), got ",
                  a.max_staleness());
   }
+  AtMost(problems, "algorithm.max_staleness", a.max_staleness(), kMaxStaleness);
   if (!InOpenUnit(a.clip_eps_low())) {
     problems.Add("algorithm.clip_eps_low", "must be in (0, 1), got ", a.clip_eps_low());
   }
@@ -210,28 +279,30 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
   if (!InOpenUnit(a.learning_rate())) {
     problems.Add("algorithm.learning_rate", "must be > 0 and < 1, got ", a.learning_rate());
   }
-  if (!NonNegative(a.weight_decay())) {
-    problems.Add("algorithm.weight_decay", "must be >= 0, got ", a.weight_decay());
+  if (!(a.weight_decay() >= 0 && a.weight_decay() <= 1)) {
+    problems.Add("algorithm.weight_decay", "must be in [0, 1], got ", a.weight_decay());
   }
-  if (!NonNegative(a.grad_clip_norm())) {
-    problems.Add("algorithm.grad_clip_norm", "must be >= 0 (0 = no clipping), got ",
-                 a.grad_clip_norm());
+  if (!(a.grad_clip_norm() >= 0 && a.grad_clip_norm() <= kMaxCoefficient)) {
+    problems.Add("algorithm.grad_clip_norm", "must be in [0, ", kMaxCoefficient,
+                 "] (0 = no clipping), got ", a.grad_clip_norm());
   }
-  if (!NonNegative(a.kl_coef())) {
-    problems.Add("algorithm.kl_coef", "must be >= 0, got ", a.kl_coef());
+  if (!(a.kl_coef() >= 0 && a.kl_coef() <= kMaxCoefficient)) {
+    problems.Add("algorithm.kl_coef", "must be in [0, ", kMaxCoefficient, "], got ", a.kl_coef());
   }
-  if (!(a.tb_beta() > 0)) {
-    problems.Add("algorithm.tb_beta", "must be > 0, got ", a.tb_beta());
+  if (!(a.tb_beta() > 0 && a.tb_beta() <= kMaxCoefficient)) {
+    problems.Add("algorithm.tb_beta", "must be in (0, ", kMaxCoefficient, "], got ", a.tb_beta());
   }
-  if (!(a.advantage_eps() > 0)) {
-    problems.Add("algorithm.advantage_eps", "must be > 0, got ", a.advantage_eps());
+  if (!(a.advantage_eps() > 0 && a.advantage_eps() <= 1)) {
+    problems.Add("algorithm.advantage_eps", "must be in (0, 1], got ", a.advantage_eps());
   }
   if (a.total_steps() <= 0) {
     problems.Add("algorithm.total_steps", "must be > 0, got ", a.total_steps());
   }
+  AtMost(problems, "algorithm.total_steps", a.total_steps(), kMaxSteps);
   if (a.lr_warmup_steps() < 0) {
     problems.Add("algorithm.lr_warmup_steps", "must be >= 0, got ", a.lr_warmup_steps());
   }
+  AtMost(problems, "algorithm.lr_warmup_steps", a.lr_warmup_steps(), kMaxSteps);
   if (a.minibatches_per_batch() < 1) {
     problems.Add("algorithm.minibatches_per_batch", "must be >= 1, got ",
                  a.minibatches_per_batch());
@@ -246,6 +317,8 @@ void ValidateWarmStart(const RunSpec& spec, Problems& problems) {
   if (w.sft_steps() < 0) {
     problems.Add("warm_start.sft_steps", "must be >= 0 (0 = no warm start), got ", w.sft_steps());
   }
+  AtMost(problems, "warm_start.sft_steps", w.sft_steps(), kMaxSftSteps);
+  AtMost(problems, "warm_start.batch_size", w.batch_size(), kMaxWarmStartBatch);
   if (!InClosedUnit(w.target_accuracy())) {
     problems.Add("warm_start.target_accuracy", "must be in [0, 1], got ", w.target_accuracy());
   }
@@ -272,11 +345,14 @@ void ValidateRollout(const RunSpec& spec, Problems& problems) {
   if (r.num_workers() < 1) {
     problems.Add("rollout.num_workers", "must be >= 1, got ", r.num_workers());
   }
+  AtMost(problems, "rollout.num_workers", r.num_workers(), kMaxWorkers);
   if (r.max_concurrent_groups_per_worker() < 0) {
     problems.Add("rollout.max_concurrent_groups_per_worker",
                  "must be >= 0 (0 = the worker decides), got ",
                  r.max_concurrent_groups_per_worker());
   }
+  AtMost(problems, "rollout.max_concurrent_groups_per_worker",
+         r.max_concurrent_groups_per_worker(), kMaxBatchSizeGroups);
 }
 
 void ValidateReward(const RunSpec& spec, Problems& problems) {
@@ -294,15 +370,16 @@ void ValidateReward(const RunSpec& spec, Problems& problems) {
       problems.Add("reward.verifiers", "must name at least one verifier (e.g. {name: math})");
     }
   }
+  AtMost(problems, "reward.verifiers", r.verifiers_size(), kMaxVerifiers, "entries");
   for (int i = 0; i < r.verifiers_size(); ++i) {
     const v1::WeightedVerifier& v = r.verifiers(i);
     if (v.name().empty()) {
       problems.Add(absl::StrCat("reward.verifiers[", i, "].name"),
                    "must name a verifier (e.g. \"math\")");
     }
-    if (!(v.weight() > 0) || std::isinf(v.weight())) {
-      problems.Add(absl::StrCat("reward.verifiers[", i, "].weight"), "must be > 0, got ",
-                   v.weight());
+    if (!(v.weight() > 0 && v.weight() <= kMaxCoefficient)) {
+      problems.Add(absl::StrCat("reward.verifiers[", i, "].weight"), "must be in (0, ",
+                   kMaxCoefficient, "], got ", v.weight());
     }
     const std::map<std::string, std::string> params(v.params().begin(), v.params().end());
     if (absl::Status valid = reward_server::ValidateVerifierParams(v.name(), params); !valid.ok()) {
@@ -313,6 +390,7 @@ void ValidateReward(const RunSpec& spec, Problems& problems) {
     problems.Add("reward.item_timeout_ms", "must be >= 0 (0 = the verifier's default), got ",
                  r.item_timeout_ms());
   }
+  AtMost(problems, "reward.item_timeout_ms", r.item_timeout_ms(), kMaxItemTimeoutMs, "an hour");
 }
 
 void ValidateBuffer(const RunSpec& spec, Problems& problems) {
@@ -326,6 +404,19 @@ void ValidateBuffer(const RunSpec& spec, Problems& problems) {
   config.group_size = std::max(1, spec.algorithm().group_size());
   config.buffer = spec.buffer();
   config.seed = spec.seed();
+  const v1::BufferConfig& b = spec.buffer();
+  AtMost(problems, "buffer.max_times_sampled", b.max_times_sampled(), kMaxTimesSampled);
+  AtMost(problems, "buffer.capacity_groups", b.capacity_groups(), kMaxBufferGroups);
+  AtMost(problems, "buffer.min_size_to_sample_groups", b.min_size_to_sample_groups(),
+         kMaxBufferGroups);
+  if (!(b.samples_per_insert() <= kMaxSamplesPerInsert)) {
+    problems.Add("buffer.samples_per_insert", "must be <= ", kMaxSamplesPerInsert, ", got ",
+                 b.samples_per_insert());
+  }
+  if (!(b.samples_per_insert_tolerance() <= kMaxBufferGroups)) {
+    problems.Add("buffer.samples_per_insert_tolerance", "must be <= ", kMaxBufferGroups, ", got ",
+                 b.samples_per_insert_tolerance());
+  }
   const absl::Status status = config.Validate();
   for (absl::string_view line : absl::StrSplit(status.message(), '\n', absl::SkipEmpty())) {
     if (!absl::StartsWith(line, "buffer.")) continue;
@@ -341,6 +432,7 @@ void ValidateEvalAndCheckpoint(const RunSpec& spec, Problems& problems) {
     problems.Add("eval.every_n_steps", "must be >= 0 (0 = only at the end), got ",
                  e.every_n_steps());
   }
+  AtMost(problems, "eval.every_n_steps", e.every_n_steps(), kMaxSteps);
   if (e.num_prompts() < 0) {
     problems.Add("eval.num_prompts", "must be >= 0 (0 = the whole eval split), got ",
                  e.num_prompts());
@@ -355,16 +447,17 @@ void ValidateEvalAndCheckpoint(const RunSpec& spec, Problems& problems) {
     problems.Add("checkpoint.every_n_steps", "must be >= 0 (0 = only at the end), got ",
                  c.every_n_steps());
   }
+  AtMost(problems, "checkpoint.every_n_steps", c.every_n_steps(), kMaxSteps);
   if (c.keep_last() < 0) {
     problems.Add("checkpoint.keep_last", "must be >= 0 (0 = keep all), got ", c.keep_last());
   }
+  AtMost(problems, "checkpoint.keep_last", c.keep_last(), kMaxKeepLast);
 }
 
 }  // namespace
 
 RunSpec ResolveDefaults(RunSpec spec) {
   v1::ModelConfig& model = *spec.mutable_model();
-  if (model.source_case() == v1::ModelConfig::SOURCE_NOT_SET) model.set_builtin("tiny");
   if (model.has_builtin() && model.max_context_tokens() == 0) {
     absl::StatusOr<model::ModelConfig> config =
         model::BuiltinModelConfig(model.builtin(), task::CharTokenizer().vocab_size());
@@ -461,6 +554,78 @@ absl::Status ValidateRunSpec(const RunSpec& spec) {
   ValidateBuffer(spec, problems);
   ValidateEvalAndCheckpoint(spec, problems);
   return problems.ToStatus();
+}
+
+absl::Status CheckVerifierNames(const RunSpec& spec, const std::vector<std::string>& known,
+                                const std::string& offered_by) {
+  Problems problems;
+  for (int i = 0; i < spec.reward().verifiers_size(); ++i) {
+    const std::string& name = spec.reward().verifiers(i).name();
+    if (name.empty() || std::find(known.begin(), known.end(), name) != known.end()) continue;
+    const std::optional<std::string> closest = ClosestName(name, known);
+    problems.Add(absl::StrCat("reward.verifiers[", i, "].name"), "unknown verifier \"", name, "\"",
+                 closest.has_value() ? absl::StrCat("; did you mean \"", *closest, "\"?") : "",
+                 " (", offered_by, " offers ",
+                 known.empty() ? "no verifiers" : absl::StrJoin(known, ", "), ")");
+  }
+  return problems.ToStatus();
+}
+
+absl::StatusOr<run::RunMemoryEstimate> EstimateSpecMemory(const RunSpec& spec) {
+  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec.model());
+  if (!config.ok()) return config.status();
+  absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> tokenizer =
+      run::LoadRunTokenizer(spec.model());
+  if (!tokenizer.ok()) return tokenizer.status();
+  absl::StatusOr<run::RunTask> task = run::LoadRunTask(spec);
+  if (!task.ok()) return task.status();
+  int64_t longest = 0;
+  for (const std::vector<task::TaskItem>* items : {&task->train, &task->eval}) {
+    for (const task::TaskItem& item : *items) {
+      longest = std::max<int64_t>(
+          longest, static_cast<int64_t>(run::EncodePrompt(**tokenizer, item.prompt).size()));
+    }
+  }
+  return run::EstimateRunMemory(spec, *config, longest);
+}
+
+absl::Status CheckRunMemory(const run::RunMemoryEstimate& estimate,
+                            const ServiceMemoryBudgets& budgets) {
+  Problems problems;
+  for (const auto& [name, service, budget] :
+       {std::tuple{"rollout worker", &estimate.rollout_worker, &budgets.rollout_worker},
+        std::tuple{"trainer", &estimate.trainer, &budgets.trainer},
+        std::tuple{"replay buffer", &estimate.replay_buffer, &budgets.replay_buffer}}) {
+    std::string line = run::CheckMemoryBudget(name, *service, *budget);
+    if (!line.empty()) problems.AddLine(std::move(line));
+  }
+  return problems.ToStatus();
+}
+
+absl::StatusOr<OfflineValidation> ValidateSpecOffline(const RunSpec& submitted) {
+  OfflineValidation out;
+  out.spec = ResolveDefaults(submitted);
+  // Both at once, so that a user fixes everything in one go.
+  const absl::Status valid = ValidateRunSpec(out.spec);
+  const absl::Status names = CheckVerifierNames(out.spec, reward_server::BuiltinVerifierNames(),
+                                                "this build's reward server");
+  if (!valid.ok() || !names.ok()) {
+    std::vector<absl::string_view> lines;
+    if (!valid.ok()) lines.push_back(valid.message());
+    if (!names.ok()) lines.push_back(names.message());
+    return absl::InvalidArgumentError(absl::StrJoin(lines, "\n"));
+  }
+  absl::StatusOr<run::RunMemoryEstimate> memory = EstimateSpecMemory(out.spec);
+  if (!memory.ok()) return memory.status();
+  out.memory = *std::move(memory);
+  return out;
+}
+
+std::string DescribeRunMemory(const run::RunMemoryEstimate& estimate) {
+  return absl::StrCat("rollout worker ", run::FormatBytes(estimate.rollout_worker.bytes),
+                      ", trainer ", run::FormatBytes(estimate.trainer.bytes), ", replay buffer ",
+                      run::FormatBytes(estimate.replay_buffer.bytes), " (each sequence up to ",
+                      estimate.sequence_tokens, " tokens)");
 }
 
 task::ArithmeticOptions ArithmeticOptionsFor(const RunSpec& spec) {

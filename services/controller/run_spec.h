@@ -1,8 +1,12 @@
 #ifndef SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_
 #define SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_
 
+#include <string>
+#include <vector>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/run/run_memory.h"
 #include "common/task/arithmetic.h"
 #include "sluice/v1/common.pb.h"
 
@@ -14,8 +18,8 @@ namespace sluice::controller {
 // to a service, so that GetRun, spec.json and every component see one and
 // the same set of numbers:
 //
-//   model.builtin "tiny" (when no source is set); model.max_context_tokens =
-//   the builtin model's context length; task.eval_split_size 200;
+//   model.max_context_tokens = the builtin model's context length (the model
+//   itself is never defaulted: a spec names it); task.eval_split_size 200;
 //   arithmetic: max_operand 99, num_operands 2, operators + - *, num_prompts
 //   10000; objective DECOUPLED_PPO; G = group_size 8; B = batch_size_groups
 //   16; eta = max_staleness 4; clip_eps_low 0.2, clip_eps_high = low;
@@ -52,7 +56,52 @@ v1::RunSpec ResolveDefaults(v1::RunSpec spec);
 // datasets, Hugging Face models, samplers other than FIFO, trajectory
 // balance) are rejected here with a message saying so, rather than failing
 // mid-run.
+//
+// Every numeric field also has an upper bound far beyond real runs
+// (algorithm.group_size <= 1024, batch_size_groups <= 65536, ...), so that an
+// absurd value is refused here; what the run needs in memory is judged by
+// CheckRunMemory.
 absl::Status ValidateRunSpec(const v1::RunSpec& spec);
+
+// Checks reward.verifiers[i].name against the verifiers a reward server
+// offers (`known`, e.g. from ListVerifiers; `offered_by` names it in the
+// message). INVALID_ARGUMENT, one line per unknown name:
+//   reward.verifiers[0].name: unknown verifier "mth"; did you mean "math"?
+//   (the reward server at 127.0.0.1:50053 offers code, exact_match, ...)
+absl::Status CheckVerifierNames(const v1::RunSpec& spec, const std::vector<std::string>& known,
+                                const std::string& offered_by);
+
+// What a valid, resolved spec needs in memory on each service
+// (run::EstimateRunMemory), with the longest prompt measured by tokenizing
+// the task's training and eval prompts. Errors are the model's or task's.
+absl::StatusOr<run::RunMemoryEstimate> EstimateSpecMemory(const v1::RunSpec& spec);
+
+// The budgets the services report (0 = unknown, not checked).
+struct ServiceMemoryBudgets {
+  run::MemoryBudget rollout_worker;  // The smallest of the run's workers.
+  run::MemoryBudget trainer;
+  run::MemoryBudget replay_buffer;   // What is left of it.
+};
+
+// INVALID_ARGUMENT with one line per service whose estimate exceeds its
+// budget (run::CheckMemoryBudget), OK otherwise.
+absl::Status CheckRunMemory(const run::RunMemoryEstimate& estimate,
+                            const ServiceMemoryBudgets& budgets);
+
+// What `sluice submit --validate-only` does without a controller:
+// ResolveDefaults, ValidateRunSpec, the verifier names against the builtin
+// ones (reward_server::BuiltinVerifierNames), and the memory estimate
+// (shown, not checked: the budgets are the services'). INVALID_ARGUMENT
+// with every problem, as SubmitRun would answer.
+struct OfflineValidation {
+  v1::RunSpec spec;  // Resolved.
+  run::RunMemoryEstimate memory;
+};
+absl::StatusOr<OfflineValidation> ValidateSpecOffline(const v1::RunSpec& spec);
+
+// "rollout worker 1.2 GiB, trainer 3.4 GiB, replay buffer 56.0 MiB (each
+// sequence up to 1,024 tokens)".
+std::string DescribeRunMemory(const run::RunMemoryEstimate& estimate);
 
 // The arithmetic task options a resolved spec describes (the training pool
 // and eval split the controller hands out and the trainer evaluates on);

@@ -31,6 +31,7 @@ std::string Data(const std::string& relative) {
 
 v1::RunSpec ArithmeticSpec() {
   v1::RunSpec spec;
+  spec.mutable_model()->set_builtin("tiny");
   spec.mutable_task()->mutable_arithmetic();
   return spec;
 }
@@ -188,10 +189,129 @@ TEST(ValidateRunSpecTest, EveryProblemIsReportedOnItsOwnLine) {
 }
 
 TEST(ValidateRunSpecTest, ModelNeedsASource) {
-  // Unresolved: nothing set.
-  const absl::Status status = ValidateRunSpec(ArithmeticSpec());
+  // Unresolved, and resolved: an empty model is never the builtin default.
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.clear_model();
+  const absl::Status status = ValidateRunSpec(spec);
   EXPECT_THAT(std::string(status.message()),
               HasSubstr("model: exactly one of builtin or hf_model_dir must be set"));
+  EXPECT_EQ(ResolveDefaults(spec).model().source_case(), v1::ModelConfig::SOURCE_NOT_SET);
+  EXPECT_THAT(ProblemsOf(spec), HasSubstr("model: exactly one of builtin or hf_model_dir must be "
+                                          "set (e.g. model: {builtin: tiny}"));
+}
+
+// The values that once exhausted the machine, and the other unbounded ones.
+TEST(ValidateRunSpecTest, AbsurdValuesAreRefusedByTheirBounds) {
+  struct Case {
+    std::function<void(v1::RunSpec&)> set;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_group_size(1000000000); },
+       "algorithm.group_size: must be <= 1024, got 1000000000"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_batch_size_groups(2147483647); },
+       "algorithm.batch_size_groups: must be <= 65536, got 2147483647"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_max_staleness(1 << 30); },
+       "algorithm.max_staleness: must be <= 10000"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_total_steps(int64_t{1} << 40); },
+       "algorithm.total_steps: must be <= 1000000000"},
+      {[](v1::RunSpec& s) { s.mutable_task()->mutable_arithmetic()->set_num_prompts(1LL << 40); },
+       "task.arithmetic.num_prompts: must be <= 10000000 (the controller holds every prompt"},
+      {[](v1::RunSpec& s) { s.mutable_task()->set_eval_split_size(2000000000); },
+       "task.eval_split_size: must be <= 1000000"},
+      {[](v1::RunSpec& s) { s.mutable_warm_start()->set_sft_steps(int64_t{1} << 40); },
+       "warm_start.sft_steps: must be <= 10000000"},
+      {[](v1::RunSpec& s) {
+         s.mutable_warm_start()->set_sft_steps(1);
+         s.mutable_warm_start()->set_batch_size(1 << 30);
+       },
+       "warm_start.batch_size: must be <= 65536"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->set_num_workers(1 << 30); },
+       "rollout.num_workers: must be <= 100000"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->set_max_concurrent_groups_per_worker(1 << 30); },
+       "rollout.max_concurrent_groups_per_worker: must be <= 65536"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->mutable_sampling()->set_max_new_tokens(1 << 30); },
+       "rollout.sampling.max_new_tokens: must be <= 32 (the model's context length)"},
+      {[](v1::RunSpec& s) { s.mutable_eval()->mutable_sampling()->set_top_k(1 << 30); },
+       "eval.sampling.top_k: must be <= 24 (the vocabulary size)"},
+      {[](v1::RunSpec& s) { s.mutable_reward()->set_item_timeout_ms(int64_t{1} << 40); },
+       "reward.item_timeout_ms: must be <= 3600000 (an hour)"},
+      {[](v1::RunSpec& s) {
+         for (int i = 0; i < 40; ++i) {
+           v1::WeightedVerifier* v = s.mutable_reward()->add_verifiers();
+           v->set_name("math");
+           v->set_weight(1);
+         }
+       },
+       "reward.verifiers: must be <= 32 (entries), got 40"},
+      {[](v1::RunSpec& s) { s.mutable_buffer()->set_max_times_sampled(1 << 30); },
+       "buffer.max_times_sampled: must be <= 1000000"},
+      {[](v1::RunSpec& s) { s.mutable_buffer()->set_capacity_groups(int64_t{1} << 40); },
+       "buffer.capacity_groups: must be <= 1000000000"},
+      {[](v1::RunSpec& s) { s.mutable_buffer()->set_samples_per_insert(1e300); },
+       "buffer.samples_per_insert: must be <= 1e+06"},
+      {[](v1::RunSpec& s) { s.mutable_algorithm()->set_kl_coef(1e300); },
+       "algorithm.kl_coef: must be in [0, 1e+06]"},
+      {[](v1::RunSpec& s) { s.mutable_checkpoint()->set_keep_last(1 << 30); },
+       "checkpoint.keep_last: must be <= 1000000"},
+  };
+  for (const Case& c : cases) {
+    v1::RunSpec spec = ArithmeticSpec();
+    c.set(spec);
+    EXPECT_THAT(ProblemsOf(spec), HasSubstr(c.expected)) << c.expected;
+  }
+  // The bounds themselves pass.
+  v1::RunSpec at_bounds = ArithmeticSpec();
+  at_bounds.mutable_algorithm()->set_group_size(1024);
+  at_bounds.mutable_algorithm()->set_batch_size_groups(65536);
+  at_bounds.mutable_rollout()->mutable_sampling()->set_max_new_tokens(32);
+  EXPECT_EQ(ProblemsOf(at_bounds), "");
+}
+
+TEST(CheckVerifierNamesTest, UnknownNamesGetADidYouMeanAndTheServersList) {
+  v1::RunSpec spec = ResolveDefaults(ArithmeticSpec());
+  spec.mutable_reward()->mutable_verifiers(0)->set_name("mth");
+  v1::WeightedVerifier* other = spec.mutable_reward()->add_verifiers();
+  other->set_name("nosuch");
+  other->set_weight(1);
+  const std::vector<std::string> known = {"code", "exact_match", "format", "length", "math"};
+  const absl::Status status = CheckVerifierNames(spec, known, "the reward server at r:1");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "reward.verifiers[0].name: unknown verifier \"mth\"; did you mean \"math\"? (the "
+            "reward server at r:1 offers code, exact_match, format, length, math)\n"
+            "reward.verifiers[1].name: unknown verifier \"nosuch\" (the reward server at r:1 "
+            "offers code, exact_match, format, length, math)");
+  EXPECT_TRUE(CheckVerifierNames(ResolveDefaults(ArithmeticSpec()), known, "x").ok());
+}
+
+TEST(ValidateSpecOfflineTest, ChecksBuiltinVerifiersAndEstimatesMemory) {
+  v1::RunSpec spec = ArithmeticSpec();
+  absl::StatusOr<OfflineValidation> valid = ValidateSpecOffline(spec);
+  ASSERT_TRUE(valid.ok()) << valid.status();
+  EXPECT_EQ(valid->spec.algorithm().group_size(), 8);
+  EXPECT_GT(valid->memory.rollout_worker.bytes, 0);
+  EXPECT_EQ(valid->memory.sequence_tokens, 32);  // the tiny model's context
+  EXPECT_THAT(DescribeRunMemory(valid->memory), HasSubstr("(each sequence up to 32 tokens)"));
+  spec.mutable_reward()->add_verifiers()->set_name("nosuch");
+  EXPECT_THAT(std::string(ValidateSpecOffline(spec).status().message()),
+              HasSubstr("unknown verifier \"nosuch\" (this build's reward server offers"));
+}
+
+TEST(CheckRunMemoryTest, NamesTheServiceTheEstimateAndTheFields) {
+  v1::RunSpec spec = ResolveDefaults(ArithmeticSpec());
+  absl::StatusOr<run::RunMemoryEstimate> estimate = EstimateSpecMemory(spec);
+  ASSERT_TRUE(estimate.ok()) << estimate.status();
+  ServiceMemoryBudgets budgets;
+  EXPECT_TRUE(CheckRunMemory(*estimate, budgets).ok());  // Unknown budgets are not checked.
+  budgets.rollout_worker = {1024, "the rollout worker at w:1"};
+  budgets.trainer = {int64_t{64} << 30, "the trainer at t:1"};
+  const absl::Status status = CheckRunMemory(*estimate, budgets);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::AllOf(HasSubstr("rollout worker: the run needs about"),
+                               HasSubstr("more than the 1.0 KiB budget of the rollout worker at w:1"),
+                               HasSubstr("algorithm.group_size"), Not(HasSubstr("trainer:"))));
 }
 
 TEST(ValidateRunSpecTest, UnknownBuiltinModelListsTheKnownOnes) {
@@ -245,7 +365,9 @@ TEST(ValidateRunSpecTest, BuiltinModelsCannotSpellDatasetText) {
 }
 
 TEST(ValidateRunSpecTest, TaskNeedsASource) {
-  EXPECT_EQ(ProblemsOf(v1::RunSpec()), "task: exactly one of arithmetic or dataset must be set");
+  v1::RunSpec spec;
+  spec.mutable_model()->set_builtin("tiny");
+  EXPECT_EQ(ProblemsOf(spec), "task: exactly one of arithmetic or dataset must be set");
 }
 
 TEST(ResolveDefaultsTest, DatasetsGetTheirFormatsVerifierAndPromptTemplate) {

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "sluice/v1/replay_buffer.pb.h"
+#include "sluice/v1/reward_server.pb.h"
 #include "sluice/v1/rollout_worker.pb.h"
 #include "sluice/v1/trainer.pb.h"
 
@@ -26,6 +27,8 @@ class TrainerClient {
   virtual const std::string& address() const = 0;
   virtual absl::Status StartTraining(const v1::StartTrainingRequest& request) = 0;
   virtual absl::Status StopTraining(const v1::StopTrainingRequest& request) = 0;
+  // What the trainer is doing: its run, state, step and memory budget.
+  virtual absl::StatusOr<v1::TrainerStatus> GetStatus() = 0;
 };
 
 class RolloutWorkerClient {
@@ -34,6 +37,8 @@ class RolloutWorkerClient {
   virtual const std::string& address() const = 0;
   virtual absl::Status StartRollouts(const v1::StartRolloutsRequest& request) = 0;
   virtual absl::Status StopRollouts(const v1::StopRolloutsRequest& request) = 0;
+  // The worker's runs, state and memory budget.
+  virtual absl::StatusOr<v1::RolloutWorkerStatus> GetStatus() = 0;
 };
 
 class ReplayBufferClient {
@@ -42,6 +47,17 @@ class ReplayBufferClient {
   virtual const std::string& address() const = 0;
   virtual absl::Status ConfigureRun(const v1::ConfigureRunRequest& request) = 0;
   virtual absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) = 0;
+  // Every run's statistics and the buffer's memory budget and use
+  // (GetStats with an empty run_id).
+  virtual absl::StatusOr<v1::GetStatsResponse> GetServerStats() = 0;
+};
+
+class RewardServerClient {
+ public:
+  virtual ~RewardServerClient() = default;
+  virtual const std::string& address() const = 0;
+  // The names of the verifiers the server offers.
+  virtual absl::StatusOr<std::vector<std::string>> ListVerifiers() = 0;
 };
 
 class HealthChecker {
@@ -61,6 +77,8 @@ struct ServiceClients {
   std::shared_ptr<ReplayBufferClient> replay_buffer;
   std::vector<std::shared_ptr<RolloutWorkerClient>> rollout_workers;
   std::string reward_server_address;
+  // Asked for its verifiers at submit; null = names are not checked.
+  std::shared_ptr<RewardServerClient> reward_server;
   std::shared_ptr<HealthChecker> health;
 };
 

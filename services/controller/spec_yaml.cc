@@ -258,23 +258,12 @@ class Converter {
 
   void UnknownField(const YAML::Node& key, const std::string& name, const Descriptor& type,
                     const std::string& path) {
-    std::string best;
-    size_t best_distance = std::numeric_limits<size_t>::max();
     std::vector<std::string> known;
-    for (int i = 0; i < type.field_count(); ++i) {
-      const std::string& candidate = type.field(i)->name();
-      known.push_back(candidate);
-      const size_t distance = EditDistance(name, candidate);
-      if (distance < best_distance) {
-        best_distance = distance;
-        best = candidate;
-      }
-    }
-    const size_t tolerance = std::max<size_t>(2, name.size() / 3);
+    for (int i = 0; i < type.field_count(); ++i) known.push_back(type.field(i)->name());
     const std::string where = path.empty() ? "the run spec" : path;
-    if (best_distance <= tolerance) {
+    if (const std::optional<std::string> best = ClosestName(name, known); best.has_value()) {
       ErrorLine(key, absl::StrCat("unknown field \"", name, "\" in ", where, "; did you mean \"",
-                                  best, "\"?"));
+                                  *best, "\"?"));
     } else {
       ErrorLine(key, absl::StrCat("unknown field \"", name, "\" in ", where,
                                   "; known fields: ", absl::StrJoin(known, ", ")));
@@ -327,6 +316,21 @@ class Converter {
 };
 
 }  // namespace
+
+std::optional<std::string> ClosestName(absl::string_view name,
+                                       const std::vector<std::string>& candidates) {
+  const std::string* best = nullptr;
+  size_t best_distance = std::numeric_limits<size_t>::max();
+  for (const std::string& candidate : candidates) {
+    const size_t distance = EditDistance(name, candidate);
+    if (distance < best_distance) {
+      best_distance = distance;
+      best = &candidate;
+    }
+  }
+  if (best == nullptr || best_distance > std::max<size_t>(2, name.size() / 3)) return std::nullopt;
+  return *best;
+}
 
 absl::Status YamlToMessage(absl::string_view yaml_text, absl::string_view source_name,
                            google::protobuf::Message* message) {

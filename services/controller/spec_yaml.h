@@ -1,7 +1,9 @@
 #ifndef SLUICE_SERVICES_CONTROLLER_SPEC_YAML_H_
 #define SLUICE_SERVICES_CONTROLLER_SPEC_YAML_H_
 
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,6 +46,11 @@ absl::StatusOr<v1::RunSpec> ParseRunSpecYaml(absl::string_view yaml_text,
 
 // Reads and parses a YAML run spec file; errors start with the path.
 absl::StatusOr<v1::RunSpec> LoadRunSpecFile(const std::string& path);
+
+// The candidate nearest `name` by edit distance when it is close enough to
+// suggest ("did you mean"): within max(2, len/3) edits. nullopt otherwise.
+std::optional<std::string> ClosestName(absl::string_view name,
+                                       const std::vector<std::string>& candidates);
 
 // The same conversion for any message type: clears `message` and fills it.
 // INVALID_ARGUMENT for YAML syntax errors, unknown fields and bad values.

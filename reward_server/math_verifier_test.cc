@@ -251,6 +251,84 @@ TEST(MathVerifierTest, AcceptsWholeSolutionsAsReference) {
   EXPECT_EQ(verifier.Verify(Request("71", "#### 72")).reward, 0.0);
 }
 
+VerifyRequest SolutionRequest(std::string response, std::string solution) {
+  VerifyRequest request = Request(std::move(response), std::move(solution));
+  request.reference_is_solution = true;
+  return request;
+}
+
+std::string Boxed(const std::string& answer) {
+  return "The answer is $\\boxed{" + answer + "}$.";
+}
+
+// The references the issue found read as their last number ("3\sqrt{13}" as
+// 3), each with an equivalent answer written differently and the misreading.
+struct BareReferenceCase {
+  std::string reference;
+  std::string equivalent;  // Scores 1.
+  std::string misread;     // What the reference used to read as: scores 0.
+};
+
+class BareReferenceTest : public ::testing::TestWithParam<BareReferenceCase> {};
+
+TEST_P(BareReferenceTest, IsComparedAsAWholeAnswer) {
+  const BareReferenceCase& c = GetParam();
+  const MathVerifier verifier;
+  for (const std::string& answer : {c.reference, c.equivalent}) {
+    const VerifyOutcome outcome = verifier.Verify(Request(Boxed(answer), c.reference));
+    EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kNone) << outcome.detail;
+    EXPECT_EQ(outcome.reward, 1.0) << answer << ": " << outcome.detail;
+  }
+  const VerifyOutcome misread = verifier.Verify(Request(Boxed(c.misread), c.reference));
+  EXPECT_EQ(misread.reward, 0.0) << c.misread << ": " << misread.detail;
+  // The bare misread number too, which the integer fast path sees.
+  EXPECT_EQ(verifier.Verify(Request(c.misread, c.reference)).reward, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    IssueReferences, BareReferenceTest,
+    ::testing::Values(
+        BareReferenceCase{"3\\sqrt{13}", "\\sqrt{117}", "3"},
+        BareReferenceCase{"11\\sqrt2", "11 \\sqrt{2}", "11"},
+        BareReferenceCase{"6 - 5i", "-5i+6", "5"},
+        BareReferenceCase{"-2 + 7i", "7i - 2", "7"},
+        BareReferenceCase{"52_8", "52_{8}", "52"},
+        BareReferenceCase{"1,-2", "-2, 1", "1"},
+        BareReferenceCase{"3, 5, 7", "\\{7, 5, 3\\}", "7"},
+        BareReferenceCase{"x^5 - x^4 + x^3 - x^2 + x - 1", "(x-1)(x^4+x^2+1)", "1"},
+        BareReferenceCase{"1 \\pm \\sqrt{19}", "1-\\sqrt{19}, 1+\\sqrt{19}", "1"},
+        BareReferenceCase{"\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", "3"},
+        BareReferenceCase{"\\text{Evelyn}", "Evelyn", "\\text{Briana}"}));
+
+TEST(MathVerifierTest, SolutionReferencesHaveTheirFinalAnswerExtracted) {
+  const MathVerifier verifier;
+  EXPECT_EQ(verifier.Verify(SolutionRequest("72", "She sold 48 + 24 = 72.\n#### 72")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(SolutionRequest("71", "She sold 48 + 24 = 72.\n#### 72")).reward, 0.0);
+  EXPECT_EQ(verifier.Verify(SolutionRequest(Boxed("\\sqrt{117}"),
+                                            "so $AB = \\boxed{3\\sqrt{13}}$."))
+                .reward,
+            1.0);
+  EXPECT_EQ(
+      verifier.Verify(SolutionRequest("The answer is 12", "Adding, 5 + 7 = 12 apples.")).reward,
+      1.0);
+  // The marker decides: marked as a solution, "3\sqrt{13}" is extracted
+  // from as a response would be, which finds the number 3 (the issue's
+  // misreading, now only for a reference that says it is a solution).
+  EXPECT_EQ(verifier.Verify(SolutionRequest("3", "3\\sqrt{13}")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("3", "3\\sqrt{13}")).reward, 0.0);
+}
+
+TEST(MathVerifierTest, UnmarkedReferencesThatAreNotOneAnswerAreExtractedFrom) {
+  const MathVerifier verifier;
+  // Prose and solutions do not parse as one answer.
+  EXPECT_EQ(verifier.Verify(Request("5", "The answer is 5")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("5", "5 pears")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("72", "48 + 24 = 72.\n#### 72")).reward, 1.0);
+  // A boxed reference is extracted from, box by box.
+  EXPECT_EQ(verifier.Verify(Request(Boxed("1, 2"), "\\boxed{1} and \\boxed{2}")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request(Boxed("2"), "\\boxed{1}\\boxed{2}")).reward, 0.0);
+}
+
 TEST(MathVerifierTest, NoAnswerIsAParseError) {
   const MathVerifier verifier;
   for (const std::string response : {"", "   ", "I don't know", "Answer:"}) {

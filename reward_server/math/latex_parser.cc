@@ -1039,4 +1039,48 @@ absl::StatusOr<LatexExpr> ParseLatexAnswer(absl::string_view latex) {
   return Parser(latex).Run();
 }
 
+bool LooksLikeProse(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (std::all_of(text.begin(), text.end(), IsLetter)) return false;  // One word: "Evelyn".
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '\\') {
+      // A command: its name, and for \text-like ones and environments the
+      // braced argument, are not words.
+      size_t end = i + 1;
+      while (end < text.size() && IsLetter(text[end])) ++end;
+      const absl::string_view name = text.substr(i + 1, end - i - 1);
+      i = std::max(end, i + 2);
+      if (IsTextCommand(name) || name == "begin" || name == "end") {
+        while (i < text.size() && text[i] == ' ') ++i;
+        if (i < text.size() && text[i] == '{') {
+          size_t depth = 0;
+          for (; i < text.size(); ++i) {
+            if (text[i] == '{') ++depth;
+            if (text[i] == '}' && --depth == 0) break;
+          }
+          ++i;
+        }
+      }
+      continue;
+    }
+    if (!IsLetter(c)) {
+      ++i;
+      continue;
+    }
+    const bool starts_word = i == 0 || absl::ascii_isspace(static_cast<unsigned char>(text[i - 1]));
+    size_t end = i;
+    while (end < text.size() && IsLetter(text[end])) ++end;
+    const absl::string_view word = text.substr(i, end - i);
+    i = end;
+    if (starts_word && word.size() >= 2 && !IsUnitWord(word) && !IsSeparatorWord(word) &&
+        !IsPercentWord(word) && !IsFunctionName(word) &&
+        !OneOf(word, {"pi", "sqrt", "infty", "inf", "infinity"})) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace sluice::reward_server::math

@@ -82,6 +82,16 @@ struct LatexExpr {
 // level. Thread-safe (no shared state).
 absl::StatusOr<LatexExpr> ParseLatexAnswer(absl::string_view latex);
 
+// Whether `text` reads as prose rather than as one answer: it holds a word
+// (two or more ASCII letters after the start or a space, outside commands
+// and their \text{}-like arguments) that is not a unit ("cm", "dollars"), a
+// function or constant name ("sin", "pi") or "and"/"or", and the text is not
+// that word alone. "The answer is 5" and "5 pears" are prose; "Evelyn",
+// "5 cm", "\sin x", "x^2 + 1" and "\text{Navin}" are not. The parser would
+// read prose as a product of letters, so a caller that has a choice should
+// extract an answer from it instead. Linear; thread-safe.
+bool LooksLikeProse(absl::string_view text);
+
 }  // namespace sluice::reward_server::math
 
 #endif  // SLUICE_REWARD_SERVER_MATH_LATEX_PARSER_H_

@@ -1246,9 +1246,34 @@ struct Side {
   std::string error;
 };
 
-Side Extract(absl::string_view text, const MathCompareOptions& options) {
+// The whole of `text` as one answer (MathCompareOptions::gold_is_answer);
+// nullopt when it does not parse as one, reads as prose, or boxes its answer
+// ("\boxed{1}\boxed{2}" is two boxed answers, not their product).
+std::optional<Side> WholeAnswer(absl::string_view text) {
+  const absl::string_view whole = absl::StripAsciiWhitespace(text);
+  if (whole.empty() || whole.size() > math::kMaxLatexBytes || math::LooksLikeProse(whole) ||
+      !FindBoxes(whole).empty()) {
+    return std::nullopt;
+  }
+  absl::StatusOr<LatexExpr> parsed = math::ParseLatexAnswer(whole);
+  if (!parsed.ok()) return std::nullopt;
   Side side;
+  side.answer = std::string(whole);
+  side.fallback = NormalizeAnswerString(whole);
+  side.normalized = parsed->DebugString();
+  side.parsed = std::move(*parsed);
+  return side;
+}
+
+// The answer of one side: with `whole_first`, the whole text when it is one
+// answer; otherwise (or when it is not) the first extracted candidate that
+// parses.
+Side Extract(absl::string_view text, const MathCompareOptions& options, bool whole_first = false) {
   text = CutInput(text);
+  if (whole_first) {
+    if (std::optional<Side> whole = WholeAnswer(text)) return *std::move(whole);
+  }
+  Side side;
   std::vector<RankedCandidate> candidates = RankedCandidates(text, options);
   std::vector<std::pair<size_t, size_t>> failed_latex;
   int tried = 0;
@@ -1323,7 +1348,7 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
   MathComparison result;
   MathCompareOptions checked = options;
   if (!checked.Validate().ok()) checked = MathCompareOptions();
-  Side g = Extract(gold, checked);
+  Side g = Extract(gold, checked, /*whole_first=*/checked.gold_is_answer);
   Side p = Extract(prediction, checked);
   result.gold_answer = g.answer;
   result.prediction_answer = p.answer;

@@ -4,9 +4,10 @@
 // Math answer equivalence in the manner of HuggingFace's Math-Verify
 // (`verify(parse(gold), parse(prediction))`), in C++ with GiNaC:
 //
-//  1. Extraction (both sides): candidate answers by priority: a GSM8K
-//     "#### N" line and the last \boxed{}/\fbox{} (adjacent boxes joined into
-//     one list: "\boxed{1} and \boxed{2}"); "final answer is $X$. I hope";
+//  1. Extraction (the prediction, and the gold unless it is a bare answer:
+//     MathCompareOptions::gold_is_answer): candidate answers by priority: a
+//     GSM8K "#### N" line and the last \boxed{}/\fbox{} (adjacent boxes
+//     joined into one list: "\boxed{1} and \boxed{2}"); "final answer is $X$. I hope";
 //     "final answer ... is X"; "answer: X"; "answer ... X"; then any math
 //     span ($..$, $$..$$, \(..\), \[..\], a bare \frac{a}{b}) or plain number
 //     or arithmetic expression, rightmost first; last, the whole text when it
@@ -67,6 +68,14 @@ struct MathCompareOptions {
   // Which extractors run (Math-Verify's match_types "latex" and "expr").
   bool match_latex = true;
   bool match_expr = true;
+  // Whether `gold` is the bare answer (a dataset's reference: "3\sqrt{13}",
+  // "6 - 5i", "1,-2", "\text{Evelyn}") rather than free text. When true, the
+  // whole gold is parsed as one answer first, and candidates are extracted
+  // from it only when it does not parse as a whole or reads as prose (two
+  // words in a row outside \text{}: "The answer is 5"). When false
+  // (Math-Verify's behaviour), the gold is extracted from like the
+  // prediction, so "3\sqrt{13}" reads as 3.
+  bool gold_is_answer = false;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;

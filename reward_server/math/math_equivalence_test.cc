@@ -73,6 +73,24 @@ TEST(CompareMathAnswersTest, DifferentAnswersDoNotMatch) {
   }
 }
 
+TEST(CompareMathAnswersTest, GoldIsAnswerParsesTheWholeGoldFirst) {
+  MathCompareOptions answer;
+  answer.gold_is_answer = true;
+  // Extracted from, these read as their first or last number.
+  EXPECT_FALSE(Same("3\\sqrt{13}", "\\boxed{\\sqrt{117}}"));
+  EXPECT_TRUE(Same("3\\sqrt{13}", "\\boxed{\\sqrt{117}}", answer));
+  EXPECT_FALSE(Same("3\\sqrt{13}", "\\boxed{3}", answer));
+  EXPECT_TRUE(Same("1,-2", "\\boxed{-2, 1}", answer));
+  EXPECT_FALSE(Same("1,-2", "\\boxed{1}", answer));
+  EXPECT_TRUE(Same("\\text{Evelyn}", "\\boxed{Evelyn}", answer));
+  EXPECT_EQ(CompareMathAnswers("\\text{Evelyn}", "\\boxed{Evelyn}", answer).gold_answer,
+            "\\text{Evelyn}");
+  // What is not one answer is still extracted from.
+  EXPECT_TRUE(Same("The answer is 5", "\\boxed{5}", answer));
+  EXPECT_TRUE(Same("#### 18", "\\boxed{18}", answer));
+  EXPECT_TRUE(Same("\\boxed{1}\\boxed{2}", "\\boxed{1,2}", answer));
+}
+
 TEST(CompareMathAnswersTest, PrecisionOptionRoundsDecimals) {
   MathCompareOptions options;
   options.precision = 2;

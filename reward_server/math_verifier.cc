@@ -487,8 +487,8 @@ MathVerifier::MathVerifier(MathVerifierOptions options)
                          "'Answer:', math spans, numbers) and compares it with reference_answer "
                          "(one answer as a whole; extracted from only when reference_is_solution "
                          "or when it does not parse as one) numerically and symbolically "
-                         "(fractions, radicals, pi, expressions, equations, tuples, sets, "
-                         "intervals, matrices, percent). "
+                         "(fractions, radicals, pi, complex numbers, bases, expressions, "
+                         "equations, tuples, sets, intervals, matrices, percent, units). "
                          "metadata: precision (decimal places, default 6), strict "
                          "(true/false, default true).",
           .default_timeout = options.default_timeout,

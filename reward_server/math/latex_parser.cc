@@ -73,6 +73,56 @@ bool IsSeparatorWord(absl::string_view word) {
   return lower == "and" || lower == "or";
 }
 
+// One unit word in a canonical spelling: lower case, singular, synonyms
+// merged ("Inches" -> "inch", "degrees" -> "degree", "dollars" -> "dollar").
+std::string CanonicalUnitWord(absl::string_view word) {
+  std::string lower = absl::AsciiStrToLower(word);
+  if (OneOf(lower, {"deg", "degrees", "degree"})) return "degree";
+  if (OneOf(lower, {"feet", "ft"})) return "foot";
+  if (OneOf(lower, {"sec", "secs"})) return "second";
+  if (OneOf(lower, {"min", "mins"})) return "minute";
+  if (OneOf(lower, {"hr", "hrs"})) return "hour";
+  if (OneOf(lower, {"lb", "lbs"})) return "pound";
+  if (lower.size() > 4 && (absl::EndsWith(lower, "ches") || absl::EndsWith(lower, "shes") ||
+                           absl::EndsWith(lower, "xes"))) {
+    lower.resize(lower.size() - 2);
+  } else if (lower.size() > 3 && lower.back() == 's' && lower[lower.size() - 2] != 's') {
+    lower.pop_back();
+  }
+  return lower;
+}
+
+// The key of a dropped unit: its words in canonical spelling, "square" and
+// "cubic" turned into a power, then the power ("\text{ cm}^2" and "square
+// cm" -> "cm^2"). Units compare by key (CompareMathAnswers).
+std::string UnitKey(absl::string_view words, absl::string_view power) {
+  std::string key;
+  std::string word_power(power);
+  std::string word;
+  const auto flush = [&]() {
+    if (word.empty()) return;
+    const std::string canonical = CanonicalUnitWord(word);
+    word.clear();
+    if (canonical == "square" || canonical == "sq") {
+      word_power = "2";
+    } else if (canonical == "cubic") {
+      word_power = "3";
+    } else {
+      absl::StrAppend(&key, key.empty() ? "" : " ", canonical);
+    }
+  };
+  for (const char c : words) {
+    if (IsLetter(c)) {
+      word.push_back(c);
+    } else {
+      flush();
+    }
+  }
+  flush();
+  if (!word_power.empty() && word_power != "1") absl::StrAppend(&key, "^", word_power);
+  return key;
+}
+
 class Parser {
  public:
   explicit Parser(absl::string_view text) : s_(text) {}
@@ -134,6 +184,11 @@ class Parser {
     return static_cast<int>(out_.nodes.size()) - 1;
   }
 
+  // Records a unit the parse dropped (LatexExpr::units), at most a few.
+  void NoteUnit(std::string key) {
+    if (out_.units.size() < 8 && !key.empty()) out_.units.push_back(std::move(key));
+  }
+
   // Bounds recursion: every recursive entry point holds one.
   class DepthGuard {
    public:
@@ -179,6 +234,7 @@ class Parser {
       }
       if (c != '\\') return;
       const char next = Peek(1);
+      if (next == '$') NoteUnit("dollar");
       if (next == ',' || next == ';' || next == ':' || next == '!' || next == ' ' || next == '$' ||
           next == '(' || next == ')' || next == '[' || next == ']' || next == '\n') {
         pos_ += 2;
@@ -517,6 +573,14 @@ class Parser {
       // A unit word must be a whole word: "cmx" is not "cm".
       word = std::string(letters);
       pos_ += run;
+      // The unit's further words: "square cm", "cubic meters".
+      while (!IsPercentWord(word)) {
+        SkipSpace();
+        const size_t next = LetterRun(pos_);
+        if (next == 0 || !IsUnitWord(s_.substr(pos_, next))) break;
+        absl::StrAppend(&word, " ", s_.substr(pos_, next));
+        pos_ += next;
+      }
     } else {
       return false;
     }
@@ -526,11 +590,41 @@ class Parser {
     }
     // "cm^2", "\text{ m}^3".
     SkipSpace();
+    std::string power;
     if (Peek() == '^') {
       ++pos_;
-      if (ReadArg() < 0) return false;
+      const int exponent = ReadArg();
+      if (exponent < 0) return false;
+      power = out_.SubtreeString(exponent);
     }
+    NoteUnit(UnitKey(word, power));
     return true;
+  }
+
+  bool IsIntegerLiteral(int index) const {
+    return index >= 0 && out_.nodes[index].kind == NodeKind::kNumber && !out_.nodes[index].is_float;
+  }
+
+  // Whether `whole` (an integer literal, or its negation) and the \frac right
+  // after it (`fraction`, of two integer literals) spell a mixed number:
+  // "1\frac{4}{5}" is 1 + 4/5, as MATH writes it, not 4/5.
+  bool IsMixedNumber(int whole, int fraction) const {
+    if (whole < 0 || fraction < 0) return false;
+    const Node& w = out_.nodes[whole];
+    const Node& f = out_.nodes[fraction];
+    const bool integer = IsIntegerLiteral(whole) ||
+                         (w.kind == NodeKind::kNeg && IsIntegerLiteral(w.kids[0]));
+    return integer && f.kind == NodeKind::kDiv && IsIntegerLiteral(f.kids[0]) &&
+           IsIntegerLiteral(f.kids[1]);
+  }
+
+  int MixedNumber(int whole, int fraction) {
+    const Node& w = out_.nodes[whole];
+    if (w.kind == NodeKind::kNeg) {
+      const int magnitude = w.kids[0];
+      return Add(NodeKind::kNeg, {Add(NodeKind::kAdd, {magnitude, fraction})});
+    }
+    return Add(NodeKind::kAdd, {whole, fraction});
   }
 
   int ParseTerm() {
@@ -556,7 +650,13 @@ class Parser {
       } else if (!status_.ok()) {
         return -1;
       } else if (StartsOperand()) {
-        factors.push_back(ParsePostfix());
+        const bool frac_next = AtCommand("frac") || AtCommand("dfrac") || AtCommand("tfrac");
+        const int factor = ParsePostfix();
+        if (frac_next && factors.size() == 1 && IsMixedNumber(factors[0], factor)) {
+          factors[0] = MixedNumber(factors[0], factor);
+        } else {
+          factors.push_back(factor);
+        }
       } else {
         break;
       }
@@ -586,9 +686,13 @@ class Parser {
       if (c == '^') {
         ++pos_;
         SkipSpace();
-        if (ConsumeCommand("circ") || ConsumeUtf8("{\\circ}") || ConsumeUtf8("\\circ")) continue;
+        if (ConsumeCommand("circ") || ConsumeUtf8("{\\circ}") || ConsumeUtf8("\\circ")) {
+          NoteUnit("degree");
+          continue;
+        }
         if (At("{\\circ}")) {
           pos_ += 7;
+          NoteUnit("degree");
           continue;
         }
         node = Add(NodeKind::kPow, {node, ReadArg()});
@@ -602,6 +706,7 @@ class Parser {
         pos_ += c == '%' ? 1 : 2;
         node = Add(NodeKind::kPercent, {node});
       } else if (ConsumeUtf8("\xC2\xB0") || ConsumeCommand("circ") || ConsumeCommand("degree")) {
+        NoteUnit("degree");
         continue;  // Degrees: the number stands.
       } else if (c == '\'') {
         ++pos_;

@@ -4,8 +4,10 @@
 // A bounded recursive-descent parser for the LaTeX (and plain-text) final
 // answers of math problems: "\frac{-1 \pm \sqrt{13}}{4}", "(1,2]\cup[3,\infty)",
 // "\{1,2\}", "x \geq 5", "\begin{pmatrix}1&2\\3&4\end{pmatrix}", "28\%",
-// "15\text{ cm}^2". It builds a small expression tree (no algebra happens
-// here; math_equivalence.h turns trees into GiNaC expressions).
+// "15\text{ cm}^2", "1\frac{4}{5}" (a mixed number: an integer literal right
+// before a \frac of two integer literals is their sum). It builds a small
+// expression tree (no algebra happens here; math_equivalence.h turns trees
+// into GiNaC expressions) and notes the units it drops.
 //
 // Why our own parser: GiNaC's parser knows no LaTeX and has no bounds, and the
 // answers come from a model under RL, i.e. from an adversary. Every input is
@@ -66,6 +68,10 @@ struct Node {
 struct LatexExpr {
   std::vector<Node> nodes;
   int root = -1;
+  // The units the parse dropped, by key: "degree" (^\circ, \degree, "degrees"),
+  // "dollar" (\$, "dollars"), else the unit's words lower case and singular
+  // with any power ("\text{ cm}^2", "square cm" -> "cm^2"). At most 8.
+  std::vector<std::string> units;
 
   // A canonical-looking prefix form, for details and debugging
   // ("(+ x (neg 1))"); bounded by the node count.

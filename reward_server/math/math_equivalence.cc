@@ -747,6 +747,8 @@ class Converter {
         return {{value, node.is_float}};
       }
       case NodeKind::kSymbol:
+        // "6 - 5i": the imaginary unit.
+        if (node.text == "i") return {{GiNaC::I, false}};
         return {{Symbol(node.text), false}};
       case NodeKind::kConstant:
         if (node.text == "pi") return {{GiNaC::Pi, false}};
@@ -797,8 +799,31 @@ class Converter {
     }
   }
 
+  // "52_8", "4210_{5}": digits in a base from 2 to 10, by value (42, 555);
+  // nullopt for anything else ("x_1", "19_8", "12_{10.5}").
+  static std::optional<GiNaC::numeric> BaseNumber(const LatexExpr& e, const Node& node) {
+    if (node.kids.size() != 2) return std::nullopt;
+    const Node& digits = e.nodes.at(node.kids[0]);
+    const Node& base = e.nodes.at(node.kids[1]);
+    if (digits.kind != NodeKind::kNumber || digits.is_float || base.kind != NodeKind::kNumber ||
+        base.is_float || base.text.size() > 2) {
+      return std::nullopt;
+    }
+    const int radix = std::stoi(base.text);
+    if (radix < 2 || radix > 10) return std::nullopt;
+    GiNaC::numeric value = 0;
+    for (const char digit : digits.text) {
+      if (digit - '0' >= radix) return std::nullopt;
+      value = value * radix + (digit - '0');
+    }
+    return value;
+  }
+
   Scalar Function(const LatexExpr& e, const Node& node, int depth) {
     const std::string& name = node.text;
+    if (name == "_") {
+      if (std::optional<GiNaC::numeric> value = BaseNumber(e, node)) return {*value, false};
+    }
     if (name == "_" || name == "prime") {
       // x_1, a_{n-1}, 204_5: one opaque name.
       std::string base = e.SubtreeString(node.kids.at(0));
@@ -1236,6 +1261,15 @@ class Comparer {
   std::vector<std::pair<std::string, GiNaC::symbol>> symbols_;
 };
 
+// Whether both answers carry units (LatexExpr::units) and not the same ones.
+// An answer without a unit matches one with any: "30" is "30^\circ".
+bool UnitsDiffer(const LatexExpr& a, const LatexExpr& b) {
+  if (a.units.empty() || b.units.empty()) return false;
+  std::set<std::string> x(a.units.begin(), a.units.end());
+  std::set<std::string> y(b.units.begin(), b.units.end());
+  return x != y;
+}
+
 struct Side {
   std::string answer;       // Raw text of the chosen candidate.
   std::string normalized;   // Parsed form or normalised string.
@@ -1368,6 +1402,8 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
     return result;
   }
   if (!g.parsed || !p.parsed) return result;
+  // "36^\circ" is not "\$36": units count when both sides give one.
+  if (UnitsDiffer(*g.parsed, *p.parsed)) return result;
   absl::MutexLock lock(&GinacMutex());
   try {
     std::map<std::string, GiNaC::symbol> symbols;

@@ -13,7 +13,8 @@
 //     or arithmetic expression, rightmost first; last, the whole text when it
 //     looks like a bare expression. The first candidate that parses wins.
 //  2. Parsing (latex_parser.h) and conversion to GiNaC expressions; "a ± b"
-//     becomes the set {a+b, a-b}.
+//     becomes the set {a+b, a-b}; "i" is the imaginary unit ("6 - 5i");
+//     digits with a base from 2 to 10 are their value ("52_8" is 42).
 //  3. Comparison: numbers exactly (integers of any length), or, when either
 //     side has a decimal literal, after rounding both to `precision` decimal
 //     places; expressions by exact cancellation in GiNaC, else by numeric
@@ -23,7 +24,9 @@
 //     unions part by part; matrices cell by cell; equations and inequalities
 //     up to a (positive, for inequalities) constant factor; an assignment
 //     "x = 5" against a bare "5"; "28\%" against 28 or 0.28; a relation chain
-//     "1 < x < 2" (gold) against the interval (1, 2). Finally the extracted
+//     "1 < x < 2" (gold) against the interval (1, 2); units are dropped
+//     ("30^\circ" is 30, "5\text{ cm}" is 5) but when both sides give units
+//     they must be the same ("36^\circ" is not "\$36"). Finally the extracted
 //     strings themselves, normalised (\text, spaces, $ removed), compare equal.
 //
 // Nothing here can hang: inputs are cut to kMaxCompareInputBytes (the tail is

@@ -91,6 +91,33 @@ TEST(CompareMathAnswersTest, GoldIsAnswerParsesTheWholeGoldFirst) {
   EXPECT_TRUE(Same("\\boxed{1}\\boxed{2}", "\\boxed{1,2}", answer));
 }
 
+TEST(CompareMathAnswersTest, ComplexNumbersBasesAndUnits) {
+  const std::vector<std::pair<std::string, std::string>> equal = {
+      {"$6 - 5i$", "\\boxed{-5i+6}"},
+      {"$i^2$", "\\boxed{-1}"},
+      {"$\\frac{1}{1+i}$", "\\boxed{\\frac{1-i}{2}}"},
+      {"$52_8$", "\\boxed{42}"},
+      {"$4210_{5}$", "\\boxed{555}"},
+      {"$1\\frac{4}{5}$", "\\boxed{1.8}"},
+      {"$30^\\circ$", "\\boxed{30}"},
+      {"$15\\mbox{ cm}^2$", "\\boxed{15 \\text{ cm}^2}"},
+  };
+  for (const auto& [gold, prediction] : equal) {
+    EXPECT_TRUE(Same(gold, prediction)) << gold << " vs " << prediction;
+  }
+  const std::vector<std::pair<std::string, std::string>> different = {
+      {"$6 - 5i$", "\\boxed{6 + 5i}"},
+      {"$52_8$", "\\boxed{52}"},  // Fifty-two, not 52 in base 8.
+      {"$19_8$", "\\boxed{17}"},  // 9 is no digit in base 8: not a number.
+      {"$1\\frac{4}{5}$", "\\boxed{\\frac45}"},
+      {"$36^\\circ$", "\\boxed{\\$36}"},
+      {"$5\\text{ cm}$", "\\boxed{5\\text{ m}}"},
+  };
+  for (const auto& [gold, prediction] : different) {
+    EXPECT_FALSE(Same(gold, prediction)) << gold << " vs " << prediction;
+  }
+}
+
 TEST(CompareMathAnswersTest, PrecisionOptionRoundsDecimals) {
   MathCompareOptions options;
   options.precision = 2;

@@ -375,6 +375,9 @@ TEST(MathVerifierTest, UnmarkedReferencesThatAreNotOneAnswerAreExtractedFrom) {
   EXPECT_EQ(verifier.Verify(Request("5", "The answer is 5")).reward, 1.0);
   EXPECT_EQ(verifier.Verify(Request("5", "5 pears")).reward, 1.0);
   EXPECT_EQ(verifier.Verify(Request("72", "48 + 24 = 72.\n#### 72")).reward, 1.0);
+  // Prose with nothing to extract is compared as a string.
+  EXPECT_EQ(verifier.Verify(Request(Boxed("\\text{no solution}"), "no solution")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request(Boxed("\\text{one solution}"), "no solution")).reward, 0.0);
   // A boxed reference is extracted from, box by box.
   EXPECT_EQ(verifier.Verify(Request(Boxed("1, 2"), "\\boxed{1} and \\boxed{2}")).reward, 1.0);
   EXPECT_EQ(verifier.Verify(Request(Boxed("2"), "\\boxed{1}\\boxed{2}")).reward, 0.0);

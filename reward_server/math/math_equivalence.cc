@@ -1301,7 +1301,7 @@ std::optional<Side> WholeAnswer(absl::string_view text) {
 
 // The answer of one side: with `whole_first`, the whole text when it is one
 // answer; otherwise (or when it is not) the first extracted candidate that
-// parses.
+// parses; with neither, only strings to compare.
 Side Extract(absl::string_view text, const MathCompareOptions& options, bool whole_first = false) {
   text = CutInput(text);
   if (whole_first) {
@@ -1337,6 +1337,12 @@ Side Extract(absl::string_view text, const MathCompareOptions& options, bool who
     side.parsed = std::move(*parsed);
     side.too_large = false;
     return side;
+  }
+  // A bare answer with nothing to extract ("no solution") is still compared
+  // as a string.
+  if (whole_first && side.fallback.empty()) {
+    side.answer = std::string(absl::StripAsciiWhitespace(text));
+    side.fallback = NormalizeAnswerString(side.answer);
   }
   side.normalized = side.fallback;
   if (side.error.empty()) side.error = "no answer found";

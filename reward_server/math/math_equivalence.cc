@@ -663,13 +663,20 @@ class Converter {
 
   static void CheckSize(const GiNaC::ex& x) {
     if (!GiNaC::is_exactly_a<GiNaC::numeric>(x)) return;
-    const GiNaC::numeric& n = GiNaC::ex_to<GiNaC::numeric>(x);
-    if (!n.is_rational()) return;
-    if (n.numer().int_length() + n.denom().int_length() > kMaxNumberBits) throw TooLargeError();
+    if (ExactBits(GiNaC::ex_to<GiNaC::numeric>(x)) > kMaxNumberBits) throw TooLargeError();
   }
 
   static int Bits(const GiNaC::numeric& n) {
     return n.numer().int_length() + n.denom().int_length();
+  }
+
+  // The bits of an exact number, both parts of a complex one ("6 - 5i");
+  // -1 for a float, whose size is bounded anyway.
+  static long ExactBits(const GiNaC::numeric& n) {
+    const GiNaC::numeric re = GiNaC::real(n);
+    const GiNaC::numeric im = GiNaC::imag(n);
+    if (!re.is_rational() || !im.is_rational()) return -1;
+    return static_cast<long>(Bits(re)) + (im.is_zero() ? 0 : Bits(im));
   }
 
   GiNaC::ex Power(const GiNaC::ex& base, const GiNaC::ex& exponent) {
@@ -677,15 +684,16 @@ class Converter {
       const GiNaC::numeric& p = GiNaC::ex_to<GiNaC::numeric>(exponent);
       const bool trivial_base = base.is_zero() || base.is_equal(GiNaC::ex(1));
       if (!p.is_rational()) throw TooLargeError();
+      // GiNaC throws for these from inside power's construction, leaking
+      // the half-built object: refuse them first.
+      if (base.is_zero() && !p.is_positive()) throw std::invalid_argument("0^0 or 1/0");
       if (!trivial_base) {
         const GiNaC::numeric num = GiNaC::abs(p.numer());
         const GiNaC::numeric den = p.denom();
         if (num > kMaxExponent || den > kMaxExponent) throw TooLargeError();
         if (GiNaC::is_exactly_a<GiNaC::numeric>(base)) {
-          const GiNaC::numeric& b = GiNaC::ex_to<GiNaC::numeric>(base);
-          if (b.is_rational() && static_cast<long>(Bits(b)) * num.to_long() > kMaxNumberBits) {
-            throw TooLargeError();
-          }
+          const long bits = ExactBits(GiNaC::ex_to<GiNaC::numeric>(base));
+          if (bits * num.to_long() > kMaxNumberBits) throw TooLargeError();
         }
       }
     }

@@ -147,6 +147,10 @@ TEST(CompareMathAnswersTest, PathologicalInputsReturn) {
       "$(-8)^{1/3}$",
       "$e^{e^{e^{e^{100}}}}$",
       "$2^{1000} \\cdot 2^{1000} \\cdot 2^{1000} \\cdot 2^{1000} \\cdot 2^{1000}$",
+      "$((10^{300}+i)^{999})^{999}$",  // Exact complex powers are bounded too.
+      "$((7+i)^{999})^{999}$",
+      "$1:0^0$",
+      "$0^{-2}$",
       "$\\pm\\pm\\pm\\pm\\pm\\pm\\pm\\pm\\pm\\pm 1 \\pm 2 \\pm 3 \\pm 4 \\pm 5$",
       std::string(1 << 20, '$'),
       std::string(1 << 20, '1'),
@@ -161,6 +165,8 @@ TEST(CompareMathAnswersTest, PathologicalInputsReturn) {
   EXPECT_EQ(CompareMathAnswers("$2$", "$2^{2^{2^{30}}}$").error, MathCompareError::kTooLarge);
   EXPECT_EQ(CompareMathAnswers("$2$", "$100000!$").error, MathCompareError::kTooLarge);
   EXPECT_EQ(CompareMathAnswers("$2$", "$(x+1)^{100000}$").error, MathCompareError::kTooLarge);
+  EXPECT_EQ(CompareMathAnswers("$2$", "$((10^{300}+i)^{999})^{999}$").error,
+            MathCompareError::kTooLarge);
 }
 
 TEST(CompareMathAnswersTest, ExtractsByPriority) {

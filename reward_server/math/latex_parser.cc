@@ -73,21 +73,29 @@ bool IsSeparatorWord(absl::string_view word) {
   return lower == "and" || lower == "or";
 }
 
-// One unit word in a canonical spelling: lower case, singular, synonyms
-// merged ("Inches" -> "inch", "degrees" -> "degree", "dollars" -> "dollar").
+// One unit word in a canonical spelling: lower case, singular, and the
+// usual abbreviation for a spelled-out unit ("Inches" -> "inch",
+// "centimeters" -> "cm", "degrees" -> "degree", "dollars" -> "dollar").
 std::string CanonicalUnitWord(absl::string_view word) {
   std::string lower = absl::AsciiStrToLower(word);
-  if (OneOf(lower, {"deg", "degrees", "degree"})) return "degree";
-  if (OneOf(lower, {"feet", "ft"})) return "foot";
-  if (OneOf(lower, {"sec", "secs"})) return "second";
-  if (OneOf(lower, {"min", "mins"})) return "minute";
-  if (OneOf(lower, {"hr", "hrs"})) return "hour";
-  if (OneOf(lower, {"lb", "lbs"})) return "pound";
+  if (OneOf(lower, {"feet", "foot"})) return "ft";
+  if (OneOf(lower, {"deg", "degs"})) return "degree";
   if (lower.size() > 4 && (absl::EndsWith(lower, "ches") || absl::EndsWith(lower, "shes") ||
                            absl::EndsWith(lower, "xes"))) {
     lower.resize(lower.size() - 2);
-  } else if (lower.size() > 3 && lower.back() == 's' && lower[lower.size() - 2] != 's') {
+  } else if (lower.size() > 2 && lower.back() == 's' && lower[lower.size() - 2] != 's') {
     lower.pop_back();
+  }
+  static constexpr std::pair<absl::string_view, absl::string_view> kAbbreviations[] = {
+      {"centimeter", "cm"}, {"centimetre", "cm"}, {"millimeter", "mm"}, {"millimetre", "mm"},
+      {"kilometer", "km"},  {"kilometre", "km"},  {"meter", "m"},       {"metre", "m"},
+      {"kilogram", "kg"},   {"gram", "g"},        {"liter", "l"},       {"litre", "l"},
+      {"milliliter", "ml"}, {"millilitre", "ml"}, {"second", "s"},      {"sec", "s"},
+      {"minute", "min"},    {"hour", "h"},        {"hr", "h"},          {"pound", "lb"},
+      {"mile", "mi"},       {"yard", "yd"},       {"ounce", "oz"},
+  };
+  for (const auto& [spelled, abbreviation] : kAbbreviations) {
+    if (lower == spelled) return std::string(abbreviation);
   }
   return lower;
 }

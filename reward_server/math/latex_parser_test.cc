@@ -58,6 +58,10 @@ TEST(LatexParserTest, RecordsTheUnitsItDrops) {
   EXPECT_THAT(Units("15 square cm"), ElementsAre("cm^2"));
   EXPECT_THAT(Units("864 \\mbox{ Inches}^2"), ElementsAre("inch^2"));
   EXPECT_THAT(Units("5.4 \\text{ cents}"), ElementsAre("cent"));
+  EXPECT_THAT(Units("5 \\text{centimeters}"), ElementsAre("cm"));
+  EXPECT_THAT(Units("5 cm"), ElementsAre("cm"));
+  EXPECT_THAT(Units("3 feet"), ElementsAre("ft"));
+  EXPECT_THAT(Units("2 hrs"), ElementsAre("h"));
   EXPECT_THAT(Units("x^2 + 1"), ElementsAre());
   EXPECT_THAT(Units("28\\%"), ElementsAre());
 }

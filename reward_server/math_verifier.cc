@@ -483,10 +483,12 @@ MathVerifier::MathVerifier(MathVerifierOptions options)
     : Verifier({
           .name = "math",
           .description = "Math answer equivalence in the manner of Math-Verify: extracts the "
-                         "final answer of response and reference_answer (\\boxed{}, ####, "
-                         "'final answer is', 'Answer:', math spans, numbers) and compares "
-                         "them numerically and symbolically (fractions, radicals, pi, "
-                         "expressions, equations, tuples, sets, intervals, matrices, percent). "
+                         "response's final answer (\\boxed{}, ####, 'final answer is', "
+                         "'Answer:', math spans, numbers) and compares it with reference_answer "
+                         "(one answer as a whole; extracted from only when reference_is_solution "
+                         "or when it does not parse as one) numerically and symbolically "
+                         "(fractions, radicals, pi, complex numbers, bases, expressions, "
+                         "equations, tuples, sets, intervals, matrices, percent, units). "
                          "metadata: precision (decimal places, default 6), strict "
                          "(true/false, default true).",
           .default_timeout = options.default_timeout,
@@ -529,9 +531,12 @@ VerifyOutcome MathVerifier::Verify(const VerifyRequest& request) const {
   const absl::string_view source = AnswerSourceName(answer->source);
 
   // Integers on both sides (the arithmetic task, GSM8K): exact and fast, no
-  // symbolic machinery.
+  // symbolic machinery. A bare reference counts only when it is an integer
+  // as a whole ("3\sqrt{13}" is not 3); a solution's final answer is taken
+  // from its box or "####" line.
   std::string reference(TrimAnswer(request.reference_answer));
-  if (absl::StrContains(reference, kBoxedOpen) || absl::StrContains(reference, "####")) {
+  if (request.reference_is_solution &&
+      (absl::StrContains(reference, kBoxedOpen) || absl::StrContains(reference, "####"))) {
     if (std::optional<ExtractedAnswer> extracted = ExtractAnswer(reference)) {
       reference = std::move(extracted->text);
     }
@@ -548,6 +553,7 @@ VerifyOutcome MathVerifier::Verify(const VerifyRequest& request) const {
     return outcome;
   }
 
+  compare_options->gold_is_answer = !request.reference_is_solution;
   MathComparison comparison =
       CompareMathAnswers(request.reference_answer, request.response, *compare_options);
   outcome.extracted_answer =

@@ -87,12 +87,20 @@ absl::StatusOr<MathCompareOptions> MathCompareOptionsFromMetadata(
 
 // Reward 1 when the response's final answer is equivalent to the reference
 // (CompareMathAnswers, math/math_equivalence.h, options from metadata), else
-// 0. Integer answers on both sides (ExtractAnswer / NormalizeNumber) compare
-// exactly without the symbolic path. The reference may itself be a solution
-// ending in "#### N" or containing \boxed{N}. kParse when ExtractAnswer finds
-// no answer in the response; kInvalidInput for malformed metadata. An answer
-// too large to compare safely (e.g. 2^{2^{30}}) gets reward 0 with a
-// "too_large" detail. Requires reference_answer. Thread-safe.
+// 0. The reference is an answer unless the request marks it as a solution
+// (reference_is_solution):
+//   - an answer ("3\sqrt{13}", "6 - 5i", "1,-2", "\text{Evelyn}") is parsed
+//     as a whole (MathCompareOptions::gold_is_answer); only when it does not
+//     parse as one, or reads as prose, is an answer extracted from it as from
+//     a response, so "#### 72" and "so \boxed{72}" still work;
+//   - a solution (a GSM8K rationale ending in "#### N", a MATH solution with
+//     \boxed{N}) has its final answer extracted like a response's.
+// Integer answers on both sides (ExtractAnswer / NormalizeNumber; for an
+// unmarked reference, the whole of it) compare exactly without the symbolic
+// path. kParse when ExtractAnswer finds no answer in the response;
+// kInvalidInput for malformed metadata. An answer too large to compare
+// safely (e.g. 2^{2^{30}}) gets reward 0 with a "too_large" detail. Requires
+// reference_answer. Thread-safe.
 class MathVerifier final : public Verifier {
  public:
   // `options` must be valid (Validate()).

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -249,6 +250,137 @@ TEST(MathVerifierTest, AcceptsWholeSolutionsAsReference) {
   EXPECT_EQ(verifier.Verify(Request("72", "She sold 48 + 24 = 72.\n#### 72")).reward, 1.0);
   EXPECT_EQ(verifier.Verify(Request("The answer is 72", "so \\boxed{72}")).reward, 1.0);
   EXPECT_EQ(verifier.Verify(Request("71", "#### 72")).reward, 0.0);
+}
+
+VerifyRequest SolutionRequest(std::string response, std::string solution) {
+  VerifyRequest request = Request(std::move(response), std::move(solution));
+  request.reference_is_solution = true;
+  return request;
+}
+
+std::string Boxed(const std::string& answer) {
+  return "The answer is $\\boxed{" + answer + "}$.";
+}
+
+// The references the issue found read as their last number ("3\sqrt{13}" as
+// 3), each with an equivalent answer written differently and the misreading.
+struct BareReferenceCase {
+  std::string reference;
+  std::string equivalent;  // Scores 1.
+  std::string misread;     // What the reference used to read as: scores 0.
+};
+
+class BareReferenceTest : public ::testing::TestWithParam<BareReferenceCase> {};
+
+TEST_P(BareReferenceTest, IsComparedAsAWholeAnswer) {
+  const BareReferenceCase& c = GetParam();
+  const MathVerifier verifier;
+  for (const std::string& answer : {c.reference, c.equivalent}) {
+    const VerifyOutcome outcome = verifier.Verify(Request(Boxed(answer), c.reference));
+    EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kNone) << outcome.detail;
+    EXPECT_EQ(outcome.reward, 1.0) << answer << ": " << outcome.detail;
+  }
+  const VerifyOutcome misread = verifier.Verify(Request(Boxed(c.misread), c.reference));
+  EXPECT_EQ(misread.reward, 0.0) << c.misread << ": " << misread.detail;
+  // The bare misread number too, which the integer fast path sees.
+  EXPECT_EQ(verifier.Verify(Request(c.misread, c.reference)).reward, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    IssueReferences, BareReferenceTest,
+    ::testing::Values(
+        BareReferenceCase{"3\\sqrt{13}", "\\sqrt{117}", "3"},
+        BareReferenceCase{"11\\sqrt2", "11 \\sqrt{2}", "11"},
+        BareReferenceCase{"6 - 5i", "-5i+6", "5"},
+        BareReferenceCase{"-2 + 7i", "7i - 2", "7"},
+        BareReferenceCase{"52_8", "42", "52"},
+        BareReferenceCase{"1,-2", "-2, 1", "1"},
+        BareReferenceCase{"3, 5, 7", "\\{7, 5, 3\\}", "7"},
+        BareReferenceCase{"x^5 - x^4 + x^3 - x^2 + x - 1", "(x-1)(x^4+x^2+1)", "1"},
+        BareReferenceCase{"1 \\pm \\sqrt{19}", "1-\\sqrt{19}, 1+\\sqrt{19}", "1"},
+        BareReferenceCase{"\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi/2)", "3"},
+        BareReferenceCase{"\\text{Evelyn}", "Evelyn", "\\text{Briana}"}));
+
+// What MATH answers hold besides numbers, each against an equivalent and a
+// different answer.
+TEST(MathVerifierTest, BareReferencesCompareByEquivalence) {
+  const MathVerifier verifier;
+  const std::vector<std::tuple<std::string, std::string, double>> cases = {
+      // Complex numbers.
+      {"6 - 5i", "\\frac{(6-5i)(1+i)}{1+i}", 1.0},
+      {"1+2i", "(1+i)^2 - 2i + 1 + 2i", 1.0},  // i^2 = -1.
+      {"6 - 5i", "6 + 5i", 0.0},
+      // Numbers in a base: as written and by value.
+      {"52_8", "52_{8}", 1.0},
+      {"52_8", "101010_2", 1.0},
+      {"52_8", "53_8", 0.0},
+      {"2516_8", "1358", 1.0},
+      // Mixed numbers.
+      {"1\\frac{4}{5}", "\\frac{9}{5}", 1.0},
+      {"1\\frac{4}{5}", "\\frac{4}{5}", 0.0},
+      {"137 \\frac{1}{2}", "137.5", 1.0},
+      // Text answers and choices.
+      {"\\text{Evelyn}", "\\text{Evelyn}", 1.0},
+      {"\\text{east}", "east", 1.0},
+      {"\\text{east}", "\\text{west}", 0.0},
+      {"\\text{(C)}", "(C)", 1.0},
+      {"\\text{(C)}", "C", 1.0},
+      {"\\text{(C)}", "\\text{(D)}", 0.0},
+      // Tuples in order, lists in any order.
+      {"(6,31,-1)", "(6, 31, -1)", 1.0},
+      {"(6,31,-1)", "(31,6,-1)", 0.0},
+      {"(3,4]", "(3,4)", 0.0},
+      // Polynomials.
+      {"x^3+3x-6", "3x + x^3 - 6", 1.0},
+      {"x^3+3x-6", "x^3+3x+6", 0.0},
+      // ± pairs.
+      {"3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2, 3-2\\sqrt2", 1.0},
+      {"3 \\pm 2 \\sqrt{2}", "3+2\\sqrt2", 0.0},
+      // Units and degrees.
+      {"30^\\circ", "30", 1.0},
+      {"30^\\circ", "30 degrees", 1.0},
+      {"5\\text{ cm}", "5", 1.0},
+      {"15\\mbox{ cm}^2", "15 square cm", 1.0},
+      {"5\\text{ cm}", "5\\text{ m}", 0.0},
+      {"36^\\circ", "\\$36", 0.0},
+      {"\\$32,\\!348", "32348", 1.0},
+  };
+  for (const auto& [reference, answer, reward] : cases) {
+    const VerifyOutcome outcome = verifier.Verify(Request(Boxed(answer), reference));
+    EXPECT_EQ(outcome.reward, reward) << reference << " vs " << answer << ": " << outcome.detail;
+  }
+}
+
+TEST(MathVerifierTest, SolutionReferencesHaveTheirFinalAnswerExtracted) {
+  const MathVerifier verifier;
+  EXPECT_EQ(verifier.Verify(SolutionRequest("72", "She sold 48 + 24 = 72.\n#### 72")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(SolutionRequest("71", "She sold 48 + 24 = 72.\n#### 72")).reward, 0.0);
+  EXPECT_EQ(verifier.Verify(SolutionRequest(Boxed("\\sqrt{117}"),
+                                            "so $AB = \\boxed{3\\sqrt{13}}$."))
+                .reward,
+            1.0);
+  EXPECT_EQ(
+      verifier.Verify(SolutionRequest("The answer is 12", "Adding, 5 + 7 = 12 apples.")).reward,
+      1.0);
+  // The marker decides: marked as a solution, "3\sqrt{13}" is extracted
+  // from as a response would be, which finds the number 3 (the issue's
+  // misreading, now only for a reference that says it is a solution).
+  EXPECT_EQ(verifier.Verify(SolutionRequest("3", "3\\sqrt{13}")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("3", "3\\sqrt{13}")).reward, 0.0);
+}
+
+TEST(MathVerifierTest, UnmarkedReferencesThatAreNotOneAnswerAreExtractedFrom) {
+  const MathVerifier verifier;
+  // Prose and solutions do not parse as one answer.
+  EXPECT_EQ(verifier.Verify(Request("5", "The answer is 5")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("5", "5 pears")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request("72", "48 + 24 = 72.\n#### 72")).reward, 1.0);
+  // Prose with nothing to extract is compared as a string.
+  EXPECT_EQ(verifier.Verify(Request(Boxed("\\text{no solution}"), "no solution")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request(Boxed("\\text{one solution}"), "no solution")).reward, 0.0);
+  // A boxed reference is extracted from, box by box.
+  EXPECT_EQ(verifier.Verify(Request(Boxed("1, 2"), "\\boxed{1} and \\boxed{2}")).reward, 1.0);
+  EXPECT_EQ(verifier.Verify(Request(Boxed("2"), "\\boxed{1}\\boxed{2}")).reward, 0.0);
 }
 
 TEST(MathVerifierTest, NoAnswerIsAParseError) {

@@ -8,6 +8,7 @@ ScoreItem ScoreItemFromProto(const v1::ScoreItem& proto) {
   item.verifier = proto.verifier();
   item.request.response = proto.response();
   item.request.reference_answer = proto.reference_answer();
+  item.request.reference_is_solution = proto.reference_is_solution();
   item.request.prompt = proto.prompt();
   item.request.test = proto.test();
   item.request.entry_point = proto.entry_point();

@@ -54,6 +54,9 @@ bool IsRetryable(VerifierErrorKind kind);
 struct VerifyRequest {
   std::string response;                         // The model's completion text.
   std::string reference_answer;                 // For answer-checking verifiers.
+  // Whether reference_answer is a full worked solution (the final answer is
+  // extracted from it) rather than the bare answer (compared as a whole).
+  bool reference_is_solution = false;
   std::string prompt;                           // For code: the stub the response completes.
   std::string test;                             // For code: the test source.
   std::string entry_point;                      // For code: the function under test.

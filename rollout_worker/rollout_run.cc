@@ -366,6 +366,7 @@ class RolloutRun::Impl {
       item->set_verifier(prompt.verifier());
       item->set_response(texts[i]);
       item->set_reference_answer(prompt.reference_answer());
+      item->set_reference_is_solution(prompt.reference_is_solution());
       item->set_prompt(prompt.text());
       item->set_timeout_ms(spec_.reward().item_timeout_ms());
       *item->mutable_metadata() = prompt.metadata();

@@ -124,7 +124,8 @@ class FakeBuffer : public clients::ReplayBufferClient {
   int next_ = 0;
 };
 
-// Hands out "d+d=" prompts; says the run is done after `batches` leases.
+// Hands out "d+d=" prompts, every other one's reference marked as a
+// solution; says the run is done after `batches` leases.
 class FakeController : public clients::ControllerClient {
  public:
   explicit FakeController(int batches) : batches_(batches) {}
@@ -141,6 +142,7 @@ class FakeController : public clients::ControllerClient {
       p->set_prompt_id(absl::StrCat("p", leases, "-", i));
       p->set_text(absl::StrCat(a, "+1="));
       p->set_reference_answer(absl::StrCat(a + 1));
+      p->set_reference_is_solution(i % 2 == 0);
     }
     response.set_lease_id(absl::StrCat("L", leases));
     return response;
@@ -181,10 +183,12 @@ class FakeReward : public clients::RewardClient {
     }
     absl::MutexLock lock(&mu);
     items += request.items_size();
+    for (const auto& item : request.items()) solution_items += item.reference_is_solution();
     return response;
   }
   absl::Mutex mu;
   int items ABSL_GUARDED_BY(mu) = 0;
+  int solution_items ABSL_GUARDED_BY(mu) = 0;  // Items marked reference_is_solution.
 };
 
 v1::RunSpec Spec() {
@@ -239,6 +243,8 @@ TEST(RolloutRunTest, GeneratesScoresAndInsertsWholeGroups) {
   EXPECT_EQ(controller.tokens, tokens);
   absl::MutexLock lock3(&reward.mu);
   EXPECT_EQ(reward.items, 24);
+  // The marked prompts' items say so: 2 of each batch's 3 prompts, G = 4.
+  EXPECT_EQ(reward.solution_items, 16);
 }
 
 TEST(RolloutRunTest, WaitsForWeightsAsNewAsTheAdmissionVersion) {

@@ -47,6 +47,7 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
       ASSIGN_OR_RETURN(std::string text, tokenizer.Decode(tokens, /*skip_special=*/true));
       item->set_response(text);
       item->set_reference_answer(items[i].reference_answer);
+      item->set_reference_is_solution(items[i].reference_is_solution);
       item->set_prompt(items[i].prompt);
       item->set_verifier(items[i].verifier);
       *item->mutable_metadata() = {items[i].metadata.begin(), items[i].metadata.end()};

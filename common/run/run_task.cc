@@ -94,6 +94,7 @@ absl::StatusOr<std::vector<task::DatasetRecord>> ReadRows(const v1::RunSpec& spe
   task::DatasetReadOptions options;
   if (!dataset.prompt_field().empty()) options.question_field = dataset.prompt_field();
   if (!dataset.answer_field().empty()) options.answer_field = dataset.answer_field();
+  options.answer_is_solution = dataset.answer_is_solution();
   ASSIGN_OR_RETURN(std::vector<task::DatasetRecord> rows,
                    task::ReadDataset(dataset.path(), kind, options));
 
@@ -207,6 +208,12 @@ void ValidateRunTask(const v1::RunSpec& spec, std::vector<std::string>* problems
                                          " has fixed columns); leave it empty"));
       }
     }
+    if (dataset.answer_is_solution()) {
+      problems->push_back(absl::StrCat(
+          "task.dataset.answer_is_solution: only for DATASET_FORMAT_JSONL (",
+          v1::DatasetFormat_Name(dataset.format()),
+          " references are the final answers, already extracted); leave it false"));
+    }
   }
   if (dataset.max_prompts() < 0) {
     problems->push_back(absl::StrCat("task.dataset.max_prompts: must be >= 0 (0 = all), got ",
@@ -273,6 +280,7 @@ absl::StatusOr<RunTask> LoadRunTask(const v1::RunSpec& spec) {
     ASSIGN_OR_RETURN(item.prompt, FormatPrompt(row.question, prompt_template, task.chat_template(),
                                                task.system_prompt()));
     item.reference_answer = std::move(row.reference_answer);
+    item.reference_is_solution = row.reference_is_solution;
     // No per-item verifier: the run's reward composition (math for GSM8K
     // and MATH, code for HumanEval by default, plus whatever the user adds,
     // e.g. format) scores every item; a per-item one would bypass it.

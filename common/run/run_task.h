@@ -52,10 +52,10 @@ task::ArithmeticOptions ArithmeticOptionsFor(const v1::RunSpec& spec);
 // the dataset file exists and parses, the format is supported, the split
 // leaves training items, the prompt template names "{question}", the chat
 // template is known, a system prompt comes with a chat template, the JSONL
-// column names are only set for JSONL, max_prompts >= 0. Reads the dataset
-// file (O(file size)). Leaves to the caller what the controller already
-// checks field by field: the arithmetic options, eval_split_size >= 0, and
-// reward.verifiers (a JSONL dataset needs them).
+// column names and answer_is_solution are only set for JSONL, max_prompts
+// >= 0. Reads the dataset file (O(file size)). Leaves to the caller what the
+// controller already checks field by field: the arithmetic options,
+// eval_split_size >= 0, and reward.verifiers (a JSONL dataset needs them).
 void ValidateRunTask(const v1::RunSpec& spec, std::vector<std::string>* problems);
 
 // Builds the run's task from a resolved spec.
@@ -73,7 +73,8 @@ void ValidateRunTask(const v1::RunSpec& spec, std::vector<std::string>* problems
 //     item keeps the row's id (made unique by appending "#2", "#3", ... to
 //     repeats, in file order), reference answer and metadata (HumanEval:
 //     "prompt", "test", "entry_point", which the code verifier runs as
-//     prompt + response + test). Items name no verifier: the run's
+//     prompt + response + test), and whether the reference is a solution
+//     (JSONL with answer_is_solution). Items name no verifier: the run's
 //     composition scores them (ResolveDefaults makes it math for GSM8K and
 //     MATH, code for HumanEval), since an item's own verifier would bypass
 //     the composition (a format bonus, say).

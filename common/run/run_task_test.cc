@@ -300,10 +300,32 @@ TEST(LoadRunTaskTest, JsonlWithCustomFieldsAndNoVerifier) {
       const int n = std::stoi(item.prompt_id.substr(1));
       EXPECT_EQ(item.prompt, absl::StrCat("Question: What is ", n, "+1?\nAnswer:"));
       EXPECT_EQ(item.reference_answer, std::to_string(n + 1));
+      EXPECT_FALSE(item.reference_is_solution);
       EXPECT_EQ(item.verifier, "");
       EXPECT_THAT(item.metadata, UnorderedElementsAre(Key("id"), Key("topic")));
     }
   }
+}
+
+TEST(LoadRunTaskTest, JsonlAnswerColumnOfSolutionsIsMarked) {
+  // GSM8K's own file read as JSONL: the "answer" column is the worked
+  // solution, which the math verifier must extract from.
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_JSONL, Data("datasets/gsm8k/test.jsonl"));
+  spec.mutable_task()->mutable_dataset()->set_prompt_field("question");
+  spec.mutable_task()->mutable_dataset()->set_answer_is_solution(true);
+  absl::StatusOr<RunTask> task = LoadRunTask(spec);
+  ASSERT_TRUE(task.ok()) << task.status();
+  for (const auto* split : {&task->train, &task->eval}) {
+    for (const task::TaskItem& item : *split) {
+      EXPECT_TRUE(item.reference_is_solution) << item.prompt_id;
+      EXPECT_THAT(item.reference_answer, HasSubstr("####"));
+    }
+  }
+  // GSM8K read as GSM8K has its final answers extracted already.
+  absl::StatusOr<RunTask> gsm8k =
+      LoadRunTask(DatasetSpec(v1::DATASET_FORMAT_GSM8K, Data("datasets/gsm8k/test.jsonl")));
+  ASSERT_TRUE(gsm8k.ok()) << gsm8k.status();
+  EXPECT_FALSE(gsm8k->train.at(0).reference_is_solution);
 }
 
 TEST(LoadRunTaskTest, RepeatedIdsAreMadeUnique) {
@@ -401,10 +423,13 @@ TEST(ValidateRunTaskTest, FieldProblems) {
   v1::RunSpec spec = Gsm8kSpec();
   spec.mutable_task()->mutable_dataset()->set_max_prompts(-3);
   spec.mutable_task()->mutable_dataset()->set_prompt_field("q");
+  spec.mutable_task()->mutable_dataset()->set_answer_is_solution(true);
   spec.mutable_task()->mutable_dataset()->clear_path();
   EXPECT_THAT(Problems(spec),
               ElementsAre("task.dataset.path: must name a dataset file",
                           HasSubstr("task.dataset.prompt_field: only for DATASET_FORMAT_JSONL"),
+                          HasSubstr("task.dataset.answer_is_solution: only for "
+                                    "DATASET_FORMAT_JSONL"),
                           "task.dataset.max_prompts: must be >= 0 (0 = all), got -3"));
 }
 

@@ -15,6 +15,9 @@ struct TaskItem {
   std::string prompt_id;         // "arith-000123" (index into the full pool)
   std::string prompt;            // "07+45=" exactly as fed to the model
   std::string reference_answer;  // "52"
+  // Whether reference_answer is a full worked solution rather than the bare
+  // answer (v1::ScoreItem.reference_is_solution).
+  bool reference_is_solution = false;
   // Verifier for this item ("math", "code"); empty = the run's composition.
   std::string verifier;
   // Verifier inputs beyond the answer (code: "test", "entry_point",

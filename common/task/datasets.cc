@@ -172,6 +172,7 @@ absl::StatusOr<DatasetRecord> ParseDatasetRow(absl::string_view json_text, Datas
       if (!answer.ok()) return answer.status();
       record.question = *std::move(question);
       record.reference_answer = *std::move(answer);
+      record.reference_is_solution = options.answer_is_solution;
       for (const char* name : {"id", "task_id", "unique_id"}) {
         if (auto id = row.find(name); id != row.end() && id->is_string()) {
           record.id = id->get<std::string>();

@@ -25,7 +25,9 @@ namespace sluice::task {
 //   HumanEval  {"task_id", "prompt", "test", "entry_point",
 //              "canonical_solution"} -> metadata prompt/test/entry_point
 //   JSONL      any objects: the question and answer columns are named by
-//              the caller, other string columns go to metadata
+//              the caller, other string columns go to metadata; the answer
+//              column holds bare answers unless the caller says it holds
+//              solutions (DatasetReadOptions::answer_is_solution)
 //
 // Files may be gzip-compressed (HumanEval ships as .jsonl.gz); zlib reads
 // plain files unchanged. Blank lines are skipped. A malformed row is an
@@ -43,6 +45,11 @@ struct DatasetRecord {
   std::string id;                // task_id / unique_id / "<kind>-<line>"
   std::string question;          // What the model is asked.
   std::string reference_answer;  // Empty for HumanEval (verified by running).
+  // Whether reference_answer is a full worked solution, from which a
+  // verifier extracts the final answer, rather than the bare answer. Only a
+  // JSONL answer column can be one: GSM8K and MATH references are extracted
+  // here.
+  bool reference_is_solution = false;
   // Verifier inputs and remaining string columns: for HumanEval "prompt",
   // "test", "entry_point", "canonical_solution"; for MATH "solution",
   // "subject", "level"; for GSM8K "solution" (the worked answer).
@@ -53,6 +60,9 @@ struct DatasetReadOptions {
   // JSONL only: the columns holding the question and the answer.
   std::string question_field = "prompt";
   std::string answer_field = "answer";
+  // JSONL only: the answer column holds full worked solutions
+  // (DatasetRecord::reference_is_solution).
+  bool answer_is_solution = false;
   // Stop after this many records; 0 = all.
   int64_t max_records = 0;
 };

@@ -115,6 +115,29 @@ TEST_F(DatasetFilesTest, GenericJsonlWithNamedColumns) {
   EXPECT_EQ((*records)[0].reference_answer, "2");
   EXPECT_EQ((*records)[0].metadata.at("topic"), "add");
   EXPECT_EQ((*records)[1].id, "jsonl-3");
+  EXPECT_FALSE((*records)[0].reference_is_solution);
+}
+
+TEST(DatasetsTest, OnlyAJsonlAnswerColumnCanHoldSolutions) {
+  DatasetReadOptions options;
+  options.answer_is_solution = true;
+  absl::StatusOr<DatasetRecord> jsonl = ParseDatasetRow(
+      R"({"prompt": "2+2", "answer": "2+2 = 4.\n#### 4"})", DatasetKind::kJsonl, 1, options);
+  ASSERT_TRUE(jsonl.ok()) << jsonl.status();
+  EXPECT_TRUE(jsonl->reference_is_solution);
+  EXPECT_EQ(jsonl->reference_answer, "2+2 = 4.\n#### 4");
+  // GSM8K and MATH rows give the final answer, whatever the option says.
+  absl::StatusOr<DatasetRecord> gsm8k = ParseDatasetRow(
+      R"({"question": "2+2", "answer": "2+2 = 4.\n#### 4"})", DatasetKind::kGsm8k, 1, options);
+  ASSERT_TRUE(gsm8k.ok()) << gsm8k.status();
+  EXPECT_FALSE(gsm8k->reference_is_solution);
+  EXPECT_EQ(gsm8k->reference_answer, "4");
+  absl::StatusOr<DatasetRecord> math = ParseDatasetRow(
+      R"({"problem": "p", "solution": "so $\\boxed{3\\sqrt{13}}$"})", DatasetKind::kMath, 1,
+      options);
+  ASSERT_TRUE(math.ok()) << math.status();
+  EXPECT_FALSE(math->reference_is_solution);
+  EXPECT_EQ(math->reference_answer, "3\\sqrt{13}");
 }
 
 TEST_F(DatasetFilesTest, MalformedRowsNameTheFileAndLine) {

@@ -5,9 +5,11 @@
 //
 // The input is split at its first NUL byte into a gold and a prediction (no
 // NUL: the input is both), so the fuzzer explores pairs as well as single
-// answers.
+// answers. The gold is compared as free text, as a bare answer, and through
+// MathVerifier as a reference marked a solution and not.
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/strings/string_view.h"
 #include "reward_server/math/math_equivalence.h"
@@ -31,6 +33,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       !comparison.equal && !comparison.gold_answer.empty() &&
       comparison.gold_answer == comparison.prediction_answer) {
     __builtin_trap();
+  }
+  // The gold as a bare reference (parsed whole first), as the verifier reads
+  // an unmarked reference_answer.
+  reward::MathCompareOptions bare;
+  bare.gold_is_answer = true;
+  (void)reward::CompareMathAnswers(gold, prediction, bare);
+  // The verifier itself, the reference marked as a solution and not.
+  static const reward::MathVerifier* const verifier = new reward::MathVerifier();
+  reward::VerifyRequest request;
+  request.response = std::string(prediction);
+  request.reference_answer = std::string(gold);
+  for (const bool solution : {false, true}) {
+    request.reference_is_solution = solution;
+    (void)verifier->Verify(request);
   }
   return 0;
 }

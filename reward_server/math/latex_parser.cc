@@ -73,6 +73,64 @@ bool IsSeparatorWord(absl::string_view word) {
   return lower == "and" || lower == "or";
 }
 
+// One unit word in a canonical spelling: lower case, singular, and the
+// usual abbreviation for a spelled-out unit ("Inches" -> "inch",
+// "centimeters" -> "cm", "degrees" -> "degree", "dollars" -> "dollar").
+std::string CanonicalUnitWord(absl::string_view word) {
+  std::string lower = absl::AsciiStrToLower(word);
+  if (OneOf(lower, {"feet", "foot"})) return "ft";
+  if (OneOf(lower, {"deg", "degs"})) return "degree";
+  if (lower.size() > 4 && (absl::EndsWith(lower, "ches") || absl::EndsWith(lower, "shes") ||
+                           absl::EndsWith(lower, "xes"))) {
+    lower.resize(lower.size() - 2);
+  } else if (lower.size() > 2 && lower.back() == 's' && lower[lower.size() - 2] != 's') {
+    lower.pop_back();
+  }
+  static constexpr std::pair<absl::string_view, absl::string_view> kAbbreviations[] = {
+      {"centimeter", "cm"}, {"centimetre", "cm"}, {"millimeter", "mm"}, {"millimetre", "mm"},
+      {"kilometer", "km"},  {"kilometre", "km"},  {"meter", "m"},       {"metre", "m"},
+      {"kilogram", "kg"},   {"gram", "g"},        {"liter", "l"},       {"litre", "l"},
+      {"milliliter", "ml"}, {"millilitre", "ml"}, {"second", "s"},      {"sec", "s"},
+      {"minute", "min"},    {"hour", "h"},        {"hr", "h"},          {"pound", "lb"},
+      {"mile", "mi"},       {"yard", "yd"},       {"ounce", "oz"},
+  };
+  for (const auto& [spelled, abbreviation] : kAbbreviations) {
+    if (lower == spelled) return std::string(abbreviation);
+  }
+  return lower;
+}
+
+// The key of a dropped unit: its words in canonical spelling, "square" and
+// "cubic" turned into a power, then the power ("\text{ cm}^2" and "square
+// cm" -> "cm^2"). Units compare by key (CompareMathAnswers).
+std::string UnitKey(absl::string_view words, absl::string_view power) {
+  std::string key;
+  std::string word_power(power);
+  std::string word;
+  const auto flush = [&]() {
+    if (word.empty()) return;
+    const std::string canonical = CanonicalUnitWord(word);
+    word.clear();
+    if (canonical == "square" || canonical == "sq") {
+      word_power = "2";
+    } else if (canonical == "cubic") {
+      word_power = "3";
+    } else {
+      absl::StrAppend(&key, key.empty() ? "" : " ", canonical);
+    }
+  };
+  for (const char c : words) {
+    if (IsLetter(c)) {
+      word.push_back(c);
+    } else {
+      flush();
+    }
+  }
+  flush();
+  if (!word_power.empty() && word_power != "1") absl::StrAppend(&key, "^", word_power);
+  return key;
+}
+
 class Parser {
  public:
   explicit Parser(absl::string_view text) : s_(text) {}
@@ -134,6 +192,11 @@ class Parser {
     return static_cast<int>(out_.nodes.size()) - 1;
   }
 
+  // Records a unit the parse dropped (LatexExpr::units), at most a few.
+  void NoteUnit(std::string key) {
+    if (out_.units.size() < 8 && !key.empty()) out_.units.push_back(std::move(key));
+  }
+
   // Bounds recursion: every recursive entry point holds one.
   class DepthGuard {
    public:
@@ -179,6 +242,7 @@ class Parser {
       }
       if (c != '\\') return;
       const char next = Peek(1);
+      if (next == '$') NoteUnit("dollar");
       if (next == ',' || next == ';' || next == ':' || next == '!' || next == ' ' || next == '$' ||
           next == '(' || next == ')' || next == '[' || next == ']' || next == '\n') {
         pos_ += 2;
@@ -517,6 +581,14 @@ class Parser {
       // A unit word must be a whole word: "cmx" is not "cm".
       word = std::string(letters);
       pos_ += run;
+      // The unit's further words: "square cm", "cubic meters".
+      while (!IsPercentWord(word)) {
+        SkipSpace();
+        const size_t next = LetterRun(pos_);
+        if (next == 0 || !IsUnitWord(s_.substr(pos_, next))) break;
+        absl::StrAppend(&word, " ", s_.substr(pos_, next));
+        pos_ += next;
+      }
     } else {
       return false;
     }
@@ -526,11 +598,41 @@ class Parser {
     }
     // "cm^2", "\text{ m}^3".
     SkipSpace();
+    std::string power;
     if (Peek() == '^') {
       ++pos_;
-      if (ReadArg() < 0) return false;
+      const int exponent = ReadArg();
+      if (exponent < 0) return false;
+      power = out_.SubtreeString(exponent);
     }
+    NoteUnit(UnitKey(word, power));
     return true;
+  }
+
+  bool IsIntegerLiteral(int index) const {
+    return index >= 0 && out_.nodes[index].kind == NodeKind::kNumber && !out_.nodes[index].is_float;
+  }
+
+  // Whether `whole` (an integer literal, or its negation) and the \frac right
+  // after it (`fraction`, of two integer literals) spell a mixed number:
+  // "1\frac{4}{5}" is 1 + 4/5, as MATH writes it, not 4/5.
+  bool IsMixedNumber(int whole, int fraction) const {
+    if (whole < 0 || fraction < 0) return false;
+    const Node& w = out_.nodes[whole];
+    const Node& f = out_.nodes[fraction];
+    const bool integer = IsIntegerLiteral(whole) ||
+                         (w.kind == NodeKind::kNeg && IsIntegerLiteral(w.kids[0]));
+    return integer && f.kind == NodeKind::kDiv && IsIntegerLiteral(f.kids[0]) &&
+           IsIntegerLiteral(f.kids[1]);
+  }
+
+  int MixedNumber(int whole, int fraction) {
+    const Node& w = out_.nodes[whole];
+    if (w.kind == NodeKind::kNeg) {
+      const int magnitude = w.kids[0];
+      return Add(NodeKind::kNeg, {Add(NodeKind::kAdd, {magnitude, fraction})});
+    }
+    return Add(NodeKind::kAdd, {whole, fraction});
   }
 
   int ParseTerm() {
@@ -556,7 +658,13 @@ class Parser {
       } else if (!status_.ok()) {
         return -1;
       } else if (StartsOperand()) {
-        factors.push_back(ParsePostfix());
+        const bool frac_next = AtCommand("frac") || AtCommand("dfrac") || AtCommand("tfrac");
+        const int factor = ParsePostfix();
+        if (frac_next && factors.size() == 1 && IsMixedNumber(factors[0], factor)) {
+          factors[0] = MixedNumber(factors[0], factor);
+        } else {
+          factors.push_back(factor);
+        }
       } else {
         break;
       }
@@ -586,9 +694,13 @@ class Parser {
       if (c == '^') {
         ++pos_;
         SkipSpace();
-        if (ConsumeCommand("circ") || ConsumeUtf8("{\\circ}") || ConsumeUtf8("\\circ")) continue;
+        if (ConsumeCommand("circ") || ConsumeUtf8("{\\circ}") || ConsumeUtf8("\\circ")) {
+          NoteUnit("degree");
+          continue;
+        }
         if (At("{\\circ}")) {
           pos_ += 7;
+          NoteUnit("degree");
           continue;
         }
         node = Add(NodeKind::kPow, {node, ReadArg()});
@@ -602,6 +714,7 @@ class Parser {
         pos_ += c == '%' ? 1 : 2;
         node = Add(NodeKind::kPercent, {node});
       } else if (ConsumeUtf8("\xC2\xB0") || ConsumeCommand("circ") || ConsumeCommand("degree")) {
+        NoteUnit("degree");
         continue;  // Degrees: the number stands.
       } else if (c == '\'') {
         ++pos_;
@@ -1037,6 +1150,50 @@ std::string LatexExpr::SubtreeString(int index) const {
 
 absl::StatusOr<LatexExpr> ParseLatexAnswer(absl::string_view latex) {
   return Parser(latex).Run();
+}
+
+bool LooksLikeProse(absl::string_view text) {
+  text = absl::StripAsciiWhitespace(text);
+  if (std::all_of(text.begin(), text.end(), IsLetter)) return false;  // One word: "Evelyn".
+  size_t i = 0;
+  while (i < text.size()) {
+    const char c = text[i];
+    if (c == '\\') {
+      // A command: its name, and for \text-like ones and environments the
+      // braced argument, are not words.
+      size_t end = i + 1;
+      while (end < text.size() && IsLetter(text[end])) ++end;
+      const absl::string_view name = text.substr(i + 1, end - i - 1);
+      i = std::max(end, i + 2);
+      if (IsTextCommand(name) || name == "begin" || name == "end") {
+        while (i < text.size() && text[i] == ' ') ++i;
+        if (i < text.size() && text[i] == '{') {
+          size_t depth = 0;
+          for (; i < text.size(); ++i) {
+            if (text[i] == '{') ++depth;
+            if (text[i] == '}' && --depth == 0) break;
+          }
+          ++i;
+        }
+      }
+      continue;
+    }
+    if (!IsLetter(c)) {
+      ++i;
+      continue;
+    }
+    const bool starts_word = i == 0 || absl::ascii_isspace(static_cast<unsigned char>(text[i - 1]));
+    size_t end = i;
+    while (end < text.size() && IsLetter(text[end])) ++end;
+    const absl::string_view word = text.substr(i, end - i);
+    i = end;
+    if (starts_word && word.size() >= 2 && !IsUnitWord(word) && !IsSeparatorWord(word) &&
+        !IsPercentWord(word) && !IsFunctionName(word) &&
+        !OneOf(word, {"pi", "sqrt", "infty", "inf", "infinity"})) {
+      return true;
+    }
+  }
+  return false;
 }
 
 }  // namespace sluice::reward_server::math

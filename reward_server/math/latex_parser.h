@@ -4,8 +4,10 @@
 // A bounded recursive-descent parser for the LaTeX (and plain-text) final
 // answers of math problems: "\frac{-1 \pm \sqrt{13}}{4}", "(1,2]\cup[3,\infty)",
 // "\{1,2\}", "x \geq 5", "\begin{pmatrix}1&2\\3&4\end{pmatrix}", "28\%",
-// "15\text{ cm}^2". It builds a small expression tree (no algebra happens
-// here; math_equivalence.h turns trees into GiNaC expressions).
+// "15\text{ cm}^2", "1\frac{4}{5}" (a mixed number: an integer literal right
+// before a \frac of two integer literals is their sum). It builds a small
+// expression tree (no algebra happens here; math_equivalence.h turns trees
+// into GiNaC expressions) and notes the units it drops.
 //
 // Why our own parser: GiNaC's parser knows no LaTeX and has no bounds, and the
 // answers come from a model under RL, i.e. from an adversary. Every input is
@@ -66,6 +68,10 @@ struct Node {
 struct LatexExpr {
   std::vector<Node> nodes;
   int root = -1;
+  // The units the parse dropped, by key: "degree" (^\circ, \degree, "degrees"),
+  // "dollar" (\$, "dollars"), else the unit's words lower case and singular
+  // with any power ("\text{ cm}^2", "square cm" -> "cm^2"). At most 8.
+  std::vector<std::string> units;
 
   // A canonical-looking prefix form, for details and debugging
   // ("(+ x (neg 1))"); bounded by the node count.
@@ -81,6 +87,16 @@ struct LatexExpr {
 // Linear time; recursion depth at most kMaxParseDepth frames of each parse
 // level. Thread-safe (no shared state).
 absl::StatusOr<LatexExpr> ParseLatexAnswer(absl::string_view latex);
+
+// Whether `text` reads as prose rather than as one answer: it holds a word
+// (two or more ASCII letters after the start or a space, outside commands
+// and their \text{}-like arguments) that is not a unit ("cm", "dollars"), a
+// function or constant name ("sin", "pi") or "and"/"or", and the text is not
+// that word alone. "The answer is 5" and "5 pears" are prose; "Evelyn",
+// "5 cm", "\sin x", "x^2 + 1" and "\text{Navin}" are not. The parser would
+// read prose as a product of letters, so a caller that has a choice should
+// extract an answer from it instead. Linear; thread-safe.
+bool LooksLikeProse(absl::string_view text);
 
 }  // namespace sluice::reward_server::math
 

@@ -1,7 +1,9 @@
 #include "reward_server/math/latex_parser.h"
 
 #include <string>
+#include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace sluice::reward_server::math {
@@ -27,6 +29,54 @@ TEST(LatexParserTest, ParsesCommonAnswerForms) {
   EXPECT_EQ(Parsed("15\\text{ cm}^2"), "15");
   EXPECT_EQ(Parsed("\\pm 2"), "(pm 2)");
   EXPECT_EQ(Parsed("\\begin{pmatrix}1 & 2\\\\3 & 4\\end{pmatrix}"), "(matrix 1 2 3 4)");
+}
+
+TEST(LatexParserTest, ReadsAnIntegerBeforeAFractionAsAMixedNumber) {
+  EXPECT_EQ(Parsed("1\\frac{4}{5}"), "(+ 1 (/ 4 5))");
+  EXPECT_EQ(Parsed("137 \\frac{1}{2}"), "(+ 137 (/ 1 2))");
+  EXPECT_EQ(Parsed("-2\\dfrac12"), "(neg (+ 2 (/ 1 2)))");
+  // Not mixed numbers: products.
+  EXPECT_EQ(Parsed("2\\frac{\\pi}{3}"), "(* 2 (/ pi 3))");
+  EXPECT_EQ(Parsed("1.5\\frac{1}{2}"), "(* 1.5 (/ 1 2))");
+  EXPECT_EQ(Parsed("2(3/4)"), "(* 2 (/ 3 4))");
+  EXPECT_EQ(Parsed("x\\frac{1}{2}"), "(* x (/ 1 2))");
+}
+
+std::vector<std::string> Units(const std::string& latex) {
+  absl::StatusOr<LatexExpr> parsed = ParseLatexAnswer(latex);
+  EXPECT_TRUE(parsed.ok()) << latex << ": " << parsed.status();
+  return parsed.ok() ? parsed->units : std::vector<std::string>{};
+}
+
+TEST(LatexParserTest, RecordsTheUnitsItDrops) {
+  using ::testing::ElementsAre;
+  EXPECT_THAT(Units("30^\\circ"), ElementsAre("degree"));
+  EXPECT_THAT(Units("30 degrees"), ElementsAre("degree"));
+  EXPECT_THAT(Units("\\$36"), ElementsAre("dollar"));
+  EXPECT_THAT(Units("36 dollars"), ElementsAre("dollar"));
+  EXPECT_THAT(Units("15\\mbox{ cm}^2"), ElementsAre("cm^2"));
+  EXPECT_THAT(Units("15 square cm"), ElementsAre("cm^2"));
+  EXPECT_THAT(Units("864 \\mbox{ Inches}^2"), ElementsAre("inch^2"));
+  EXPECT_THAT(Units("5.4 \\text{ cents}"), ElementsAre("cent"));
+  EXPECT_THAT(Units("5 \\text{centimeters}"), ElementsAre("cm"));
+  EXPECT_THAT(Units("5 cm"), ElementsAre("cm"));
+  EXPECT_THAT(Units("3 feet"), ElementsAre("ft"));
+  EXPECT_THAT(Units("2 hrs"), ElementsAre("h"));
+  EXPECT_THAT(Units("x^2 + 1"), ElementsAre());
+  EXPECT_THAT(Units("28\\%"), ElementsAre());
+}
+
+TEST(LatexParserTest, TellsProseFromOneAnswer) {
+  for (const std::string prose :
+       {"The answer is 5", "5 pears", "She sold 48 + 24 = 72.\n#### 72", "Evelyn and Briana"}) {
+    EXPECT_TRUE(LooksLikeProse(prose)) << prose;
+  }
+  for (const std::string answer :
+       {"Evelyn", "\\text{Evelyn}", "\\text{The midpoints form a hexagon}", "5 cm",
+        "10 square units", "\\sin x", "3 pi", "x^2 + 1", "1 or 2", "6 - 5i", "x \\in [-2,7]",
+        "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", ""}) {
+    EXPECT_FALSE(LooksLikeProse(answer)) << answer;
+  }
 }
 
 TEST(LatexParserTest, RejectsOrBoundsHostileInput) {

@@ -663,13 +663,20 @@ class Converter {
 
   static void CheckSize(const GiNaC::ex& x) {
     if (!GiNaC::is_exactly_a<GiNaC::numeric>(x)) return;
-    const GiNaC::numeric& n = GiNaC::ex_to<GiNaC::numeric>(x);
-    if (!n.is_rational()) return;
-    if (n.numer().int_length() + n.denom().int_length() > kMaxNumberBits) throw TooLargeError();
+    if (ExactBits(GiNaC::ex_to<GiNaC::numeric>(x)) > kMaxNumberBits) throw TooLargeError();
   }
 
   static int Bits(const GiNaC::numeric& n) {
     return n.numer().int_length() + n.denom().int_length();
+  }
+
+  // The bits of an exact number, both parts of a complex one ("6 - 5i");
+  // -1 for a float, whose size is bounded anyway.
+  static long ExactBits(const GiNaC::numeric& n) {
+    const GiNaC::numeric re = GiNaC::real(n);
+    const GiNaC::numeric im = GiNaC::imag(n);
+    if (!re.is_rational() || !im.is_rational()) return -1;
+    return static_cast<long>(Bits(re)) + (im.is_zero() ? 0 : Bits(im));
   }
 
   GiNaC::ex Power(const GiNaC::ex& base, const GiNaC::ex& exponent) {
@@ -677,15 +684,16 @@ class Converter {
       const GiNaC::numeric& p = GiNaC::ex_to<GiNaC::numeric>(exponent);
       const bool trivial_base = base.is_zero() || base.is_equal(GiNaC::ex(1));
       if (!p.is_rational()) throw TooLargeError();
+      // GiNaC throws for these from inside power's construction, leaking
+      // the half-built object: refuse them first.
+      if (base.is_zero() && !p.is_positive()) throw std::invalid_argument("0^0 or 1/0");
       if (!trivial_base) {
         const GiNaC::numeric num = GiNaC::abs(p.numer());
         const GiNaC::numeric den = p.denom();
         if (num > kMaxExponent || den > kMaxExponent) throw TooLargeError();
         if (GiNaC::is_exactly_a<GiNaC::numeric>(base)) {
-          const GiNaC::numeric& b = GiNaC::ex_to<GiNaC::numeric>(base);
-          if (b.is_rational() && static_cast<long>(Bits(b)) * num.to_long() > kMaxNumberBits) {
-            throw TooLargeError();
-          }
+          const long bits = ExactBits(GiNaC::ex_to<GiNaC::numeric>(base));
+          if (bits * num.to_long() > kMaxNumberBits) throw TooLargeError();
         }
       }
     }
@@ -747,6 +755,8 @@ class Converter {
         return {{value, node.is_float}};
       }
       case NodeKind::kSymbol:
+        // "6 - 5i": the imaginary unit.
+        if (node.text == "i") return {{GiNaC::I, false}};
         return {{Symbol(node.text), false}};
       case NodeKind::kConstant:
         if (node.text == "pi") return {{GiNaC::Pi, false}};
@@ -797,8 +807,31 @@ class Converter {
     }
   }
 
+  // "52_8", "4210_{5}": digits in a base from 2 to 10, by value (42, 555);
+  // nullopt for anything else ("x_1", "19_8", "12_{10.5}").
+  static std::optional<GiNaC::numeric> BaseNumber(const LatexExpr& e, const Node& node) {
+    if (node.kids.size() != 2) return std::nullopt;
+    const Node& digits = e.nodes.at(node.kids[0]);
+    const Node& base = e.nodes.at(node.kids[1]);
+    if (digits.kind != NodeKind::kNumber || digits.is_float || base.kind != NodeKind::kNumber ||
+        base.is_float || base.text.size() > 2) {
+      return std::nullopt;
+    }
+    const int radix = std::stoi(base.text);
+    if (radix < 2 || radix > 10) return std::nullopt;
+    GiNaC::numeric value = 0;
+    for (const char digit : digits.text) {
+      if (digit - '0' >= radix) return std::nullopt;
+      value = value * radix + (digit - '0');
+    }
+    return value;
+  }
+
   Scalar Function(const LatexExpr& e, const Node& node, int depth) {
     const std::string& name = node.text;
+    if (name == "_") {
+      if (std::optional<GiNaC::numeric> value = BaseNumber(e, node)) return {*value, false};
+    }
     if (name == "_" || name == "prime") {
       // x_1, a_{n-1}, 204_5: one opaque name.
       std::string base = e.SubtreeString(node.kids.at(0));
@@ -1236,6 +1269,15 @@ class Comparer {
   std::vector<std::pair<std::string, GiNaC::symbol>> symbols_;
 };
 
+// Whether both answers carry units (LatexExpr::units) and not the same ones.
+// An answer without a unit matches one with any: "30" is "30^\circ".
+bool UnitsDiffer(const LatexExpr& a, const LatexExpr& b) {
+  if (a.units.empty() || b.units.empty()) return false;
+  std::set<std::string> x(a.units.begin(), a.units.end());
+  std::set<std::string> y(b.units.begin(), b.units.end());
+  return x != y;
+}
+
 struct Side {
   std::string answer;       // Raw text of the chosen candidate.
   std::string normalized;   // Parsed form or normalised string.
@@ -1246,9 +1288,34 @@ struct Side {
   std::string error;
 };
 
-Side Extract(absl::string_view text, const MathCompareOptions& options) {
+// The whole of `text` as one answer (MathCompareOptions::gold_is_answer);
+// nullopt when it does not parse as one, reads as prose, or boxes its answer
+// ("\boxed{1}\boxed{2}" is two boxed answers, not their product).
+std::optional<Side> WholeAnswer(absl::string_view text) {
+  const absl::string_view whole = absl::StripAsciiWhitespace(text);
+  if (whole.empty() || whole.size() > math::kMaxLatexBytes || math::LooksLikeProse(whole) ||
+      !FindBoxes(whole).empty()) {
+    return std::nullopt;
+  }
+  absl::StatusOr<LatexExpr> parsed = math::ParseLatexAnswer(whole);
+  if (!parsed.ok()) return std::nullopt;
   Side side;
+  side.answer = std::string(whole);
+  side.fallback = NormalizeAnswerString(whole);
+  side.normalized = parsed->DebugString();
+  side.parsed = std::move(*parsed);
+  return side;
+}
+
+// The answer of one side: with `whole_first`, the whole text when it is one
+// answer; otherwise (or when it is not) the first extracted candidate that
+// parses; with neither, only strings to compare.
+Side Extract(absl::string_view text, const MathCompareOptions& options, bool whole_first = false) {
   text = CutInput(text);
+  if (whole_first) {
+    if (std::optional<Side> whole = WholeAnswer(text)) return *std::move(whole);
+  }
+  Side side;
   std::vector<RankedCandidate> candidates = RankedCandidates(text, options);
   std::vector<std::pair<size_t, size_t>> failed_latex;
   int tried = 0;
@@ -1278,6 +1345,12 @@ Side Extract(absl::string_view text, const MathCompareOptions& options) {
     side.parsed = std::move(*parsed);
     side.too_large = false;
     return side;
+  }
+  // A bare answer with nothing to extract ("no solution") is still compared
+  // as a string.
+  if (whole_first && side.fallback.empty()) {
+    side.answer = std::string(absl::StripAsciiWhitespace(text));
+    side.fallback = NormalizeAnswerString(side.answer);
   }
   side.normalized = side.fallback;
   if (side.error.empty()) side.error = "no answer found";
@@ -1323,7 +1396,7 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
   MathComparison result;
   MathCompareOptions checked = options;
   if (!checked.Validate().ok()) checked = MathCompareOptions();
-  Side g = Extract(gold, checked);
+  Side g = Extract(gold, checked, /*whole_first=*/checked.gold_is_answer);
   Side p = Extract(prediction, checked);
   result.gold_answer = g.answer;
   result.prediction_answer = p.answer;
@@ -1343,6 +1416,8 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
     return result;
   }
   if (!g.parsed || !p.parsed) return result;
+  // "36^\circ" is not "\$36": units count when both sides give one.
+  if (UnitsDiffer(*g.parsed, *p.parsed)) return result;
   absl::MutexLock lock(&GinacMutex());
   try {
     std::map<std::string, GiNaC::symbol> symbols;

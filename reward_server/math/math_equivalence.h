@@ -4,15 +4,17 @@
 // Math answer equivalence in the manner of HuggingFace's Math-Verify
 // (`verify(parse(gold), parse(prediction))`), in C++ with GiNaC:
 //
-//  1. Extraction (both sides): candidate answers by priority: a GSM8K
-//     "#### N" line and the last \boxed{}/\fbox{} (adjacent boxes joined into
-//     one list: "\boxed{1} and \boxed{2}"); "final answer is $X$. I hope";
+//  1. Extraction (the prediction, and the gold unless it is a bare answer:
+//     MathCompareOptions::gold_is_answer): candidate answers by priority: a
+//     GSM8K "#### N" line and the last \boxed{}/\fbox{} (adjacent boxes
+//     joined into one list: "\boxed{1} and \boxed{2}"); "final answer is $X$. I hope";
 //     "final answer ... is X"; "answer: X"; "answer ... X"; then any math
 //     span ($..$, $$..$$, \(..\), \[..\], a bare \frac{a}{b}) or plain number
 //     or arithmetic expression, rightmost first; last, the whole text when it
 //     looks like a bare expression. The first candidate that parses wins.
 //  2. Parsing (latex_parser.h) and conversion to GiNaC expressions; "a ± b"
-//     becomes the set {a+b, a-b}.
+//     becomes the set {a+b, a-b}; "i" is the imaginary unit ("6 - 5i");
+//     digits with a base from 2 to 10 are their value ("52_8" is 42).
 //  3. Comparison: numbers exactly (integers of any length), or, when either
 //     side has a decimal literal, after rounding both to `precision` decimal
 //     places; expressions by exact cancellation in GiNaC, else by numeric
@@ -22,7 +24,9 @@
 //     unions part by part; matrices cell by cell; equations and inequalities
 //     up to a (positive, for inequalities) constant factor; an assignment
 //     "x = 5" against a bare "5"; "28\%" against 28 or 0.28; a relation chain
-//     "1 < x < 2" (gold) against the interval (1, 2). Finally the extracted
+//     "1 < x < 2" (gold) against the interval (1, 2); units are dropped
+//     ("30^\circ" is 30, "5\text{ cm}" is 5) but when both sides give units
+//     they must be the same ("36^\circ" is not "\$36"). Finally the extracted
 //     strings themselves, normalised (\text, spaces, $ removed), compare equal.
 //
 // Nothing here can hang: inputs are cut to kMaxCompareInputBytes (the tail is
@@ -67,6 +71,14 @@ struct MathCompareOptions {
   // Which extractors run (Math-Verify's match_types "latex" and "expr").
   bool match_latex = true;
   bool match_expr = true;
+  // Whether `gold` is the bare answer (a dataset's reference: "3\sqrt{13}",
+  // "6 - 5i", "1,-2", "\text{Evelyn}") rather than free text. When true, the
+  // whole gold is parsed as one answer first, and candidates are extracted
+  // from it only when it does not parse as a whole or reads as prose (two
+  // words in a row outside \text{}: "The answer is 5"). When false
+  // (Math-Verify's behaviour), the gold is extracted from like the
+  // prediction, so "3\sqrt{13}" reads as 3.
+  bool gold_is_answer = false;
 
   // INVALID_ARGUMENT naming the field.
   absl::Status Validate() const;

@@ -73,6 +73,51 @@ TEST(CompareMathAnswersTest, DifferentAnswersDoNotMatch) {
   }
 }
 
+TEST(CompareMathAnswersTest, GoldIsAnswerParsesTheWholeGoldFirst) {
+  MathCompareOptions answer;
+  answer.gold_is_answer = true;
+  // Extracted from, these read as their first or last number.
+  EXPECT_FALSE(Same("3\\sqrt{13}", "\\boxed{\\sqrt{117}}"));
+  EXPECT_TRUE(Same("3\\sqrt{13}", "\\boxed{\\sqrt{117}}", answer));
+  EXPECT_FALSE(Same("3\\sqrt{13}", "\\boxed{3}", answer));
+  EXPECT_TRUE(Same("1,-2", "\\boxed{-2, 1}", answer));
+  EXPECT_FALSE(Same("1,-2", "\\boxed{1}", answer));
+  EXPECT_TRUE(Same("\\text{Evelyn}", "\\boxed{Evelyn}", answer));
+  EXPECT_EQ(CompareMathAnswers("\\text{Evelyn}", "\\boxed{Evelyn}", answer).gold_answer,
+            "\\text{Evelyn}");
+  // What is not one answer is still extracted from.
+  EXPECT_TRUE(Same("The answer is 5", "\\boxed{5}", answer));
+  EXPECT_TRUE(Same("#### 18", "\\boxed{18}", answer));
+  EXPECT_TRUE(Same("\\boxed{1}\\boxed{2}", "\\boxed{1,2}", answer));
+}
+
+TEST(CompareMathAnswersTest, ComplexNumbersBasesAndUnits) {
+  const std::vector<std::pair<std::string, std::string>> equal = {
+      {"$6 - 5i$", "\\boxed{-5i+6}"},
+      {"$i^2$", "\\boxed{-1}"},
+      {"$\\frac{1}{1+i}$", "\\boxed{\\frac{1-i}{2}}"},
+      {"$52_8$", "\\boxed{42}"},
+      {"$4210_{5}$", "\\boxed{555}"},
+      {"$1\\frac{4}{5}$", "\\boxed{1.8}"},
+      {"$30^\\circ$", "\\boxed{30}"},
+      {"$15\\mbox{ cm}^2$", "\\boxed{15 \\text{ cm}^2}"},
+  };
+  for (const auto& [gold, prediction] : equal) {
+    EXPECT_TRUE(Same(gold, prediction)) << gold << " vs " << prediction;
+  }
+  const std::vector<std::pair<std::string, std::string>> different = {
+      {"$6 - 5i$", "\\boxed{6 + 5i}"},
+      {"$52_8$", "\\boxed{52}"},  // Fifty-two, not 52 in base 8.
+      {"$19_8$", "\\boxed{17}"},  // 9 is no digit in base 8: not a number.
+      {"$1\\frac{4}{5}$", "\\boxed{\\frac45}"},
+      {"$36^\\circ$", "\\boxed{\\$36}"},
+      {"$5\\text{ cm}$", "\\boxed{5\\text{ m}}"},
+  };
+  for (const auto& [gold, prediction] : different) {
+    EXPECT_FALSE(Same(gold, prediction)) << gold << " vs " << prediction;
+  }
+}
+
 TEST(CompareMathAnswersTest, PrecisionOptionRoundsDecimals) {
   MathCompareOptions options;
   options.precision = 2;
@@ -102,6 +147,10 @@ TEST(CompareMathAnswersTest, PathologicalInputsReturn) {
       "$(-8)^{1/3}$",
       "$e^{e^{e^{e^{100}}}}$",
       "$2^{1000} \\cdot 2^{1000} \\cdot 2^{1000} \\cdot 2^{1000} \\cdot 2^{1000}$",
+      "$((10^{300}+i)^{999})^{999}$",  // Exact complex powers are bounded too.
+      "$((7+i)^{999})^{999}$",
+      "$1:0^0$",
+      "$0^{-2}$",
       "$\\pm\\pm\\pm\\pm\\pm\\pm\\pm\\pm\\pm\\pm 1 \\pm 2 \\pm 3 \\pm 4 \\pm 5$",
       std::string(1 << 20, '$'),
       std::string(1 << 20, '1'),
@@ -116,6 +165,8 @@ TEST(CompareMathAnswersTest, PathologicalInputsReturn) {
   EXPECT_EQ(CompareMathAnswers("$2$", "$2^{2^{2^{30}}}$").error, MathCompareError::kTooLarge);
   EXPECT_EQ(CompareMathAnswers("$2$", "$100000!$").error, MathCompareError::kTooLarge);
   EXPECT_EQ(CompareMathAnswers("$2$", "$(x+1)^{100000}$").error, MathCompareError::kTooLarge);
+  EXPECT_EQ(CompareMathAnswers("$2$", "$((10^{300}+i)^{999})^{999}$").error,
+            MathCompareError::kTooLarge);
 }
 
 TEST(CompareMathAnswersTest, ExtractsByPriority) {

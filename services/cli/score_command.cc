@@ -99,10 +99,22 @@ Line ParseLine(int64_t number, const std::string& text, const ScoreFlags& flags)
   item.set_item_id(absl::StrCat(number));
   item.set_response(*std::move(response));
   item.set_verifier(field("verifier").value_or(flags.verifier));
+  // The reference is an answer unless the line says it is a solution, or
+  // gives only a "solution".
   if (auto reference = field("reference")) {
     item.set_reference_answer(*reference);
   } else if (auto reference_answer = field("reference_answer")) {
     item.set_reference_answer(*reference_answer);
+  } else if (auto solution = field("solution")) {
+    item.set_reference_answer(*solution);
+    item.set_reference_is_solution(true);
+  }
+  if (auto it = o.find("reference_is_solution"); it != o.end() && !it->is_null()) {
+    if (!it->is_boolean()) {
+      line.invalid = "\"reference_is_solution\" must be true or false";
+      return line;
+    }
+    item.set_reference_is_solution(it->get<bool>());
   }
   if (auto prompt = field("prompt")) item.set_prompt(*prompt);
   if (auto test = field("test")) item.set_test(*test);
@@ -242,7 +254,10 @@ CLI::App* AddScoreCommand(CLI::App& app, ScoreFlags* flags) {
   CLI::App* command = app.add_subcommand(
       "score",
       "Score JSONL records offline with the reward server's verifiers (math, code, format, "
-      "length, exact_match), writing each line back with \"reward\" and details");
+      "length, exact_match), writing each line back with \"reward\" and details. A line's "
+      "\"reference\" is the bare answer, compared as a whole; a full worked solution goes in "
+      "\"solution\" (or \"reference\" with \"reference_is_solution\": true) and has its "
+      "final answer extracted");
   command->add_option("--input", flags->input, "input JSONL, or - for stdin")->required();
   command->add_option("--output", flags->output, "output JSONL, or - for stdout")->required();
   command->add_option("--verifier", flags->verifier,

@@ -24,8 +24,18 @@ class App;
 //    "entry_point": "..."}
 //
 // ("reference_answer" is accepted for "reference"; optional "metadata": an
-// object of verifier parameters, "timeout_ms": the item's deadline). Each is
-// written back, every key kept, with what the verifier found added:
+// object of verifier parameters, "timeout_ms": the item's deadline). The
+// reference is the bare answer ("3\sqrt{13}", "1,-2"), which the math
+// verifier compares as a whole; a full worked solution is marked, so that
+// its final answer is extracted (ScoreItem.reference_is_solution):
+//
+//   {"verifier": "math", "response": "...", "solution": "... #### 18"}
+//   {"verifier": "math", "response": "...", "reference": "... \boxed{18}",
+//    "reference_is_solution": true}
+//
+// ("solution" is read only when the line has no "reference"; a
+// "reference_is_solution" that is not a boolean makes the line invalid).
+// Each is written back, every key kept, with what the verifier found added:
 //
 //   "reward" (0..1), "error_kind" ("none", "timeout", "crash", "parse",
 //   "sandbox", ...), "extracted_answer", "detail", "verifier", "duration_ms",

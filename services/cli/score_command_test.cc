@@ -123,6 +123,35 @@ TEST(ScoreJsonlTest, BadLinesAreWrittenBackAsInvalidInputAndScoringGoesOn) {
   EXPECT_EQ(summary->invalid_lines, 5);
 }
 
+TEST(ScoreJsonlTest, ReferencesAreAnswersUnlessMarkedAsSolutions) {
+  std::istringstream in(
+      // Bare answers, compared as a whole: "3\sqrt{13}" is not 3.
+      R"({"response": "\\boxed{\\sqrt{117}}", "reference": "3\\sqrt{13}"})" "\n"
+      R"({"response": "\\boxed{3}", "reference": "3\\sqrt{13}"})" "\n"
+      R"({"response": "\\boxed{3}", "reference": "3\\sqrt{13}", "reference_is_solution": false})" "\n"
+      // Marked as a solution, the reference has its final answer extracted.
+      R"({"response": "\\boxed{3}", "reference": "3\\sqrt{13}", "reference_is_solution": true})" "\n"
+      R"({"response": "\\boxed{18}", "solution": "16 - 3 - 4 = 9; 9 * 2 = 18.\n#### 18"})" "\n"
+      R"({"response": "\\boxed{18}", "reference": "so $\\boxed{18}$", "reference_is_solution": true})" "\n"
+      // "reference" wins over "solution"; the marker must be a boolean.
+      R"({"response": "\\boxed{2}", "reference": "2", "solution": "1 + 2 = 3. #### 3"})" "\n"
+      R"({"response": "\\boxed{2}", "reference": "2", "reference_is_solution": "yes"})" "\n");
+  std::ostringstream out;
+  ScoreFlags flags;
+  flags.verifier = "math";
+  absl::StatusOr<ScoreSummary> summary = ScoreJsonl(flags, in, out, InProcess(MakeScorer()));
+  ASSERT_TRUE(summary.ok()) << summary.status();
+  const std::vector<json> lines = Lines(out.str());
+  ASSERT_EQ(lines.size(), 8u);
+  const std::vector<double> rewards = {1, 0, 0, 1, 1, 1, 1, 0};
+  for (size_t i = 0; i < rewards.size(); ++i) {
+    EXPECT_EQ(lines[i]["reward"], rewards[i]) << i << ": " << lines[i].dump();
+  }
+  EXPECT_EQ(lines[7]["error_kind"], "invalid_input");
+  EXPECT_THAT(lines[7]["detail"].get<std::string>(), HasSubstr("reference_is_solution"));
+  EXPECT_EQ(summary->invalid_lines, 1);
+}
+
 TEST(ScoreJsonlTest, DefaultVerifierAndComposition) {
   const std::string input =
       R"({"response": "The answer is 6.", "reference": "6"})" "\n"
@@ -214,14 +243,22 @@ TEST_F(ScoreCommandFilesTest, ScoresOnARunningRewardServerWithTarget) {
   ASSERT_NE(server, nullptr);
 
   ScoreFlags flags;
-  flags.input = Write("in.jsonl", R"({"verifier": "math", "response": "x = 5", "reference": "5"})" "\n");
+  flags.input = Write(
+      "in.jsonl",
+      R"({"verifier": "math", "response": "x = 5", "reference": "5"})" "\n"
+      R"({"verifier": "math", "response": "3", "reference": "3\\sqrt{13}"})" "\n"
+      R"({"verifier": "math", "response": "3", "solution": "3\\sqrt{13}"})" "\n");
   flags.output = (dir_ / "out.jsonl").string();
   flags.target = absl::StrCat("127.0.0.1:", port);
   std::ostringstream err;
   EXPECT_EQ(RunScore(flags, err), 0) << err.str();
   const auto lines = Lines(Read(flags.output));
-  ASSERT_EQ(lines.size(), 1u);
+  ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0]["reward"], 1.0) << lines[0].dump();
+  // reference_is_solution reaches the server: only as a solution is
+  // "3\sqrt{13}" extracted from (and read as 3).
+  EXPECT_EQ(lines[1]["reward"], 0.0) << lines[1].dump();
+  EXPECT_EQ(lines[2]["reward"], 1.0) << lines[2].dump();
   server->Shutdown();
 
   std::ostringstream down;

@@ -642,6 +642,7 @@ absl::StatusOr<std::vector<v1::Prompt>> BuildTrainingPrompts(const RunSpec& spec
     prompt.set_prompt_id(std::move(item.prompt_id));
     prompt.set_text(std::move(item.prompt));
     prompt.set_reference_answer(std::move(item.reference_answer));
+    prompt.set_reference_is_solution(item.reference_is_solution);
     prompt.set_verifier(std::move(item.verifier));
     for (auto& [key, value] : item.metadata) (*prompt.mutable_metadata())[key] = std::move(value);
   }

@@ -657,6 +657,22 @@ TEST(BuildTrainingPromptsTest, Gsm8kPromptsAreTemplated) {
     EXPECT_THAT(prompt.text(), HasSubstr("put your final answer within \\boxed{}."));
     EXPECT_EQ(prompt.verifier(), "");
     EXPECT_FALSE(prompt.reference_answer().empty());
+    EXPECT_FALSE(prompt.reference_is_solution());  // "18", extracted from the solution.
+  }
+}
+
+TEST(BuildTrainingPromptsTest, JsonlSolutionReferencesAreMarkedForTheRewardServer) {
+  v1::RunSpec spec = DatasetSpec(v1::DATASET_FORMAT_JSONL, "datasets/gsm8k/test.jsonl");
+  spec.mutable_task()->mutable_dataset()->set_prompt_field("question");
+  spec.mutable_task()->mutable_dataset()->set_answer_is_solution(true);
+  spec.mutable_task()->mutable_dataset()->set_max_prompts(20);
+  spec.mutable_reward()->add_verifiers()->set_name("math");
+  absl::StatusOr<std::vector<v1::Prompt>> prompts = BuildTrainingPrompts(ResolveDefaults(spec));
+  ASSERT_TRUE(prompts.ok()) << prompts.status();
+  ASSERT_FALSE(prompts->empty());
+  for (const v1::Prompt& prompt : *prompts) {
+    EXPECT_TRUE(prompt.reference_is_solution());
+    EXPECT_THAT(prompt.reference_answer(), HasSubstr("####"));
   }
 }
 

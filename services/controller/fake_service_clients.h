@@ -92,6 +92,12 @@ class FakeTrainer : public TrainerClient {
     absl::MutexLock lock(&mu_);
     return starts_;
   }
+  // True once StartTraining was called `n` times, false after `timeout`.
+  bool AwaitStarts(int n, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return starts_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+  }
   int stops() const {
     absl::MutexLock lock(&mu_);
     return stops_;

@@ -127,9 +127,21 @@ class RunRegistryTest : public ::testing::Test {
 
   // Waits until the trainer was started `n` times.
   void AwaitTrainerStarts(int n) {
-    const absl::Time deadline = absl::Now() + kWait;
-    while (trainer_->starts() < n && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+    ASSERT_TRUE(trainer_->AwaitStarts(n, kWait));
     ASSERT_EQ(trainer_->starts(), n);
+  }
+
+  // Waits until the run's phase starts with `prefix`; returns the phase.
+  std::string AwaitPhase(const std::string& run_id, const std::string& prefix) {
+    std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+    const absl::Time deadline = absl::Now() + kWait;
+    RunDriver::Snapshot snapshot = driver->Get();
+    while (snapshot.run.progress().phase().rfind(prefix, 0) != 0 && absl::Now() < deadline) {
+      driver->AwaitUpdate(snapshot.generation, snapshot.run.state(), absl::InfinitePast(),
+                          deadline);
+      snapshot = driver->Get();
+    }
+    return snapshot.run.progress().phase();
   }
 
   // Waits until the run is in `state`; returns the run then.
@@ -647,15 +659,10 @@ TEST_F(RunRegistryTest, RunStartsWhenTheBusyTrainerLetsGo) {
   busy.set_state(v1::TRAINER_STATE_CHECKPOINTING);
   trainer_->SetStatus(busy);
   const std::string run_id = Submit(SmallSpec());
-  std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
-  const absl::Time deadline = absl::Now() + kWait;
-  while (driver->Get().run.progress().phase().rfind("waiting for the trainer", 0) != 0 &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  EXPECT_EQ(driver->Get().run.progress().phase(),
+  EXPECT_EQ(AwaitPhase(run_id, "waiting for the trainer"),
             "waiting for the trainer (trainer:1) with run run-of-someone-else "
             "(TRAINER_STATE_CHECKPOINTING)");
+  EXPECT_EQ(trainer_->starts(), 0);
   trainer_->SetStatus(testing::IdleTrainer());
   AwaitServicesStarted(run_id);
   EXPECT_EQ(trainer_->start_request().run_id(), run_id);

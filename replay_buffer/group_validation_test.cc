@@ -117,6 +117,50 @@ TEST(GroupValidationTest, EachPoisonIsRefusedNamingTheFieldAndIndex) {
   }
 }
 
+// The per-token checks run a branch-free pass over blocks of 16 first: a
+// poison in any position, inside a block, at its edges or in the tail, is
+// found and named.
+TEST(GroupValidationTest, APoisonAnywhereInALongCompletionIsFound) {
+  for (int position : {0, 1, 15, 16, 17, 31, 32, 47, 48, 49}) {
+    SCOPED_TRACE(position);
+    const auto group = [] { return MakeGroup(kRun, "g", 4, 3, /*tokens=*/50); };
+    v1::Group g = group();
+    g.mutable_trajectories(2)->set_behaviour_logprobs(position, std::nanf(""));
+    EXPECT_EQ(ValidateGroup(g, Limits()).status().message(),
+              absl::StrCat("trajectories[2].behaviour_logprobs[", position,
+                           "]: must be finite and <= 0, got nan"));
+    g = group();
+    g.mutable_trajectories(2)->set_behaviour_logprobs(position,
+                                                      -std::numeric_limits<float>::infinity());
+    EXPECT_FALSE(ValidateGroup(g, Limits()).ok());
+    g = group();
+    g.mutable_trajectories(2)->set_behaviour_logprobs(position, 2e-5f);
+    EXPECT_FALSE(ValidateGroup(g, Limits()).ok());
+    g = group();
+    g.mutable_trajectories(1)->set_completion_token_ids(position, 1000);
+    EXPECT_EQ(ValidateGroup(g, Limits()).status().message(),
+              absl::StrCat("trajectories[1].completion_token_ids[", position,
+                           "]: must be in [0, 1000) (the model's vocabulary), got 1000"));
+    g = group();
+    g.mutable_trajectories(1)->set_prompt_token_ids(position, -7);
+    EXPECT_THAT(std::string(ValidateGroup(g, Limits()).status().message()),
+                ::testing::HasSubstr(absl::StrCat("prompt_token_ids[", position, "]")));
+    if (position > 0) {
+      g = group();
+      for (int t = 0; t < position; ++t) g.mutable_trajectories(3)->set_token_policy_versions(t, 4);
+      EXPECT_EQ(ValidateGroup(g, Limits()).status().message(),
+                absl::StrCat("trajectories[3].token_policy_versions: must be non-decreasing; "
+                             "entry ", position, " is 3 after 4"));
+    }
+    // Negative and tiny log-probs, the largest id and version jumps are fine.
+    g = group();
+    g.mutable_trajectories(0)->set_behaviour_logprobs(position, -1e30f);
+    g.mutable_trajectories(0)->set_completion_token_ids(position, 999);
+    for (int t = position; t < 50; ++t) g.mutable_trajectories(0)->set_token_policy_versions(t, 9);
+    EXPECT_TRUE(ValidateGroup(g, Limits()).ok());
+  }
+}
+
 TEST(GroupValidationTest, AnAbortedEmptyCompletionIsAllowed) {
   v1::Group group = ValidGroup();
   v1::Trajectory* t = group.mutable_trajectories(1);

@@ -187,6 +187,7 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
   accepted_ = config.initial_policy_version * config.batch_size_groups;
   sampler_ = std::move(sampler);
   config_ = std::move(config);
+  SetGroupLimitsLocked(config_);
 }
 
 absl::StatusOr<uint64_t> RunTable::JournalLocked(v1::storage::WalRecord& record,
@@ -252,6 +253,7 @@ void RunTable::ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sample
   config_.vocab_size = config.vocab_size;
   config_.min_reward = config.min_reward;
   config_.max_reward = config.max_reward;
+  SetGroupLimitsLocked(config_);
   rate_limiter_.set_options(RateLimiter::OptionsFrom(config_.buffer, batch_size_groups_));
   if (sampler_changed || priorities_changed) {
     for (auto& [sequence, item] : items_) item.priority = PriorityForLocked(*item.group);
@@ -488,14 +490,24 @@ ReleaseResult RunTable::ReleaseSlots(const ReleaseRequest& request) {
 // Inserts
 // ---------------------------------------------------------------------------
 
-GroupLimits RunTable::GroupLimitsLocked() const {
+GroupLimits RunTable::CurrentGroupLimits() const {
   GroupLimits limits;
   limits.run_id = run_id_;
   limits.group_size = group_size_;
-  limits.vocab_size = config_.vocab_size;
-  limits.min_reward = config_.min_reward;
-  limits.max_reward = config_.max_reward;
+  limits.vocab_size = vocab_size_.load(std::memory_order_relaxed);
+  const double min_reward = min_reward_.load(std::memory_order_relaxed);
+  const double max_reward = max_reward_.load(std::memory_order_relaxed);
+  if (std::isfinite(min_reward)) limits.min_reward = min_reward;
+  if (std::isfinite(max_reward)) limits.max_reward = max_reward;
   return limits;
+}
+
+void RunTable::SetGroupLimitsLocked(const RunConfig& config) {
+  vocab_size_.store(config.vocab_size, std::memory_order_relaxed);
+  min_reward_.store(config.min_reward.value_or(-std::numeric_limits<double>::infinity()),
+                    std::memory_order_relaxed);
+  max_reward_.store(config.max_reward.value_or(std::numeric_limits<double>::infinity()),
+                    std::memory_order_relaxed);
 }
 
 RunTable::Item RunTable::MakeItem(std::shared_ptr<const v1::Group> group) {
@@ -544,15 +556,10 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   InsertResult result;
   result.idempotency_key = group.idempotency_key();
   const std::string lease_id = group.slot_lease_id();
-  GroupLimits limits;
-  {
-    absl::MutexLock lock(&mu_);
-    limits = GroupLimitsLocked();
-  }
   // Everything that needs no lock happens here: validation, the move to the
   // heap, the token summary and the serialization of the journal record's
   // bulk (the group without its sequence and insert time).
-  absl::StatusOr<GroupVersions> versions = ValidateGroup(group, limits);
+  absl::StatusOr<GroupVersions> versions = ValidateGroup(group, CurrentGroupLimits());
   absl::Status valid = versions.status();
   if (valid.ok()) {
     group.set_min_policy_version(versions->min_policy_version);

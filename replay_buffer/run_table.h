@@ -1,8 +1,10 @@
 #ifndef SLUICE_REPLAY_BUFFER_RUN_TABLE_H_
 #define SLUICE_REPLAY_BUFFER_RUN_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -439,8 +441,12 @@ class RunTable {
 
   RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sampler> sampler);
 
-  // What Insert checks a group against (group_validation.h), from config_.
-  GroupLimits GroupLimitsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What Insert checks a group against (group_validation.h). Reads the
+  // atomic copies below, so Insert validates without taking mu_ (a lock per
+  // insert more was measurable next to validation itself).
+  GroupLimits CurrentGroupLimits() const;
+  // Sets those copies from `config`; called wherever config_ changes.
+  void SetGroupLimitsLocked(const RunConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The Item for a validated group (everything but times_sampled, priority).
   static Item MakeItem(std::shared_ptr<const v1::Group> group);
   // The sampler's priority for a group under the current config.
@@ -520,6 +526,13 @@ class RunTable {
   const RunTableOptions options_;
   // Makes lease ids unique across tables and process restarts.
   const std::string lease_id_prefix_;
+
+  // config_'s vocab_size and reward range (unset: -inf / +inf), written
+  // under mu_, read by Insert without it. A reconfigure racing an insert
+  // may check it against either configuration.
+  std::atomic<int64_t> vocab_size_{0};
+  std::atomic<double> min_reward_{-std::numeric_limits<double>::infinity()};
+  std::atomic<double> max_reward_{std::numeric_limits<double>::infinity()};
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

@@ -508,7 +508,9 @@ TEST(RunTableTest, StaleEvictionWakesABlockedAcquire) {
 TEST(RunTableTest, SampleEvictsStaleGroupsBeforeChoosing) {
   auto table = MakeTable(Config(2, 1));
   for (int i = 0; i < 4; ++i) {
-    if (i == 2) ASSERT_TRUE(table->UpdatePolicyVersion(1).ok());
+    if (i == 2) {
+      ASSERT_TRUE(table->UpdatePolicyVersion(1).ok());
+    }
     ASSERT_EQ(table->Insert(Group(i, i / 2)).status, InsertStatus::kStored);
   }
   // Trainer at v2: g0, g1 (v0) are stale; g2, g3 (v1) are 1 stale.

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   int64_t snapshot_interval_s = 300;
   int64_t snapshot_wal_mb = 256;
   int keep_snapshots = 2;
+  int64_t data_dir_lock_wait_ms = 10000;
   CLI::App& app = main.app();
   app.add_option("--lease-ttl-ms", lease_ttl_ms,
                  "how long a generation slot counts as running without an insert, release "
@@ -52,6 +53,11 @@ int main(int argc, char** argv) {
   app.add_option("--keep-snapshots", keep_snapshots, "snapshots kept (the older ones are a "
                                                      "fallback if the newest is damaged)")
       ->capture_default_str();
+  app.add_option("--data-dir-lock-wait-ms", data_dir_lock_wait_ms,
+                 "how long to wait at start for another process to let go of --data-dir (a "
+                 "buffer restarted at once after kill -9 finds it still held by the dying one "
+                 "for a moment); a second live buffer on the directory is refused after it")
+      ->capture_default_str();
   return main.Run(argc, argv, [&](ServiceContext& context) -> absl::Status {
     using namespace sluice;
     rb::RunTableOptions options;
@@ -67,6 +73,7 @@ int main(int argc, char** argv) {
     durability.snapshot_interval = absl::Seconds(snapshot_interval_s);
     durability.snapshot_wal_bytes = static_cast<uint64_t>(std::max<int64_t>(1, snapshot_wal_mb)) << 20;
     durability.keep_snapshots = keep_snapshots;
+    durability.data_dir_lock_wait = absl::Milliseconds(data_dir_lock_wait_ms);
     durability.on_fsync = [durability_metrics](absl::Duration d) { durability_metrics->ObserveFsync(d); };
     durability.on_snapshot = [durability_metrics](const rb::durability::SnapshotInfo& info) {
       durability_metrics->ObserveSnapshot(info);

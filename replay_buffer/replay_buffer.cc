@@ -45,6 +45,10 @@ absl::Status DurabilityOptions::Validate() const {
                                     absl::ToInt64Seconds(snapshot_interval)));
   }
   if (snapshot_wal_bytes == 0) problems.push_back("snapshot_wal_bytes: must be > 0");
+  if (data_dir_lock_wait < absl::ZeroDuration()) {
+    problems.push_back(absl::StrCat("data_dir_lock_wait_ms: must be >= 0, got ",
+                                    absl::ToInt64Milliseconds(data_dir_lock_wait)));
+  }
   if (keep_snapshots < 1) {
     problems.push_back(absl::StrCat("keep_snapshots: must be >= 1, got ", keep_snapshots));
   }
@@ -69,14 +73,26 @@ ReplayBuffer::~ReplayBuffer() { Shutdown(); }
 absl::Status ReplayBuffer::Restore() {
   const absl::Time start = absl::Now();
   const std::string& dir = durability_.data_dir;
-  ASSIGN_OR_RETURN(snapshots_, durability::SnapshotStore::Open(absl::StrCat(dir, "/snapshots"),
-                                                               durability_.keep_snapshots));
   durability::WalOptions wal_options;
   wal_options.fsync_policy = durability_.fsync_policy;
   wal_options.fsync_interval = durability_.fsync_interval;
   wal_options.fsync_observer = durability_.on_fsync;
+  wal_options.lock_wait = durability_.data_dir_lock_wait;
+  wal_options.lock_wait_observer = [dir, wait = durability_.data_dir_lock_wait](
+                                       const std::string& holder) {
+    log::Warning("another process holds the data directory (a replay buffer still shutting "
+                 "down after kill -9, or a second one on the same directory); waiting for it",
+                 {{"data_dir", dir},
+                  {"holder", holder.empty() ? "unknown" : holder},
+                  {"max_wait_ms", absl::ToInt64Milliseconds(wait)}});
+  };
   const std::string wal_dir = absl::StrCat(dir, "/wal");
+  // The log's lock first: it makes this process the directory's only user
+  // before anything in it is touched (SnapshotStore::Open deletes unfinished
+  // snapshots, which would be a live buffer's snapshot in progress).
   ASSIGN_OR_RETURN(wal_, durability::WalWriter::Open(wal_dir, wal_options));
+  ASSIGN_OR_RETURN(snapshots_, durability::SnapshotStore::Open(absl::StrCat(dir, "/snapshots"),
+                                                               durability_.keep_snapshots));
   options_.journal = std::make_shared<WalJournal>(wal_.get());
 
   RestoreReport& report = restore_report_;

@@ -40,6 +40,13 @@ struct DurabilityOptions {
   absl::Duration snapshot_interval = absl::Minutes(5);
   uint64_t snapshot_wal_bytes = uint64_t{256} << 20;
   int keep_snapshots = 2;
+  // How long Create waits for another process to release the data
+  // directory (its write-ahead log's lock) before refusing: a buffer
+  // restarted at once after kill -9 finds the lock still held by the dying
+  // process for a moment. >= 0; a second live buffer on the same directory
+  // is refused once it runs out. Create logs once that it is waiting, and
+  // for whom.
+  absl::Duration data_dir_lock_wait = absl::Seconds(10);
   // Observers for metrics (cheap; may run on any thread).
   std::function<void(absl::Duration)> on_fsync;
   std::function<void(const durability::SnapshotInfo&)> on_snapshot;
@@ -93,7 +100,7 @@ class ReplayBuffer {
   // does not validate. With a data directory, restores what it holds (see
   // restore_report()); DATA_LOSS naming the file and offset when the log is
   // damaged other than at its tail; FAILED_PRECONDITION when another
-  // process holds the directory.
+  // process still holds the directory after durability.data_dir_lock_wait.
   static absl::StatusOr<std::unique_ptr<ReplayBuffer>> Create(
       RunTableOptions options = {}, DurabilityOptions durability = {});
 

@@ -1,6 +1,7 @@
 #include "replay_buffer/replay_buffer_service.h"
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <thread>
@@ -416,6 +417,68 @@ TEST_F(ReplayBufferServiceTest, ErrorsNameTheField) {
   v1::SampleRequest unknown = SampleRequestFor(0, 100);
   unknown.set_run_id("nope");
   EXPECT_EQ(sample_error(unknown).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// A poisoned group sent over gRPC is refused with the field named, counted
+// on /metrics, and never stored; the valid group beside it is.
+TEST_F(ReplayBufferServiceTest, PoisonedGroupsAreRefusedNamingTheFieldAndCounted) {
+  v1::ConfigureRunRequest configure;
+  configure.set_run_id(kRun);
+  configure.set_batch_size_groups(2);
+  configure.set_max_staleness(1);
+  configure.set_group_size(2);
+  configure.set_vocab_size(1000);
+  configure.set_min_reward(0.0);
+  configure.set_max_reward(1.0);
+  {
+    v1::ConfigureRunResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->ConfigureRun(&context, configure, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  v1::Group nan_logprob = MakeGroup(kRun, "nan", 2, 0);
+  nan_logprob.mutable_trajectories(1)->set_behaviour_logprobs(4, std::nanf(""));
+  v1::Group huge_reward = MakeGroup(kRun, "huge", 2, 0);
+  huge_reward.mutable_trajectories(0)->set_reward(1e300);
+  v1::Group out_of_vocabulary = MakeGroup(kRun, "oov", 2, 0);
+  out_of_vocabulary.mutable_trajectories(0)->set_completion_token_ids(2, 1000000000);
+  v1::Group from_the_future = MakeGroup(kRun, "future", 2, 1'000'000'000'000);
+  const std::vector<v1::InsertGroupsResponse> responses = InsertOnOneStream(
+      {{nan_logprob, huge_reward, out_of_vocabulary, from_the_future,
+        MakeGroup(kRun, "ok", 2, 0)}});
+  ASSERT_EQ(responses.size(), 1u);
+  const auto& results = responses[0].results();
+  ASSERT_EQ(results.size(), 5);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(results[i].status(), v1::INSERT_STATUS_INVALID) << i;
+  EXPECT_EQ(results[0].message(),
+            "trajectories[1].behaviour_logprobs[4]: must be finite and <= 0, got nan");
+  EXPECT_EQ(results[1].message(),
+            "trajectories[0].reward: must be in the run's reward range [0, 1], got 1e+300");
+  EXPECT_EQ(results[2].message(),
+            "trajectories[0].completion_token_ids[2]: must be in [0, 1000) (the model's "
+            "vocabulary), got 1000000000");
+  EXPECT_THAT(results[3].message(),
+              HasSubstr("trajectories[0].token_policy_versions[0]: must not be ahead of the "
+                        "policy version 0"));
+  EXPECT_EQ(results[4].status(), v1::INSERT_STATUS_STORED);
+  const v1::BufferStats stats = Stats();
+  EXPECT_EQ(stats.size_groups(), 1);
+  EXPECT_EQ(stats.rejected_inserts(), 4);
+  EXPECT_THAT(MetricsText(),
+              HasSubstr("sluice_buffer_inserts_total{run_id=\"run-s\",status=\"invalid\"} 4"));
+
+  // Bad limits are refused at ConfigureRun, naming the field.
+  configure.set_vocab_size(-1);
+  configure.set_min_reward(2.0);
+  v1::ConfigureRunResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub_->ConfigureRun(&context, configure, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("vocab_size: must be >= 0 (0 = ids unchecked), got -1"));
+  EXPECT_THAT(status.error_message(), HasSubstr("min_reward: must be <= max_reward, got 2 > 1"));
 }
 
 TEST_F(ReplayBufferServiceTest, ShutdownEndsWaitingAndIdleStreamsPromptly) {

@@ -167,7 +167,7 @@ TEST(ReplayBufferTest, ADataDirectoryBringsEveryRunBack) {
     std::shared_ptr<RunTable> a = *buffer.GetRun("a");
     ASSERT_TRUE(a->Sample({.trainer_policy_version = 1, .timeout = absl::ZeroDuration()}).ok());
     ASSERT_TRUE(a->UpdatePolicyVersion(2).ok());
-    ASSERT_EQ(buffer.Insert({MakeGroup("b", "h0", 2, 2)})[0].status, InsertStatus::kStored);
+    ASSERT_EQ(buffer.Insert({MakeGroup("b", "h0", 2, 0)})[0].status, InsertStatus::kStored);
     before = a->Stats();
     EXPECT_GT(buffer.durability_stats().wal.records_appended, 8u);
   }  // ... then the final one, at shutdown

@@ -50,6 +50,9 @@ RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request) {
   config.buffer = request.config();
   config.initial_policy_version = request.initial_policy_version();
   config.seed = request.seed();
+  config.vocab_size = request.vocab_size();
+  if (request.has_min_reward()) config.min_reward = request.min_reward();
+  if (request.has_max_reward()) config.max_reward = request.max_reward();
   return config;
 }
 
@@ -62,6 +65,9 @@ v1::ConfigureRunRequest RunConfigToProto(const RunConfig& config) {
   *request.mutable_config() = config.buffer;
   request.set_initial_policy_version(config.initial_policy_version);
   request.set_seed(config.seed);
+  request.set_vocab_size(config.vocab_size);
+  if (config.min_reward.has_value()) request.set_min_reward(*config.min_reward);
+  if (config.max_reward.has_value()) request.set_max_reward(*config.max_reward);
   return request;
 }
 
@@ -80,6 +86,20 @@ absl::Status RunConfig::Validate() const {
   if (initial_policy_version < 0) {
     problems.push_back(
         absl::StrCat("initial_policy_version: must be >= 0, got ", initial_policy_version));
+  }
+  if (vocab_size < 0) {
+    problems.push_back(
+        absl::StrCat("vocab_size: must be >= 0 (0 = ids unchecked), got ", vocab_size));
+  }
+  if (min_reward.has_value() && !std::isfinite(*min_reward)) {
+    problems.push_back(absl::StrCat("min_reward: must be finite, got ", *min_reward));
+  }
+  if (max_reward.has_value() && !std::isfinite(*max_reward)) {
+    problems.push_back(absl::StrCat("max_reward: must be finite, got ", *max_reward));
+  }
+  if (min_reward.has_value() && max_reward.has_value() && *min_reward > *max_reward) {
+    problems.push_back(absl::StrCat("min_reward: must be <= max_reward, got ", *min_reward,
+                                    " > ", *max_reward));
   }
   if (absl::StatusOr<SamplerOptions> sampler = SamplerOptions::FromConfig(buffer, seed);
       !sampler.ok()) {
@@ -167,6 +187,7 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
   accepted_ = config.initial_policy_version * config.batch_size_groups;
   sampler_ = std::move(sampler);
   config_ = std::move(config);
+  SetGroupLimitsLocked(config_);
 }
 
 absl::StatusOr<uint64_t> RunTable::JournalLocked(v1::storage::WalRecord& record,
@@ -229,6 +250,10 @@ void RunTable::ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sample
       config.buffer.priority_epsilon() != config_.buffer.priority_epsilon();
   config_.buffer = config.buffer;
   config_.seed = config.seed;
+  config_.vocab_size = config.vocab_size;
+  config_.min_reward = config.min_reward;
+  config_.max_reward = config.max_reward;
+  SetGroupLimitsLocked(config_);
   rate_limiter_.set_options(RateLimiter::OptionsFrom(config_.buffer, batch_size_groups_));
   if (sampler_changed || priorities_changed) {
     for (auto& [sequence, item] : items_) item.priority = PriorityForLocked(*item.group);
@@ -465,56 +490,24 @@ ReleaseResult RunTable::ReleaseSlots(const ReleaseRequest& request) {
 // Inserts
 // ---------------------------------------------------------------------------
 
-absl::Status RunTable::ValidateGroup(v1::Group& group) const {
-  if (group.idempotency_key().empty()) {
-    return absl::InvalidArgumentError("idempotency_key: required");
-  }
-  if (group.run_id() != run_id_) {
-    return absl::InvalidArgumentError(absl::StrCat("run_id: group is for run \"", group.run_id(),
-                                                   "\", this table is run \"", run_id_, "\""));
-  }
-  if (group.trajectories_size() != group_size_) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trajectories: expected group_size = ", group_size_, ", got ", group.trajectories_size()));
-  }
-  int64_t min_version = std::numeric_limits<int64_t>::max();
-  int64_t max_version = std::numeric_limits<int64_t>::min();
-  for (int i = 0; i < group.trajectories_size(); ++i) {
-    const v1::Trajectory& trajectory = group.trajectories(i);
-    const int tokens = trajectory.completion_token_ids_size();
-    if (trajectory.behaviour_logprobs_size() != tokens ||
-        trajectory.token_policy_versions_size() != tokens) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("trajectories[", i, "]: completion_token_ids has ", tokens,
-                       " entries, behaviour_logprobs ", trajectory.behaviour_logprobs_size(),
-                       " and token_policy_versions ", trajectory.token_policy_versions_size(),
-                       "; each needs one entry per completion token"));
-    }
-    const auto& versions = trajectory.token_policy_versions();
-    for (int t = 0; t < versions.size(); ++t) {
-      if (versions[t] < 0) {
-        return absl::InvalidArgumentError(absl::StrCat("trajectories[", i,
-                                                       "].token_policy_versions[", t,
-                                                       "]: must be >= 0, got ", versions[t]));
-      }
-      if (t > 0 && versions[t] < versions[t - 1]) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "trajectories[", i, "].token_policy_versions: must be non-decreasing; entry ", t,
-            " is ", versions[t], " after ", versions[t - 1]));
-      }
-    }
-    if (tokens > 0) {
-      min_version = std::min<int64_t>(min_version, versions[0]);
-      max_version = std::max<int64_t>(max_version, versions[tokens - 1]);
-    }
-  }
-  if (min_version == std::numeric_limits<int64_t>::max()) {
-    return absl::InvalidArgumentError(
-        "trajectories: the group has no completion tokens, so its policy version is undefined");
-  }
-  group.set_min_policy_version(min_version);
-  group.set_max_policy_version(max_version);
-  return absl::OkStatus();
+GroupLimits RunTable::CurrentGroupLimits() const {
+  GroupLimits limits;
+  limits.run_id = run_id_;
+  limits.group_size = group_size_;
+  limits.vocab_size = vocab_size_.load(std::memory_order_relaxed);
+  const double min_reward = min_reward_.load(std::memory_order_relaxed);
+  const double max_reward = max_reward_.load(std::memory_order_relaxed);
+  if (std::isfinite(min_reward)) limits.min_reward = min_reward;
+  if (std::isfinite(max_reward)) limits.max_reward = max_reward;
+  return limits;
+}
+
+void RunTable::SetGroupLimitsLocked(const RunConfig& config) {
+  vocab_size_.store(config.vocab_size, std::memory_order_relaxed);
+  min_reward_.store(config.min_reward.value_or(-std::numeric_limits<double>::infinity()),
+                    std::memory_order_relaxed);
+  max_reward_.store(config.max_reward.value_or(std::numeric_limits<double>::infinity()),
+                    std::memory_order_relaxed);
 }
 
 RunTable::Item RunTable::MakeItem(std::shared_ptr<const v1::Group> group) {
@@ -566,7 +559,12 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   // Everything that needs no lock happens here: validation, the move to the
   // heap, the token summary and the serialization of the journal record's
   // bulk (the group without its sequence and insert time).
-  absl::Status valid = ValidateGroup(group);
+  absl::StatusOr<GroupVersions> versions = ValidateGroup(group, CurrentGroupLimits());
+  absl::Status valid = versions.status();
+  if (valid.ok()) {
+    group.set_min_policy_version(versions->min_policy_version);
+    group.set_max_policy_version(versions->max_policy_version);
+  }
   if (valid.ok() && group.has_priority() &&
       !(std::isfinite(group.priority()) && group.priority() >= 0)) {
     valid = absl::InvalidArgumentError(
@@ -647,6 +645,14 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
     }
   }
 
+  // Under the lock: the version only goes up, so checking after the rate
+  // limiter's wait refuses no more than checking before it would. The
+  // trainer makes version v + 1 downloadable before it tells the buffer, so
+  // tokens of v + 1 can legitimately arrive first; nothing newer can.
+  if (const int64_t newest = policy_version_ + 1; stored->max_policy_version() > newest) {
+    return refuse(InsertStatus::kInvalid, v1::INSERT_STATUS_INVALID,
+                  std::string(CheckVersionsNotAhead(*stored, newest).message()));
+  }
   if (const int64_t staleness = policy_version_ - item.min_policy_version;
       staleness > max_staleness_) {
     return refuse(

@@ -1,8 +1,10 @@
 #ifndef SLUICE_REPLAY_BUFFER_RUN_TABLE_H_
 #define SLUICE_REPLAY_BUFFER_RUN_TABLE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -17,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "replay_buffer/group_validation.h"
 #include "replay_buffer/rate_limiter.h"
 #include "replay_buffer/samplers/sampler.h"
 #include "replay_buffer/staleness_histogram.h"
@@ -41,6 +44,13 @@ struct RunConfig {
   int64_t initial_policy_version = 0;
   // Seed of the random samplers.
   uint64_t seed = 0;
+  // What inserted groups are checked against (group_validation.h): the
+  // model's vocabulary size (0 = ids only checked to be >= 0) and the
+  // run's reward range (unset = unbounded on that side). Unlike B, eta and
+  // G they may change on a reconfigure.
+  int64_t vocab_size = 0;
+  std::optional<double> min_reward;
+  std::optional<double> max_reward;
 
   // Every problem, one per line, each naming its field:
   // "batch_size_groups: must be > 0, got -3".
@@ -270,7 +280,10 @@ struct RunStats {
 // still live: a slow worker whose lease expired has still produced a valid
 // group, and refusing it would waste the generation (the proto's contract).
 // If the lease is live it is consumed (running - 1). A group too stale to be
-// trained is REJECTED_STALE and not stored; a malformed one INVALID. Either
+// trained is REJECTED_STALE and not stored; a malformed or poisoned one
+// (group_validation.h: non-finite log-probs or rewards, ids outside the
+// vocabulary, versions ahead of the table's) INVALID, before any of it is
+// journaled. Either
 // way a live lease it names is released, since that generation is over.
 // Idempotency keys of every group ever stored are kept for the life of the
 // table (unbounded: about one key per trained group, ~16k for a 1000-step run
@@ -428,10 +441,12 @@ class RunTable {
 
   RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sampler> sampler);
 
-  // Checks a group against the contract and fills min/max_policy_version;
-  // INVALID_ARGUMENT with the field named. Needs no lock (config parts used
-  // are immutable).
-  absl::Status ValidateGroup(v1::Group& group) const;
+  // What Insert checks a group against (group_validation.h). Reads the
+  // atomic copies below, so Insert validates without taking mu_ (a lock per
+  // insert more was measurable next to validation itself).
+  GroupLimits CurrentGroupLimits() const;
+  // Sets those copies from `config`; called wherever config_ changes.
+  void SetGroupLimitsLocked(const RunConfig& config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The Item for a validated group (everything but times_sampled, priority).
   static Item MakeItem(std::shared_ptr<const v1::Group> group);
   // The sampler's priority for a group under the current config.
@@ -511,6 +526,13 @@ class RunTable {
   const RunTableOptions options_;
   // Makes lease ids unique across tables and process restarts.
   const std::string lease_id_prefix_;
+
+  // config_'s vocab_size and reward range (unset: -inf / +inf), written
+  // under mu_, read by Insert without it. A reconfigure racing an insert
+  // may check it against either configuration.
+  std::atomic<int64_t> vocab_size_{0};
+  std::atomic<double> min_reward_{-std::numeric_limits<double>::infinity()};
+  std::atomic<double> max_reward_{std::numeric_limits<double>::infinity()};
 
   mutable absl::Mutex mu_;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;

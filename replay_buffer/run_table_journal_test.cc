@@ -1,12 +1,16 @@
 // The run table's journal contract, with an in-memory journal: replaying
 // the records a table wrote rebuilds exactly its state, from the beginning
 // or from any snapshot; a failing journal changes nothing.
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -213,8 +217,10 @@ INSTANTIATE_TEST_SUITE_P(Samplers, RunTableJournalTest,
 // AReaL#1388: after a restart the gate must have the capacity it had, not
 // start from zero and let generation run far ahead.
 TEST(RunTableJournalTest, RestoredGateHasTheSameCapacity) {
+  FakeClock clock;  // whole seconds: the journal keeps insert times in microseconds
   auto journal = std::make_shared<MemoryJournal>();
   RunTableOptions options;
+  options.clock = [&clock] { return clock.Now(); };
   options.journal = journal;
   RunConfig config = Config(v1::SAMPLER_KIND_FIFO);
   config.buffer.clear_capacity_groups();
@@ -245,6 +251,99 @@ TEST(RunTableJournalTest, RestoredGateHasTheSameCapacity) {
   // No slot is free until the trainer moves on, as before the restart.
   EXPECT_TRUE(restored->AcquireSlots({.worker_id = "w", .worker_incarnation = 1, .num_groups = 1})
                   ->lease_ids.empty());
+}
+
+// A poisoned group is refused before any of it reaches the journal: the
+// only record its insert leaves is the refusal (which gives its slot back),
+// so no restart can bring it back, and the table holds nothing of it.
+TEST(RunTableJournalTest, PoisonedGroupsAreRefusedBeforeAnythingOfThemIsJournaled) {
+  FakeClock clock;  // whole seconds: the journal keeps insert times in microseconds
+  auto journal = std::make_shared<MemoryJournal>();
+  RunTableOptions options;
+  options.clock = [&clock] { return clock.Now(); };
+  options.journal = journal;
+  RunConfig config = Config(v1::SAMPLER_KIND_FIFO);
+  config.vocab_size = 1000;
+  config.min_reward = 0.0;
+  config.max_reward = 1.0;
+  absl::StatusOr<std::unique_ptr<RunTable>> created = RunTable::Create(config, options);
+  ASSERT_TRUE(created.ok()) << created.status();
+  RunTable& table = **created;
+  ASSERT_TRUE(table.UpdatePolicyVersion(2).ok());
+
+  const float nan = std::nanf("");
+  const float inf = std::numeric_limits<float>::infinity();
+  struct Poison {
+    std::function<void(v1::Group&)> apply;
+    std::string field;
+  };
+  const std::vector<Poison> poisons = {
+      {[&](v1::Group& g) { g.mutable_trajectories(0)->set_behaviour_logprobs(3, nan); },
+       "trajectories[0].behaviour_logprobs[3]"},
+      {[&](v1::Group& g) { g.mutable_trajectories(1)->set_behaviour_logprobs(0, inf); },
+       "trajectories[1].behaviour_logprobs[0]"},
+      {[&](v1::Group& g) { g.mutable_trajectories(1)->set_behaviour_logprobs(9, 2.0f); },
+       "trajectories[1].behaviour_logprobs[9]"},
+      {[&](v1::Group& g) { g.mutable_trajectories(0)->set_reward(std::nan("")); },
+       "trajectories[0].reward"},
+      {[&](v1::Group& g) { g.mutable_trajectories(1)->set_reward(1e300); },
+       "trajectories[1].reward"},
+      {[&](v1::Group& g) { g.mutable_trajectories(0)->set_completion_token_ids(1, -1); },
+       "trajectories[0].completion_token_ids[1]"},
+      {[&](v1::Group& g) { g.mutable_trajectories(1)->set_prompt_token_ids(2, 1000000000); },
+       "trajectories[1].prompt_token_ids[2]"},
+      {[&](v1::Group& g) {
+         for (int t = 0; t < 10; ++t) {
+           g.mutable_trajectories(1)->set_token_policy_versions(t, 1'000'000'000'002);
+         }
+       },
+       "trajectories[1].token_policy_versions[0]"},
+      {[&](v1::Group& g) {
+         v1::Trajectory* t = g.mutable_trajectories(0);
+         t->clear_completion_token_ids();
+         t->clear_behaviour_logprobs();
+         t->clear_token_policy_versions();
+       },
+       "trajectories[0].completion_token_ids"},
+      {[&](v1::Group& g) { g.mutable_trajectories(0)->add_behaviour_logprobs(-1.0f); },
+       "trajectories[0]: completion_token_ids has 10 entries, behaviour_logprobs 11"},
+  };
+  int index = 0;
+  for (const Poison& poison : poisons) {
+    SCOPED_TRACE(poison.field);
+    absl::StatusOr<AcquireResult> slot =
+        table.AcquireSlots({.worker_id = "w", .worker_incarnation = 1, .num_groups = 1});
+    ASSERT_TRUE(slot.ok());
+    ASSERT_EQ(slot->lease_ids.size(), 1u);
+    v1::Group group = MakeGroup(kRun, absl::StrCat("poison-", index++), 2, 2, 10,
+                                slot->lease_ids[0]);
+    poison.apply(group);
+    const size_t records_before = journal->records.size();
+    const InsertResult result = table.Insert(group);
+    EXPECT_EQ(result.status, InsertStatus::kInvalid);
+    EXPECT_TRUE(absl::StartsWith(result.message, poison.field)) << result.message;
+    EXPECT_EQ(result.lsn, 0u);
+    ASSERT_EQ(journal->records.size(), records_before + 1);
+    v1::storage::WalRecord record;
+    ASSERT_TRUE(record.ParseFromString(journal->records.back().second));
+    EXPECT_TRUE(record.has_refused());
+    EXPECT_EQ(record.refused().released_lease_id(), slot->lease_ids[0]);
+  }
+  for (const auto& [lsn, bytes] : journal->records) {
+    v1::storage::WalRecord record;
+    ASSERT_TRUE(record.ParseFromString(bytes));
+    EXPECT_FALSE(record.has_stored()) << "record " << lsn;
+  }
+  RunStats stats = table.Stats();
+  EXPECT_EQ(stats.size_groups, 0);
+  EXPECT_EQ(stats.invalid_inserts, static_cast<int64_t>(poisons.size()));
+  EXPECT_EQ(stats.gate.accepted, 0);
+  EXPECT_EQ(stats.gate.running, 0);  // every poisoned group's slot came back
+  // The table is none the worse: a valid group is stored, and a replay of
+  // the journal gives the same state.
+  EXPECT_EQ(table.Insert(MakeGroup(kRun, "fine", 2, 2)).status, InsertStatus::kStored);
+  std::unique_ptr<RunTable> replayed = Replay(*journal, options);
+  ExpectSameState(table, *replayed);
 }
 
 TEST(RunTableJournalTest, AFailingJournalChangesNothing) {

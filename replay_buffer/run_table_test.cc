@@ -305,6 +305,7 @@ TEST(RunTableTest, DuplicateInsertIsAcknowledgedAndStoredOnce) {
 TEST(RunTableTest, InsertRecomputesPolicyVersionsAndSetsBufferFields) {
   FakeClock clock;
   auto table = MakeTable(Config(), &clock);
+  ASSERT_TRUE(table->UpdatePolicyVersion(4).ok());
   v1::Group group = Group(1, 3);
   group.mutable_trajectories(1)->set_token_policy_versions(9, 4);  // last token at v4
   group.set_min_policy_version(99);
@@ -350,10 +351,12 @@ TEST(RunTableTest, InsertValidationNamesTheField) {
            t.clear_completion_token_ids();
            t.clear_behaviour_logprobs();
            t.clear_token_policy_versions();
+           t.set_finish_reason(v1::FINISH_REASON_ABORTED);
          }
        },
        "trajectories: the group has no completion tokens, so its policy version is undefined"},
   };
+  ASSERT_TRUE(table->UpdatePolicyVersion(1).ok());
   for (const Case& c : cases) {
     v1::Group group = Group(1, 1);
     c.mutate(group);
@@ -366,6 +369,46 @@ TEST(RunTableTest, InsertValidationNamesTheField) {
   EXPECT_EQ(stats.invalid_inserts, static_cast<int64_t>(cases.size()));
   EXPECT_EQ(stats.size_groups, 0);
   EXPECT_EQ(stats.gate.accepted, 0);
+}
+
+TEST(RunTableTest, AGroupAheadOfThePolicyVersionIsInvalidUntilTheVersionArrives) {
+  auto table = MakeTable(Config(4, 1));
+  AcquireResult slot = Acquire(*table, 1);
+  const InsertResult ahead = table->Insert(Group(1, 2, slot.lease_ids[0]));
+  EXPECT_EQ(ahead.status, InsertStatus::kInvalid);
+  EXPECT_EQ(ahead.message,
+            "trajectories[0].token_policy_versions[0]: must not be ahead of policy version 1 "
+            "(the newest the trainer can have published), got 2");
+  EXPECT_EQ(table->Stats().gate.running, 0);  // its slot came back
+  const InsertResult far_ahead = table->Insert(Group(2, 1'000'000'000'000));
+  EXPECT_EQ(far_ahead.status, InsertStatus::kInvalid);
+  // Version 1 may be published before the trainer tells the buffer of it.
+  EXPECT_EQ(table->Insert(Group(3, 1)).status, InsertStatus::kStored);
+  ASSERT_TRUE(table->UpdatePolicyVersion(1).ok());
+  EXPECT_EQ(table->Insert(Group(4, 2)).status, InsertStatus::kStored);
+  const RunStats stats = table->Stats();
+  EXPECT_EQ(stats.invalid_inserts, 2);
+  EXPECT_EQ(stats.size_groups, 2);
+}
+
+TEST(RunTableTest, ReconfigureChangesTheGroupLimits) {
+  RunConfig config = Config();
+  auto table = MakeTable(config);
+  v1::Group big_ids = Group(1, 0);
+  big_ids.mutable_trajectories(0)->set_completion_token_ids(0, 5000);
+  big_ids.mutable_trajectories(1)->set_reward(3.0);
+  config.vocab_size = 1000;
+  ASSERT_TRUE(table->Reconfigure(config).ok());
+  EXPECT_THAT(table->Insert(big_ids).message,
+              HasSubstr("trajectories[0].completion_token_ids[0]: must be in [0, 1000)"));
+  config.vocab_size = 10000;
+  config.max_reward = 1.0;
+  ASSERT_TRUE(table->Reconfigure(config).ok());
+  EXPECT_THAT(table->Insert(big_ids).message, HasSubstr("trajectories[1].reward"));
+  config.max_reward.reset();
+  ASSERT_TRUE(table->Reconfigure(config).ok());
+  EXPECT_EQ(table->Insert(big_ids).status, InsertStatus::kStored);
+  EXPECT_EQ(table->Stats().config.vocab_size, 10000);
 }
 
 TEST(RunTableTest, InvalidInsertReleasesItsLease) {
@@ -415,11 +458,16 @@ TEST(RunTableTest, StaleEvictionIsCountedAndGivesCapacityBack) {
   auto table = MakeTable(Config(2, 1));
   AcquireResult slots = Acquire(*table, 4);
   ASSERT_THAT(slots.lease_ids, SizeIs(4));
-  for (int i = 0; i < 4; ++i) {
-    ASSERT_EQ(table->Insert(Group(i, i < 2 ? 0 : 1, slots.lease_ids[i])).status,
-              InsertStatus::kStored);
+  EXPECT_THAT(Acquire(*table, 1).lease_ids, IsEmpty());  // running 4 = limit
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(table->Insert(Group(i, 0, slots.lease_ids[i])).status, InsertStatus::kStored);
   }
-  EXPECT_THAT(Acquire(*table, 1).lease_ids, IsEmpty());  // accepted 4 = limit
+  // v = 1 (nothing stale yet): the other two slots' groups come from it.
+  ASSERT_EQ(table->UpdatePolicyVersion(1)->evicted_stale_groups, 0);
+  for (int i = 2; i < 4; ++i) {
+    ASSERT_EQ(table->Insert(Group(i, 1, slots.lease_ids[i])).status, InsertStatus::kStored);
+  }
+  EXPECT_EQ(table->Stats().gate.accepted, 4);
 
   // v = 2: the two version-0 groups are 2 > eta stale.
   absl::StatusOr<UpdateVersionResult> update = table->UpdatePolicyVersion(2);
@@ -461,8 +509,12 @@ TEST(RunTableTest, StaleEvictionWakesABlockedAcquire) {
 
 TEST(RunTableTest, SampleEvictsStaleGroupsBeforeChoosing) {
   auto table = MakeTable(Config(2, 1));
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i) {
+    if (i == 2) {
+      ASSERT_TRUE(table->UpdatePolicyVersion(1).ok());
+    }
     ASSERT_EQ(table->Insert(Group(i, i / 2)).status, InsertStatus::kStored);
+  }
   // Trainer at v2: g0, g1 (v0) are stale; g2, g3 (v1) are 1 stale.
   absl::StatusOr<SampleResult> result = table->Sample(Request(2));
   ASSERT_TRUE(result.ok()) << result.status();
@@ -479,6 +531,7 @@ TEST(RunTableTest, SampleEvictsStaleGroupsBeforeChoosing) {
 TEST(RunTableTest, SampleBoundIsNeverLooserThanTheRunsEta) {
   auto table = MakeTable(Config(1, 2));
   ASSERT_EQ(table->Insert(Group(0, 0)).status, InsertStatus::kStored);
+  ASSERT_TRUE(table->UpdatePolicyVersion(1).ok());
   ASSERT_EQ(table->Insert(Group(1, 1)).status, InsertStatus::kStored);
   SampleRequest tight = Request(1);
   tight.max_staleness = 0;  // g0 is 1 stale: evicted for this batch
@@ -572,6 +625,7 @@ TEST(RunTableTest, SampleWaitsForMinSizeToSample) {
 
 TEST(RunTableTest, SampleRecordsGroupAndTokenStaleness) {
   auto table = MakeTable(Config(2, 4));
+  ASSERT_TRUE(table->UpdatePolicyVersion(3).ok());
   v1::Group mixed = Group(0, 1);  // 2 trajectories x 10 tokens at v1...
   for (int t = 5; t < 10; ++t) mixed.mutable_trajectories(0)->set_token_policy_versions(t, 2);
   ASSERT_EQ(table->Insert(mixed).status, InsertStatus::kStored);  // ...5 of them at v2

@@ -150,14 +150,26 @@ class RolloutRun::Impl {
         Pause(absl::Milliseconds(200));
         continue;
       }
+      const int64_t version = fetched->manifest.version().version();
       auto model = BuildModel(*fetched);
       if (!model.ok()) {
-        log::Error("received weights do not fit the model",
-                   {{"run_id", run_id_}, {"error", std::string(model.status().message())}});
-        Pause(absl::Seconds(1));
+        // Sampling from it would fail (or train on garbage): keep the
+        // version we have, and wait for the next one rather than fetching
+        // this one again.
+        log::Error("refused a weight version; generating on with the one held",
+                   {{"run_id", run_id_},
+                    {"version", version},
+                    {"held_version", Latest().model ? Latest().version : -1},
+                    {"error", std::string(model.status().message())}});
+        {
+          absl::MutexLock lock(&mu_);
+          newest_refused_version_ = std::max(newest_refused_version_, version);
+          status_.set_weight_versions_refused(status_.weight_versions_refused() + 1);
+        }
+        if (deps_.on_weights_refused) deps_.on_weights_refused(version);
+        have = std::max(have, version);
         continue;
       }
-      const int64_t version = fetched->manifest.version().version();
       const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
       {
         absl::MutexLock lock(&mu_);
@@ -187,6 +199,11 @@ class RolloutRun::Impl {
                        model::Float32TensorView(
                            std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
                            fetched.tensor_bytes[i]));
+      if (!torch::isfinite(t).all().item<bool>()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "tensor ", spec.name(), " holds ", (~torch::isfinite(t)).sum().item<int64_t>(),
+            " non-finite values (NaN or infinity)"));
+      }
       tensors.push_back({spec.name(), std::move(t)});
     }
     ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model,
@@ -200,12 +217,14 @@ class RolloutRun::Impl {
     return latest_;
   }
 
-  // Blocks until the worker holds weights of at least `version`; false if the
-  // run stops first.
+  // Blocks until the worker holds weights of at least `version`, or holds
+  // some weights and refused `version` or a newer one (nothing better is
+  // coming until the trainer publishes again); false if the run stops first.
   bool AwaitVersion(int64_t version) {
     absl::MutexLock lock(&mu_);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || (latest_.model != nullptr && latest_.version >= version);
+      return stopping_ || (latest_.model != nullptr && (latest_.version >= version ||
+                                                        newest_refused_version_ >= version));
     };
     mu_.Await(absl::Condition(&ready));
     return !stopping_;
@@ -324,8 +343,19 @@ class RolloutRun::Impl {
     hooks.current_policy = [this] { return Latest(); };
     hooks.should_abort = [this] { return aborting(); };
     const model::PolicySnapshot initial = Latest();
-    ASSIGN_OR_RETURN(std::vector<model::Completion> completions,
-                     model::Generate(initial, rows, sampling, hooks));
+    absl::StatusOr<std::vector<model::Completion>> generated =
+        model::Generate(initial, rows, sampling, hooks);
+    if (!generated.ok()) {
+      // E.g. a policy whose logits went non-finite: give the slots and the
+      // prompts back before the run ends with the error.
+      Release(slot_leases, "generation failed");
+      std::vector<std::string> abandoned;
+      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
+      Report({}, abandoned, 0);
+      return absl::Status(generated.status().code(),
+                          absl::StrCat("generating: ", generated.status().message()));
+    }
+    std::vector<model::Completion> completions = *std::move(generated);
     const double generation_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const auto finished_at = TimeUtil::GetCurrentTime();
     int64_t tokens = 0;
@@ -583,6 +613,8 @@ class RolloutRun::Impl {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool aborting_ ABSL_GUARDED_BY(mu_) = false;
   model::PolicySnapshot latest_ ABSL_GUARDED_BY(mu_);
+  // The newest version the follower refused (-1: none).
+  int64_t newest_refused_version_ ABSL_GUARDED_BY(mu_) = -1;
   v1::RolloutRunStatus status_ ABSL_GUARDED_BY(mu_);
 };
 

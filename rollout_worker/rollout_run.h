@@ -24,6 +24,9 @@ struct RolloutRunDeps {
   std::function<void(int64_t tokens, double seconds)> on_batch_generated;
   std::function<void(int64_t groups)> on_groups_inserted;
   std::function<void(int64_t version, double seconds)> on_weights_loaded;
+  // A received version was refused (non-finite values, shapes that do not
+  // fit the model).
+  std::function<void(int64_t version)> on_weights_refused;
   std::function<void(int64_t swaps)> on_mid_generation_swaps;
 };
 
@@ -31,7 +34,12 @@ struct RolloutRunDeps {
 //
 //  - the weight follower waits for each new version the trainer publishes
 //    (WatchVersions), downloads it (StreamWeights), builds a fresh model with
-//    it and makes it the latest policy;
+//    it and makes it the latest policy. A version whose tensors hold a NaN or
+//    an infinity, or do not fit the model, is refused (logged, counted in
+//    weight_versions_refused): the worker keeps generating with the version
+//    it has, and a wait for weights at least as new as a refused version is
+//    over (generating with older weights only makes the groups staler,
+//    which the buffer bounds);
 //  - the generation loop acquires admission slots from the buffer, makes
 //    sure it holds weights at least as new as the buffer's version, leases as
 //    many prompts from the controller, samples G completions per prompt in

@@ -1,6 +1,8 @@
 #include "rollout_worker/rollout_run.h"
 
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <functional>
 #include <set>
 #include <thread>
@@ -23,7 +25,9 @@ class FakeTrainer : public clients::TrainerClient {
     task::CharTokenizer tokenizer;
     config_ = *model::BuiltinModelConfig("micro", tokenizer.vocab_size());
   }
-  void Publish(int64_t version) {
+  // With `poisoned`, one weight of the version is NaN (as a trainer that
+  // stepped on a NaN loss used to publish).
+  void Publish(int64_t version, bool poisoned = false) {
     auto model = *model::Transformer::Create(config_, 100 + version);
     clients::FetchedWeights fetched;
     fetched.manifest.mutable_version()->set_version(version);
@@ -34,6 +38,10 @@ class FakeTrainer : public clients::TrainerClient {
       for (int64_t d : tensor.sizes()) spec->add_shape(d);
       fetched.tensor_bytes.push_back(model::TensorBytes(tensor.detach()));
       spec->set_size_bytes(fetched.tensor_bytes.back().size());
+    }
+    if (poisoned) {
+      const float nan = std::nanf("");
+      std::memcpy(fetched.tensor_bytes.back().data(), &nan, sizeof(nan));
     }
     absl::MutexLock lock(&mu_);
     latest_ = std::move(fetched);
@@ -275,6 +283,50 @@ TEST(RolloutRunTest, WaitsForWeightsAsNewAsTheAdmissionVersion) {
     EXPECT_EQ(g.min_policy_version(), 1);
     for (const auto& t : g.trajectories()) {
       for (int64_t v : t.token_policy_versions()) EXPECT_EQ(v, 1);
+    }
+  }
+}
+
+// The trainer publishes a version with a NaN weight while the buffer admits
+// at that version: the worker refuses it, says so, and generates with the
+// version it has instead of dying in torch::multinomial or waiting forever
+// for weights it will not take.
+TEST(RolloutRunTest, ANonFiniteVersionIsRefusedAndGenerationGoesOnWithTheOldOne) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(/*grant_version=*/1);
+  FakeController controller(/*batches=*/1);
+  FakeReward reward;
+  absl::Notification loaded;
+  std::atomic<int64_t> refused{-1};
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 1};
+  deps.on_weights_loaded = [&](int64_t version, double) {
+    if (version == 0 && !loaded.HasBeenNotified()) loaded.Notify();
+  };
+  deps.on_weights_refused = [&](int64_t version) { refused = version; };
+  RolloutRun run("run-nan", Spec(), deps);
+  absl::Notification done;
+  absl::Status result;
+  std::thread thread([&] {
+    result = run.Run();
+    done.Notify();
+  });
+  ASSERT_TRUE(loaded.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  // Holding version 0, admitted at 1: waiting for 1.
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  trainer.Publish(1, /*poisoned=*/true);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  thread.join();
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_EQ(refused.load(), 1);
+  EXPECT_EQ(run.Status().weight_versions_refused(), 1);
+  EXPECT_EQ(run.Status().weight_syncs(), 1);
+  absl::MutexLock lock(&buffer.mu);
+  ASSERT_EQ(buffer.groups.size(), 3u);
+  for (const auto& g : buffer.groups) {
+    for (const auto& t : g.trajectories()) {
+      for (int64_t v : t.token_policy_versions()) EXPECT_EQ(v, 0);
+      for (float lp : t.behaviour_logprobs()) EXPECT_TRUE(std::isfinite(lp));
     }
   }
 }

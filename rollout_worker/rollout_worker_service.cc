@@ -32,6 +32,13 @@ struct RolloutMetrics {
                          .Help("Weight versions downloaded from the trainer")
                          .Register(registry)
                          .Add({})),
+        weight_versions_refused(prometheus::BuildCounter()
+                                    .Name("sluice_rollout_weight_versions_refused_total")
+                                    .Help("Weight versions refused (non-finite values or shapes "
+                                          "that do not fit the model); the worker keeps the one "
+                                          "it has")
+                                    .Register(registry)
+                                    .Add({})),
         mid_generation_swaps(prometheus::BuildCounter()
                                  .Name("sluice_rollout_mid_generation_swaps_total")
                                  .Help("Completions whose decoding switched to newer weights")
@@ -63,6 +70,7 @@ struct RolloutMetrics {
   prometheus::Counter& tokens;
   prometheus::Counter& groups;
   prometheus::Counter& weight_syncs;
+  prometheus::Counter& weight_versions_refused;
   prometheus::Counter& mid_generation_swaps;
   prometheus::Gauge& policy_version;
   prometheus::Gauge& tokens_per_second;
@@ -185,6 +193,7 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
     m->policy_version.Set(static_cast<double>(version));
     m->weight_sync_seconds.Observe(seconds);
   };
+  deps.on_weights_refused = [m](int64_t) { m->weight_versions_refused.Increment(); };
   deps.on_mid_generation_swaps = [m](int64_t swaps) {
     m->mid_generation_swaps.Increment(static_cast<double>(swaps));
   };

@@ -4,7 +4,9 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -231,6 +233,114 @@ TEST_F(LoopProcessTest, ARewardServerThatDiesFailsTheRunNamingIt) {
   const auto summary =
       nlohmann::json::parse(testing::ReadFile(dir_ + "/runs/" + run_id + "/summary.json"));
   EXPECT_THAT(summary["error_message"].get<std::string>(), HasSubstr("reward_server"));
+}
+
+// Any client can insert into a live run. Poisoned groups sent to the buffer
+// mid-run (a NaN log-prob, a token id far outside the vocabulary, a NaN and
+// a 1e300 reward, versions 10^12 ahead) are refused with the field named,
+// and the run goes on to succeed. Before, the NaN group made the trainer
+// publish NaN weights, which killed the rollout worker, and the far-future
+// version failed the trainer's run.
+TEST_F(LoopProcessTest, PoisonedGroupsInsertedIntoALiveRunAreRefusedAndTheRunSucceeds) {
+  const std::string run_id = Submit(ShortSpec(2));
+  ASSERT_FALSE(run_id.empty());
+  auto buffer = v1::ReplayBufferService::NewStub(
+      grpc::CreateChannel(endpoints_["replay_buffer"].grpc, grpc::InsecureChannelCredentials()));
+  const auto poisoned = [&](const std::string& name,
+                            const std::function<void(v1::Group&)>& poison) {
+    v1::Group group;
+    group.set_run_id(run_id);
+    group.set_group_id("poison-" + name);
+    group.set_prompt_id("poison");
+    group.set_idempotency_key(run_id + "/poison-" + name);
+    for (int i = 0; i < 4; ++i) {
+      v1::Trajectory* t = group.add_trajectories();
+      t->set_trajectory_id(group.group_id() + "/" + std::to_string(i));
+      for (int id : {1, 2, 3}) t->add_prompt_token_ids(id);
+      for (int id : {4, 5}) {
+        t->add_completion_token_ids(id);
+        t->add_behaviour_logprobs(-1.0f);
+        t->add_token_policy_versions(1);
+      }
+      t->set_finish_reason(v1::FINISH_REASON_STOP);
+      t->set_reward(i % 2);
+    }
+    poison(group);
+    return group;
+  };
+  v1::InsertGroupsRequest insert;
+  *insert.add_groups() = poisoned("nan-logprob", [](v1::Group& g) {
+    g.mutable_trajectories(2)->set_behaviour_logprobs(1, std::nanf(""));
+  });
+  *insert.add_groups() = poisoned("oov", [](v1::Group& g) {
+    g.mutable_trajectories(0)->set_completion_token_ids(0, 1000000000);
+  });
+  *insert.add_groups() = poisoned("nan-reward", [](v1::Group& g) {
+    g.mutable_trajectories(1)->set_reward(std::nan(""));
+  });
+  *insert.add_groups() = poisoned("huge-reward", [](v1::Group& g) {
+    g.mutable_trajectories(3)->set_reward(1e300);
+  });
+  *insert.add_groups() = poisoned("future", [](v1::Group& g) {
+    for (auto& t : *g.mutable_trajectories()) {
+      for (int k = 0; k < t.token_policy_versions_size(); ++k) {
+        t.set_token_policy_versions(k, 1'000'000'000'000);
+      }
+    }
+  });
+  const std::vector<std::string> fields = {
+      "trajectories[2].behaviour_logprobs[1]: must be finite and <= 0, got nan",
+      "trajectories[0].completion_token_ids[0]: must be in [0, ",
+      "trajectories[1].reward: must be finite, got nan",
+      "trajectories[3].reward: must be in the run's reward range [0, 1], got 1e+300",
+      "trajectories[0].token_policy_versions[0]: must not be ahead of policy version"};
+
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(4)));
+  v1::WatchRunRequest watch;
+  watch.set_run_id(run_id);
+  watch.set_min_interval_ms(100);
+  auto reader = controller_->WatchRun(&watch_context, watch);
+  v1::RunUpdate update;
+  v1::Run run;
+  bool inserted = false;
+  while (reader->Read(&update)) {
+    run = update.run();
+    if (inserted || run.progress().step() < 1) continue;
+    // Training: the trainer is sampling, the worker generating.
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    auto stream = buffer->InsertGroups(&context);
+    ASSERT_TRUE(stream->Write(insert));
+    stream->WritesDone();
+    std::vector<v1::InsertGroupResult> results;
+    v1::InsertGroupsResponse response;
+    while (stream->Read(&response)) {
+      results.insert(results.end(), response.results().begin(), response.results().end());
+    }
+    ASSERT_TRUE(stream->Finish().ok());
+    ASSERT_EQ(results.size(), fields.size());
+    for (size_t i = 0; i < results.size(); ++i) {
+      EXPECT_EQ(results[i].status(), v1::INSERT_STATUS_INVALID) << i;
+      EXPECT_THAT(results[i].message(), HasSubstr(fields[i])) << i;
+    }
+    inserted = true;
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  ASSERT_TRUE(inserted) << "the run ended before its first step: " << run.error_message();
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << run.error_message();
+  EXPECT_EQ(run.progress().step(), 12);
+
+  grpc::ClientContext context;
+  v1::GetStatsRequest request;
+  request.set_run_id(run_id);
+  v1::GetStatsResponse stats;
+  ASSERT_TRUE(buffer->GetStats(&context, request, &stats).ok());
+  EXPECT_GE(stats.stats().rejected_inserts(), 5);
+  EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_updates_skipped_total"), 0);
+  EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_groups_invalid_total"), 0);
+  EXPECT_EQ(
+      MetricSum(Metrics("rollout_worker"), "sluice_rollout_weight_versions_refused_total"), 0);
 }
 
 TEST_F(LoopProcessTest, AnInvalidSpecIsRefusedNamingTheField) {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
@@ -32,6 +34,7 @@
 #include "trainer/advantages.h"
 #include "trainer/evaluator.h"
 #include "trainer/policy_loss.h"
+#include "trainer/step_guard.h"
 
 namespace sluice::trainer {
 namespace {
@@ -366,6 +369,12 @@ class TrainerRun::Impl {
   // ---- publishing --------------------------------------------------------
 
   absl::Status Publish(int64_t version) {
+    // The last line of defence (see step_guard.h): a worker sampling from a
+    // non-finite weight would fail every generation.
+    if (std::optional<std::string> bad = FirstNonFiniteParameter(model_->parameters())) {
+      return absl::InternalError(absl::StrCat("refusing to publish version ", version, ": ",
+                                              *bad, " holds a non-finite value"));
+    }
     auto published = std::make_shared<PublishedVersion>();
     uint32_t checksum = 0;
     int64_t total = 0;
@@ -390,6 +399,7 @@ class TrainerRun::Impl {
     info.set_total_size_bytes(total);
     info.set_tensor_count(static_cast<int32_t>(published->tensors.size()));
     info.set_checksum(absl::StrFormat("crc32c:%08x", checksum));
+    last_published_ = published;
     deps_.weights->Publish(std::move(published));
     {
       absl::MutexLock lock(&mu_);
@@ -404,6 +414,23 @@ class TrainerRun::Impl {
     auto updated = deps_.buffer->UpdatePolicyVersion(update);
     if (!updated.ok()) return updated.status();
     return absl::OkStatus();
+  }
+
+  // Puts the weights of the last published version back into the model.
+  absl::Status RestorePublishedWeights() {
+    if (last_published_ == nullptr) {
+      return absl::InternalError("no published version to restore the weights from");
+    }
+    std::vector<model::NamedTensor> weights;
+    for (size_t i = 0; i < last_published_->tensors.size(); ++i) {
+      const v1::TensorSpec& spec = last_published_->tensors[i];
+      ASSIGN_OR_RETURN(torch::Tensor tensor,
+                       model::Float32TensorView(
+                           std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
+                           last_published_->bytes[i]));
+      weights.push_back({spec.name(), std::move(tensor)});
+    }
+    return model_->LoadWeights(weights);
   }
 
   // ---- RL ----------------------------------------------------------------
@@ -631,8 +658,24 @@ class TrainerRun::Impl {
     int64_t zero_advantage = 0;
     int64_t completion_tokens = 0;
     const bool normalize = !alg.has_normalize_advantage_by_std() || alg.normalize_advantage_by_std();
+    int64_t groups_invalid = 0;
+    std::vector<std::string> group_ids;
+    const int64_t vocab_size = model_->config().vocab_size;
     for (int g = begin; g < end; ++g) {
       const v1::SampledGroup& sampled = batch.groups(g);
+      group_ids.push_back(sampled.group().group_id());
+      if (absl::Status trainable = CheckTrainableGroup(sampled.group(), vocab_size, step_);
+          !trainable.ok()) {
+        // The buffer refuses such groups; one that got past it is left out
+        // rather than failing the run or poisoning the step.
+        ++groups_invalid;
+        log::Warning("left an untrainable group out of the batch",
+                     {{"run_id", run_id_},
+                      {"step", step_ + 1},
+                      {"group", sampled.group().group_id()},
+                      {"error", std::string(trainable.message())}});
+        continue;
+      }
       const int64_t staleness = sampled.staleness();
       staleness_counts[staleness]++;
       staleness_sum += staleness;
@@ -656,27 +699,6 @@ class TrainerRun::Impl {
         if (t.finish_reason() == v1::FINISH_REASON_ABORTED || t.completion_token_ids_size() == 0) {
           continue;  // excluded from the loss
         }
-        // Every token carries the version that sampled it; versions never go
-        // down along a completion and none predates the group's minimum.
-        if (t.token_policy_versions_size() != t.completion_token_ids_size()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "trajectory ", t.trajectory_id(), " has ", t.token_policy_versions_size(),
-              " token versions for ", t.completion_token_ids_size(), " tokens"));
-        }
-        for (int k = 0; k < t.token_policy_versions_size(); ++k) {
-          const int64_t v = t.token_policy_versions(k);
-          if (v < sampled.group().min_policy_version() || v > step_ ||
-              (k > 0 && v < t.token_policy_versions(k - 1))) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "trajectory ", t.trajectory_id(), ": token ", k, " has policy version ", v,
-                " (group min ", sampled.group().min_policy_version(), ", trainer at ", step_, ")"));
-          }
-        }
-        if (t.behaviour_logprobs_size() != t.completion_token_ids_size()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "trajectory ", t.trajectory_id(), " has ", t.behaviour_logprobs_size(),
-              " behaviour log-probs for ", t.completion_token_ids_size(), " tokens"));
-        }
         rows.emplace_back(std::vector<int32_t>(t.prompt_token_ids().begin(), t.prompt_token_ids().end()),
                           std::vector<int32_t>(t.completion_token_ids().begin(),
                                                t.completion_token_ids().end()));
@@ -693,6 +715,7 @@ class TrainerRun::Impl {
     double loss_value = 0;
     double grad_norm = 0;
     int64_t tokens_trained = 0;
+    std::string update_skipped;  // why, when the step made no update
     if (!rows.empty()) {
       PaddedBatch padded = PadRows(rows, pad_id_);
       tokens_trained = padded.real_tokens;
@@ -728,8 +751,10 @@ class TrainerRun::Impl {
       grad_norm = clip > 0 ? torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(), clip)
                            : torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(),
                                                                std::numeric_limits<double>::infinity());
-      optimizer.step();
       loss_value = loss.loss.item<double>();
+      ASSIGN_OR_RETURN(update_skipped,
+                       GuardedStep(optimizer, model_->parameters(), loss_value, grad_norm,
+                                   [this] { return RestorePublishedWeights(); }));
       {
         torch::NoGradGuard no_grad;
         const torch::Tensor entropy = model::Entropy(logits.detach(), temperature_);
@@ -739,6 +764,14 @@ class TrainerRun::Impl {
       metrics.set_clip_fraction(loss.clip_fraction);
       metrics.set_behaviour_weight_capped_fraction(loss.capped_fraction);
       metrics.set_kl_to_behaviour(loss.kl_to_behaviour);
+    }
+    if (!update_skipped.empty()) {
+      log::Warning("skipped the update of a step: it would have made the weights non-finite; "
+                   "the version is published with the previous weights",
+                   {{"run_id", run_id_},
+                    {"step", step_ + 1},
+                    {"why", update_skipped},
+                    {"groups", absl::StrJoin(group_ids, ",")}});
     }
     ++step_;
     const double step_seconds = Now() - compute_start;
@@ -765,8 +798,12 @@ class TrainerRun::Impl {
     metrics.set_trainer_wait_seconds(wait_seconds);
     metrics.set_step_seconds(step_seconds);
     metrics.set_publish_seconds(publish_seconds);
+    metrics.set_groups_invalid(groups_invalid);
+    metrics.set_update_skipped(!update_skipped.empty());
     {
       absl::MutexLock lock(&mu_);
+      status_.set_groups_invalid(status_.groups_invalid() + groups_invalid);
+      if (!update_skipped.empty()) status_.set_updates_skipped(status_.updates_skipped() + 1);
       status_.set_step(step_);
       status_.set_loss(loss_value);
       status_.set_learning_rate(lr);
@@ -833,6 +870,9 @@ class TrainerRun::Impl {
   std::map<std::string, std::string> checkpoint_side_files_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<model::Transformer> prox_model_;  // decoupled PPO, > 1 minibatch
+  // What Publish last published: the weights a step that went non-finite
+  // goes back to.
+  std::shared_ptr<const PublishedVersion> last_published_;
   std::vector<task::TaskItem> train_items_;
   std::vector<task::TaskItem> eval_items_;
   std::vector<task::TaskItem> dev_items_;

@@ -36,6 +36,15 @@ struct TrainerRunDeps {
 //   AdamW with gradient clipping -> publish version v+1 -> tell the buffer ->
 //   report the step -> ... -> held-out eval "after".
 //
+// Bad input is not a fault (step_guard.h): a sampled group the model cannot
+// train on (a token id outside its vocabulary, a non-finite reward or
+// log-prob) is left out of the batch and counted (groups_invalid); a step
+// whose loss or gradient norm is not finite, or whose update leaves a
+// non-finite weight (then rolled back to the last published weights), makes
+// no update and is counted (update_skipped), and its version is published
+// with the previous weights so that the admission gate moves on. A
+// non-finite weight is never published.
+//
 // Everything it needs from other services comes through TrainerRunDeps, so
 // the whole loop runs in tests against fakes. Run() blocks (the service runs
 // it on its own thread); Stop() from any thread makes it return CANCELLED at

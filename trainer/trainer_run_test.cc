@@ -1,4 +1,7 @@
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <iterator>
 #include <thread>
@@ -62,6 +65,7 @@ class FakeBuffer : public clients::ReplayBufferClient {
         t->set_reward(i % 2 == 0 ? 1.0 : 0.0);
         t->set_finish_reason(v1::FINISH_REASON_STOP);
       }
+      if (poison) poison(g, *group);
     }
     return response;
   }
@@ -82,6 +86,9 @@ class FakeBuffer : public clients::ReplayBufferClient {
     absl::MutexLock lock(&mu_);
     return versions_;
   }
+  // Applied to each group served, with its index in the batch: what got
+  // past the buffer's validation (as from a buffer of an older release).
+  std::function<void(int index, v1::Group& group)> poison;
 
  private:
   const bool block_samples_;
@@ -228,6 +235,109 @@ TEST(TrainerRunTest, MinibatchesPublishOneVersionEachAndClipAgainstTheBatchStart
   // positive whatever the weights; the point is that the run completes with
   // the proximal copy in use and reports every version.
   EXPECT_GT(second_minibatch_kl, 0.0);
+}
+
+// True when every weight of the published version is finite.
+bool AllFinite(const PublishedVersion& published) {
+  for (const std::string& bytes : published.bytes) {
+    std::vector<float> values(bytes.size() / sizeof(float));
+    std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+    for (float value : values) {
+      if (!std::isfinite(value)) return false;
+    }
+  }
+  return true;
+}
+
+// Groups that got past the buffer (NaN log-prob, a token id far outside the
+// vocabulary, NaN reward) are left out of the batch and counted; the run
+// trains on the rest and every version it publishes is finite. (Before:
+// the NaN made the loss and then every weight NaN, and the id failed the
+// run with LibTorch's "index out of range in self".)
+TEST(TrainerRunTest, UntrainableGroupsAreLeftOutAndEveryPublishedVersionIsFinite) {
+  FakeBuffer buffer;
+  buffer.poison = [](int index, v1::Group& group) {
+    v1::Trajectory& t = *group.mutable_trajectories(1);
+    switch (index) {
+      case 0:
+        t.set_behaviour_logprobs(0, std::nanf(""));
+        break;
+      case 1:
+        t.set_completion_token_ids(0, 1000000000);
+        break;
+      case 2:
+        t.set_reward(std::nan(""));
+        break;
+      default:
+        break;  // the fourth group is fine
+    }
+  };
+  FakeReward reward;
+  FakeController controller;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_algorithm()->set_batch_size_groups(4);
+  spec.mutable_eval()->set_every_n_steps(0);
+  TrainerRun run("run-poison", spec, {&buffer, &reward, &controller, &weights, nullptr, nullptr});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  int steps = 0;
+  for (const auto& r : controller.reports) {
+    if (!r.has_step()) continue;
+    ++steps;
+    EXPECT_EQ(r.step().groups_invalid(), 3);
+    EXPECT_FALSE(r.step().update_skipped());
+    EXPECT_GT(r.step().tokens_trained(), 0);  // the fourth group was trained on
+    EXPECT_TRUE(std::isfinite(r.step().loss()));
+  }
+  EXPECT_EQ(steps, 3);
+  EXPECT_EQ(run.Status().groups_invalid(), 9);
+  EXPECT_EQ(run.Status().updates_skipped(), 0);
+  for (int v = 0; v <= 3; ++v) {
+    auto published = weights.Get("run-poison", v);
+    ASSERT_TRUE(published.ok()) << v;
+    EXPECT_TRUE(AllFinite(**published)) << "version " << v;
+  }
+  EXPECT_NE((*weights.Get("run-poison", 0))->info.checksum(),
+            (*weights.Get("run-poison", 3))->info.checksum());
+}
+
+// Finite log-probs can still make the loss infinite: -1e30 passes every
+// check (finite, <= 0), but GRPO's ratio exp(logp - behaviour) overflows.
+// The step makes no update, is counted and logged, and its version is
+// published with the previous weights, so the run goes on.
+TEST(TrainerRunTest, ANonFiniteLossSkipsTheUpdateAndRepublishesThePreviousWeights) {
+  FakeBuffer buffer;
+  buffer.poison = [](int, v1::Group& group) {
+    for (v1::Trajectory& t : *group.mutable_trajectories()) {
+      for (int k = 0; k < t.behaviour_logprobs_size(); ++k) t.set_behaviour_logprobs(k, -1e30f);
+    }
+  };
+  FakeReward reward;
+  FakeController controller;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_GRPO);
+  spec.mutable_eval()->set_every_n_steps(0);
+  TrainerRun run("run-inf", spec, {&buffer, &reward, &controller, &weights, nullptr, nullptr});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(buffer.versions(), (std::vector<int64_t>{0, 1, 2, 3}));
+  int skipped = 0;
+  for (const auto& r : controller.reports) {
+    if (r.has_step() && r.step().update_skipped()) ++skipped;
+  }
+  EXPECT_EQ(skipped, 3);
+  EXPECT_EQ(run.Status().updates_skipped(), 3);
+  const std::string before = (*weights.Get("run-inf", 0))->info.checksum();
+  for (int v = 1; v <= 3; ++v) {
+    auto published = weights.Get("run-inf", v);
+    ASSERT_TRUE(published.ok()) << v;
+    EXPECT_TRUE(AllFinite(**published)) << "version " << v;
+    EXPECT_EQ((*published)->info.checksum(), before) << "version " << v;
+  }
 }
 
 // Runs `run` on a thread, checks that it is still running (blocked) after

@@ -59,6 +59,18 @@ struct TrainerMetrics {
                          .Help("Seconds spent waiting for batches from the replay buffer")
                          .Register(registry)
                          .Add({})),
+        updates_skipped(prometheus::BuildCounter()
+                            .Name("sluice_trainer_updates_skipped_total")
+                            .Help("RL steps that made no update: non-finite loss, gradient "
+                                  "norm or updated weights")
+                            .Register(registry)
+                            .Add({})),
+        groups_invalid(prometheus::BuildCounter()
+                           .Name("sluice_trainer_groups_invalid_total")
+                           .Help("Sampled groups left out of the loss as untrainable (ids "
+                                 "outside the vocabulary, non-finite values)")
+                           .Register(registry)
+                           .Add({})),
         step_seconds(prometheus::BuildHistogram()
                          .Name("sluice_trainer_step_seconds")
                          .Help("Compute time of one RL step")
@@ -74,6 +86,8 @@ struct TrainerMetrics {
     staleness_max.Set(static_cast<double>(m.staleness_max()));
     tokens_trained.Increment(static_cast<double>(m.tokens_trained()));
     wait_seconds.Increment(m.trainer_wait_seconds());
+    if (m.update_skipped()) updates_skipped.Increment();
+    groups_invalid.Increment(static_cast<double>(m.groups_invalid()));
     step_seconds.Observe(m.step_seconds());
   }
 
@@ -85,6 +99,8 @@ struct TrainerMetrics {
   prometheus::Gauge& eval_accuracy;
   prometheus::Counter& tokens_trained;
   prometheus::Counter& wait_seconds;
+  prometheus::Counter& updates_skipped;
+  prometheus::Counter& groups_invalid;
   prometheus::Histogram& step_seconds;
 };
 

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 
 namespace sluice::model {
@@ -51,19 +52,26 @@ absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next)
 
 // Samples one token per row from logits [B, V]; returns the tokens [B] and
 // their behaviour log-probabilities [B] (before truncation).
-std::pair<torch::Tensor, torch::Tensor> Sample(const torch::Tensor& logits,
-                                               const SamplingOptions& options,
-                                               at::Generator& generator) {
+// FAILED_PRECONDITION when a row has no distribution to sample from (a NaN
+// or +inf logit, from broken weights): torch::multinomial would throw, and
+// a NaN log-prob would poison the trainer.
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Sample(const torch::Tensor& logits,
+                                                               const SamplingOptions& options,
+                                                               at::Generator& generator) {
+  const float minus_infinity = -std::numeric_limits<float>::infinity();
+  if ((torch::isnan(logits) | torch::isposinf(logits)).any().item<bool>()) {
+    return absl::FailedPreconditionError(
+        "the policy produced NaN or infinite logits: its weights are broken");
+  }
   if (options.temperature == 0) {
     const torch::Tensor tokens = logits.argmax(-1);
     const torch::Tensor logprobs =
         torch::log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
-    return {tokens, logprobs};
+    return std::make_pair(tokens, logprobs);
   }
   const torch::Tensor scaled = logits / options.temperature;
   const torch::Tensor log_probs = torch::log_softmax(scaled, -1);
   const int64_t vocab = logits.size(-1);
-  const float minus_infinity = -std::numeric_limits<float>::infinity();
   torch::Tensor filtered = scaled;
   if (options.top_k > 0 && options.top_k < vocab) {
     const torch::Tensor kth = std::get<0>(scaled.topk(options.top_k, -1)).narrow(-1, options.top_k - 1, 1);
@@ -79,10 +87,14 @@ std::pair<torch::Tensor, torch::Tensor> Sample(const torch::Tensor& logits,
     sorted = sorted.masked_fill(mass_above >= options.top_p, minus_infinity);
     filtered = torch::empty_like(filtered).scatter_(-1, order, sorted);
   }
+  const torch::Tensor probabilities = torch::softmax(filtered, -1);
+  if (!torch::isfinite(probabilities).all().item<bool>()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the sampling distribution is not finite at temperature ", options.temperature));
+  }
   const torch::Tensor tokens =
-      torch::multinomial(torch::softmax(filtered, -1), 1, /*replacement=*/false, generator)
-          .squeeze(-1);
-  return {tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)};
+      torch::multinomial(probabilities, 1, /*replacement=*/false, generator).squeeze(-1);
+  return std::make_pair(tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1));
 }
 
 }  // namespace
@@ -191,8 +203,14 @@ absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                            key_mask.narrow(1, 0, cache.length + 1), cache);
       next_positions += 1;
     }
-    auto [tokens, logprobs] =
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> sampled =
         Sample(logits.select(1, logits.size(1) - 1), options, generator);
+    if (!sampled.ok()) {
+      return absl::Status(sampled.status().code(),
+                          absl::StrCat("decoding step ", step, " with policy version ",
+                                       policy.version, ": ", sampled.status().message()));
+    }
+    auto [tokens, logprobs] = *std::move(sampled);
 
     auto token_values = tokens.accessor<int64_t, 1>();
     auto logprob_values = logprobs.accessor<float, 1>();

@@ -65,7 +65,10 @@ struct GenerationHooks {
 // no room in the context, out-of-range options (temperature < 0, top_p
 // outside (0, 1], top_k < 0, max_new_tokens < 1), or a current_policy that
 // returns no model or one whose shape (layers, KV heads, head dim, vocab,
-// context) differs from the initial one.
+// context) differs from the initial one. FAILED_PRECONDITION, naming the
+// step and the policy version, when the policy's logits hold a NaN or +inf
+// (broken weights) or the sampling distribution is not finite: nothing is
+// sampled from it (torch::multinomial would throw).
 absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const SamplingOptions& options,

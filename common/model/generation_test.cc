@@ -1,6 +1,7 @@
 #include "common/model/generation.h"
 
 #include <atomic>
+#include <cmath>
 #include <set>
 #include <string>
 #include <vector>
@@ -336,6 +337,45 @@ TEST(GenerateTest, RejectsBadPromptsAndOptions) {
   hooks.current_policy = [&] { return PolicySnapshot{tiny, 1}; };
   EXPECT_EQ(Generate({model, 0}, {{1}}, SamplingOptions(), hooks).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Defence in depth behind the worker's check of received weights: a policy
+// whose logits are NaN is an error naming the step and version, never a
+// LibTorch exception out of torch::multinomial ("probability tensor
+// contains either inf, nan or element < 0"), which would end the process.
+TEST(GenerateTest, NonFiniteLogitsAreAnErrorNotACrash) {
+  auto good = Model(15, "micro");
+  absl::StatusOr<std::unique_ptr<Transformer>> broken =
+      Transformer::Create(*BuiltinModelConfig("micro", kVocab), 16);
+  ASSERT_TRUE(broken.ok());
+  std::vector<NamedTensor> weights;
+  for (const NamedTensor& param : (*broken)->parameters()) {
+    weights.push_back({param.name, torch::full(param.tensor.sizes(), std::nanf(""))});
+  }
+  ASSERT_TRUE((*broken)->LoadWeights(weights).ok());
+  std::shared_ptr<const Transformer> nan_model(std::move(*broken));
+
+  for (double temperature : {1.0, 0.0}) {
+    SamplingOptions options;
+    options.temperature = temperature;
+    options.max_new_tokens = 3;
+    absl::StatusOr<std::vector<Completion>> out = Generate({nan_model, 7}, kPrompts, options);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition) << temperature;
+    EXPECT_THAT(std::string(out.status().message()),
+                HasSubstr("decoding step 0 with policy version 7: the policy produced NaN"));
+  }
+  // The same after a swap to it mid-generation.
+  GenerationHooks hooks;
+  int calls = 0;
+  hooks.current_policy = [&] {
+    return ++calls <= 2 ? PolicySnapshot{good, 0} : PolicySnapshot{nan_model, 1};
+  };
+  SamplingOptions options;
+  options.max_new_tokens = 5;
+  absl::StatusOr<std::vector<Completion>> swapped =
+      Generate({good, 0}, kPrompts, options, hooks);
+  EXPECT_EQ(swapped.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(swapped.status().message()), HasSubstr("step 2 with policy version 1"));
 }
 
 }  // namespace

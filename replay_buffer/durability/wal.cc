@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/status_macros.h"
 #include "replay_buffer/durability/record_format.h"
@@ -129,6 +130,10 @@ absl::Status WalOptions::Validate() const {
   if (segment_size_bytes == 0) {
     return absl::InvalidArgumentError("segment_size_bytes must be > 0, got 0");
   }
+  if (lock_wait < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("lock_wait must be >= 0, got ", absl::FormatDuration(lock_wait)));
+  }
   return absl::OkStatus();
 }
 
@@ -150,15 +155,7 @@ absl::Status WalWriter::Initialize() {
     // before any record in it is acknowledged as durable.
     RETURN_IF_ERROR(SyncDirectory(ParentDirectory(dir_)));
   }
-  const std::string lock_path = JoinPath(dir_, kLockFileName);
-  ASSIGN_OR_RETURN(lock_fd_, OpenFile(lock_path, O_RDWR | O_CREAT));
-  if (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("another WalWriter has the log open (", lock_path, " is locked)"));
-    }
-    return PosixError(errno, "flock", lock_path);
-  }
+  RETURN_IF_ERROR(LockDirectory());
 
   ASSIGN_OR_RETURN(std::vector<SegmentFile> files, ListSegments(dir_));
   absl::MutexLock lock(&mu_);
@@ -208,6 +205,50 @@ absl::Status WalWriter::Initialize() {
 
   if (options_.fsync_policy == FsyncPolicy::kInterval) {
     interval_thread_ = std::thread([this] { IntervalSyncLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WalWriter::LockDirectory() {
+  const std::string lock_path = JoinPath(dir_, kLockFileName);
+  ASSIGN_OR_RETURN(lock_fd_, OpenFile(lock_path, O_RDWR | O_CREAT));
+  // What the holder wrote into LOCK: "pid 1234" (empty when unknown).
+  const auto holder = [&]() -> std::string {
+    char buffer[64];
+    const ssize_t n = ::pread(lock_fd_.get(), buffer, sizeof(buffer) - 1, 0);
+    if (n <= 0) return "";
+    return std::string(absl::StripAsciiWhitespace(absl::string_view(buffer, n)));
+  };
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + options_.lock_wait;
+  bool waiting = false;
+  // flock(2) has no timed form, so the wait polls; the interval is short
+  // next to a process's teardown and the wait is bounded.
+  constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+  while (::flock(lock_fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    if (errno != EWOULDBLOCK) return PosixError(errno, "flock", lock_path);
+    const absl::Time now = absl::Now();
+    if (now >= deadline) {
+      const std::string who = holder();
+      return absl::FailedPreconditionError(absl::StrCat(
+          "another WalWriter has the log open (", lock_path, " is locked",
+          who.empty() ? "" : absl::StrCat(" by ", who),
+          waiting ? absl::StrCat(", still after waiting ", absl::FormatDuration(now - start))
+                  : "",
+          ")"));
+    }
+    if (!waiting) {
+      waiting = true;
+      if (options_.lock_wait_observer) options_.lock_wait_observer(holder());
+    }
+    absl::SleepFor(std::min(kPollInterval, deadline - now));
+  }
+  // Ours now: say who holds it, for the message of the next one to wait.
+  const std::string mine = absl::StrCat("pid ", ::getpid(), "\n");
+  if (::ftruncate(lock_fd_.get(), 0) != 0 ||
+      ::pwrite(lock_fd_.get(), mine.data(), mine.size(), 0) != static_cast<ssize_t>(mine.size())) {
+    return PosixError(errno, "writing the holder's pid into", lock_path);
   }
   return absl::OkStatus();
 }

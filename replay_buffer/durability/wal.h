@@ -24,7 +24,8 @@
 // The replay buffer's write-ahead log: payload-agnostic, append-only,
 // checksummed records with consecutive log sequence numbers (LSNs).
 //
-//   <dir>/LOCK                             flock(2)ed by the one WalWriter
+//   <dir>/LOCK                             flock(2)ed by the one WalWriter,
+//                                          which writes "pid <its pid>" into it
 //   <dir>/wal-00000000000000000001.log     records 1 .. 4711
 //   <dir>/wal-00000000000000004712.log     records 4712 .. (the active one)
 //
@@ -94,6 +95,17 @@ struct WalOptions {
   // it must be cheap and must not call into this WalWriter. Calls are never
   // concurrent with each other (one sync at a time).
   std::function<void(absl::Duration)> fsync_observer;
+  // How long Open waits for another writer to release the directory lock
+  // before refusing (>= 0; 0 = refuse at once). A process killed with
+  // kill -9 keeps its lock until the kernel has torn it down, which can
+  // take a moment after the signal: a supervisor that restarts it at once
+  // must not be refused for that. A live writer is still refused once the
+  // wait runs out.
+  absl::Duration lock_wait = absl::ZeroDuration();
+  // Called once, from Open, when the lock is held by another writer and
+  // Open starts waiting for it, with what LOCK says about the holder ("pid
+  // 1234", or "" when it says nothing). For a log line.
+  std::function<void(const std::string& holder)> lock_wait_observer;
 
   // INVALID_ARGUMENT naming the field, e.g. "segment_size_bytes must be > 0".
   absl::Status Validate() const;
@@ -135,9 +147,11 @@ class WalWriter {
   // last segment to find the last LSN, truncating a torn tail (reported in
   // recovery()). Only the last segment is read, so Open costs O(segment
   // size); unless kNever it also fdatasyncs every segment (cheap when
-  // clean) so that a previous writer's unsynced data is durable too. Errors: INVALID_ARGUMENT for
-  // bad options, FAILED_PRECONDITION when another writer holds the directory, DATA_LOSS when the
-  // last segment is damaged other than at its tail, or an I/O error.
+  // clean) so that a previous writer's unsynced data is durable too. When another writer holds
+  // the directory, blocks up to options.lock_wait for it to let go (polling the lock; flock(2)
+  // has no timeout). Errors: INVALID_ARGUMENT for bad options, FAILED_PRECONDITION naming the
+  // holder's pid when another writer still holds the directory after the wait, DATA_LOSS when
+  // the last segment is damaged other than at its tail, or an I/O error.
   static absl::StatusOr<std::unique_ptr<WalWriter>> Open(std::string dir, WalOptions options = {});
 
   // Close()s, ignoring its error.
@@ -215,6 +229,9 @@ class WalWriter {
   WalWriter(std::string dir, WalOptions options);
 
   absl::Status Initialize() ABSL_LOCKS_EXCLUDED(mu_);
+  // Takes the flock on <dir>/LOCK (waiting up to options_.lock_wait) and
+  // records this process's pid in it.
+  absl::Status LockDirectory();
   absl::StatusOr<uint64_t> AppendImpl(absl::Span<const absl::string_view> payloads,
                                       bool wait_for_sync) ABSL_LOCKS_EXCLUDED(mu_);
   // fdatasync of the active segment if it holds unsynced records (unless

@@ -158,6 +158,59 @@ TEST(WalTest, SecondWriterOnTheSameDirectoryIsRefused) {
   EXPECT_TRUE(WalWriter::Open(dir.path(), NoSync()).ok());
 }
 
+TEST(WalTest, OpenWaitsForTheHolderToReleaseTheLock) {
+  // As after kill -9: the previous writer still holds the lock for a
+  // moment. Open waits for it rather than failing.
+  TempDirectory dir;
+  auto holder = OpenOrDie(dir.path(), NoSync());
+  ASSERT_TRUE(holder->Append("before").ok());
+  WalOptions options = NoSync();
+  options.lock_wait = absl::Seconds(30);
+  absl::Mutex mu;
+  std::vector<std::string> waited_for;
+  options.lock_wait_observer = [&](const std::string& who) {
+    absl::MutexLock lock(&mu);
+    waited_for.push_back(who);
+  };
+  absl::Notification opened;
+  absl::StatusOr<std::unique_ptr<WalWriter>> second;
+  std::thread opener([&] {
+    second = WalWriter::Open(dir.path(), options);
+    opened.Notify();
+  });
+  EXPECT_FALSE(opened.WaitForNotificationWithTimeout(absl::Milliseconds(300)));
+  holder.reset();  // releases the lock
+  EXPECT_TRUE(opened.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  opener.join();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ((*second)->next_lsn(), 2u);
+  absl::MutexLock lock(&mu);
+  EXPECT_THAT(waited_for, ElementsAre(absl::StrCat("pid ", getpid())));
+}
+
+TEST(WalTest, ALiveHolderIsStillRefusedAfterTheWaitNamingItsPid) {
+  TempDirectory dir;
+  auto holder = OpenOrDie(dir.path(), NoSync());
+  WalOptions options = NoSync();
+  options.lock_wait = absl::Milliseconds(200);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<WalWriter>> second = WalWriter::Open(dir.path(), options);
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(200));
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr(absl::StrCat("LOCK is locked by pid ", getpid())));
+  EXPECT_THAT(second.status().message(), HasSubstr("still after waiting"));
+  // The holder is untouched.
+  EXPECT_TRUE(holder->Append("still mine").ok());
+}
+
+TEST(WalTest, NegativeLockWaitIsInvalid) {
+  TempDirectory dir;
+  WalOptions options = NoSync();
+  options.lock_wait = absl::Milliseconds(-1);
+  EXPECT_EQ(WalWriter::Open(dir.path(), options).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(WalTest, InvalidOptionsAndBatchesAreRejected) {
   TempDirectory dir;
   WalOptions options;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/run/run_model.h"
 #include "services/controller/run_spec.h"
 
 namespace sluice::controller {
@@ -234,6 +235,13 @@ bool RunDriver::StartServices() {
   configure.set_group_size(spec_.algorithm().group_size());
   configure.set_initial_policy_version(0);
   configure.set_seed(spec_.seed());
+  // What the buffer checks inserted groups against: ids in the model's
+  // vocabulary, rewards in the reward server's [0, 1].
+  if (auto model = run::LoadRunModelConfig(spec_.model()); model.ok()) {
+    configure.set_vocab_size(model->vocab_size);
+  }
+  configure.set_min_reward(0.0);
+  configure.set_max_reward(1.0);
   if (absl::Status status = clients_.replay_buffer->ConfigureRun(configure); !status.ok()) {
     Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
     return false;

@@ -9,6 +9,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "reward_server/math/latex_parser.h"
+#include "reward_server/math/latex_words.h"
 
 namespace sluice::reward_server::internal {
 namespace {

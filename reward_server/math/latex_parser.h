@@ -7,7 +7,8 @@
 // "15\text{ cm}^2", "1\frac{4}{5}" (a mixed number: an integer literal right
 // before a \frac of two integer literals is their sum). It builds a small
 // expression tree (no algebra happens here; math_equivalence.h turns trees
-// into GiNaC expressions) and notes the units it drops.
+// into GiNaC expressions) and notes the units it drops. Which words are
+// functions, units and so on is latex_words.h's.
 //
 // Why our own parser: GiNaC's parser knows no LaTeX and has no bounds, and the
 // answers come from a model under RL, i.e. from an adversary. Every input is
@@ -69,8 +70,8 @@ struct LatexExpr {
   std::vector<Node> nodes;
   int root = -1;
   // The units the parse dropped, by key: "degree" (^\circ, \degree, "degrees"),
-  // "dollar" (\$, "dollars"), else the unit's words lower case and singular
-  // with any power ("\text{ cm}^2", "square cm" -> "cm^2"). At most 8.
+  // "dollar" (\$, "dollars"), else latex_words.h's UnitKey of the unit's
+  // words with any power ("\text{ cm}^2", "square cm" -> "cm^2"). At most 8.
   std::vector<std::string> units;
 
   // A canonical-looking prefix form, for details and debugging
@@ -87,16 +88,6 @@ struct LatexExpr {
 // Linear time; recursion depth at most kMaxParseDepth frames of each parse
 // level. Thread-safe (no shared state).
 absl::StatusOr<LatexExpr> ParseLatexAnswer(absl::string_view latex);
-
-// Whether `text` reads as prose rather than as one answer: it holds a word
-// (two or more ASCII letters after the start or a space, outside commands
-// and their \text{}-like arguments) that is not a unit ("cm", "dollars"), a
-// function or constant name ("sin", "pi") or "and"/"or", and the text is not
-// that word alone. "The answer is 5" and "5 pears" are prose; "Evelyn",
-// "5 cm", "\sin x", "x^2 + 1" and "\text{Navin}" are not. The parser would
-// read prose as a product of letters, so a caller that has a choice should
-// extract an answer from it instead. Linear; thread-safe.
-bool LooksLikeProse(absl::string_view text);
 
 }  // namespace sluice::reward_server::math
 

@@ -66,19 +66,6 @@ TEST(LatexParserTest, RecordsTheUnitsItDrops) {
   EXPECT_THAT(Units("28\\%"), ElementsAre());
 }
 
-TEST(LatexParserTest, TellsProseFromOneAnswer) {
-  for (const std::string prose :
-       {"The answer is 5", "5 pears", "She sold 48 + 24 = 72.\n#### 72", "Evelyn and Briana"}) {
-    EXPECT_TRUE(LooksLikeProse(prose)) << prose;
-  }
-  for (const std::string answer :
-       {"Evelyn", "\\text{Evelyn}", "\\text{The midpoints form a hexagon}", "5 cm",
-        "10 square units", "\\sin x", "3 pi", "x^2 + 1", "1 or 2", "6 - 5i", "x \\in [-2,7]",
-        "\\begin{pmatrix} 1 \\\\ 2 \\end{pmatrix}", ""}) {
-    EXPECT_FALSE(LooksLikeProse(answer)) << answer;
-  }
-}
-
 TEST(LatexParserTest, RejectsOrBoundsHostileInput) {
   // Deep nesting is a RESOURCE_EXHAUSTED error, not a stack overflow.
   std::string deep(5000, '(');

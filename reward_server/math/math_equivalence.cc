@@ -6,975 +6,30 @@
 #include <cmath>
 #include <complex>
 #include <cstdint>
-#include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <utility>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "reward_server/math/answer_extraction.h"
+#include "reward_server/math/ginac_values.h"
 
 namespace sluice::reward_server {
 namespace {
 
+using internal::ExtractAnswer;
+using internal::ExtractedAnswer;
+using internal::GinacMutex;
+using internal::kMaxItems;
+using internal::SymbolTable;
+using internal::TooLargeError;
+using internal::Value;
+using internal::VKind;
 using math::LatexExpr;
-using math::Node;
-using math::NodeKind;
 
-// Candidates tried per side at most (each a bounded parse).
-constexpr int kMaxCandidatesTried = 40;
-// Items of a set/list/tuple compared at most (matching is quadratic).
-constexpr size_t kMaxItems = 48;
-// Alternatives a ± expansion may produce.
-constexpr size_t kMaxAlternatives = 8;
+// Points at which two expressions with symbols are evaluated.
 constexpr int kEvaluationPoints = 5;
-
-bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsSpace(char c) { return absl::ascii_isspace(static_cast<unsigned char>(c)); }
-bool IsLetter(char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)); }
-
-// ---------------------------------------------------------------------------
-// Extraction
-
-struct Span {
-  size_t start;          // Of the whole match (delimiters included).
-  size_t end;            // One past it.
-  absl::string_view content;
-  bool percent = false;
-};
-
-// Percent marker right after `at` ("%", "\%", " percent", " pct").
-bool PercentAfter(absl::string_view s, size_t at) {
-  size_t i = at;
-  // Bounded: a run of "$$$..." must not make the scan quadratic.
-  while (i < s.size() && i < at + 8 && (s[i] == ' ' || s[i] == '$')) ++i;
-  absl::string_view rest = s.substr(std::min(i, s.size()), 12);
-  if (absl::StartsWith(rest, "%") || absl::StartsWith(rest, "\\%")) return true;
-  return absl::StartsWithIgnoreCase(rest, "percent") || absl::StartsWithIgnoreCase(rest, "pct");
-}
-
-// Math spans: $$..$$, \[..\], $..$ (one line), \(..\) (one line), left to
-// right, non-overlapping. Linear: a delimiter kind that fails to close once
-// is never searched for again.
-std::vector<Span> FindMathSpans(absl::string_view s) {
-  std::vector<Span> spans;
-  bool dead[4] = {false, false, false, false};
-  size_t i = 0;
-  while (i < s.size()) {
-    const char c = s[i];
-    const bool escaped = i > 0 && s[i - 1] == '\\';
-    size_t open = 0, close = absl::string_view::npos;
-    int kind = -1;
-    if (c == '$' && !escaped && i + 1 < s.size() && s[i + 1] == '$' && !dead[0]) {
-      kind = 0;
-      open = 2;
-      close = s.find("$$", i + 2);
-    } else if (c == '\\' && i + 1 < s.size() && s[i + 1] == '[' && !escaped && !dead[1]) {
-      kind = 1;
-      open = 2;
-      close = s.find("\\]", i + 2);
-    } else if (c == '$' && !escaped && !(i > 0 && IsDigit(s[i - 1])) && !dead[2]) {
-      kind = 2;
-      open = 1;
-      size_t j = i + 1;
-      while (j < s.size() && s[j] != '\n' && !(s[j] == '$' && s[j - 1] != '\\')) ++j;
-      close = j < s.size() && s[j] == '$' && j > i + 1 ? j : absl::string_view::npos;
-      if (close == absl::string_view::npos) {
-        ++i;  // An unclosed inline "$" ("$5 each"): look on.
-        continue;
-      }
-    } else if (c == '\\' && i + 1 < s.size() && s[i + 1] == '(' && !escaped && !dead[3]) {
-      kind = 3;
-      open = 2;
-      close = s.find("\\)", i + 2);
-      if (close != absl::string_view::npos &&
-          s.substr(i, close - i).find('\n') != absl::string_view::npos) {
-        i += 2;
-        continue;
-      }
-    }
-    if (kind < 0) {
-      ++i;
-      continue;
-    }
-    if (close == absl::string_view::npos) {
-      dead[kind] = true;
-      i += open;
-      continue;
-    }
-    const size_t close_length = kind == 2 ? 1 : 2;
-    Span span{i, close + close_length, s.substr(i + open, close - i - open)};
-    span.percent = PercentAfter(s, span.end);
-    if (!absl::StripAsciiWhitespace(span.content).empty()) spans.push_back(span);
-    i = close + close_length;
-  }
-  return spans;
-}
-
-// \boxed{..} / \fbox{..} (also over-escaped "\\boxed{"), outermost only, in
-// order. One pass with a stack.
-std::vector<Span> FindBoxes(absl::string_view s) {
-  struct Open {
-    size_t start;
-    size_t content_start;
-    size_t depth;
-  };
-  std::vector<Open> open;
-  std::vector<Span> boxes;
-  size_t depth = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '\\') {
-      size_t j = i + 1;
-      if (j < s.size() && s[j] == '\\') ++j;
-      absl::string_view rest = s.substr(j);
-      size_t name = 0;
-      if (absl::StartsWith(rest, "boxed")) name = 5;
-      if (absl::StartsWith(rest, "fbox")) name = 4;
-      if (name > 0) {
-        size_t k = j + name;
-        while (k < s.size() && s[k] == ' ') ++k;
-        if (k < s.size() && s[k] == '{') {
-          open.push_back({i, k + 1, depth});
-          ++depth;
-          i = k;
-          continue;
-        }
-      }
-      if (j < s.size() && (s[j] == '{' || s[j] == '}')) i = j;
-      continue;
-    }
-    if (c == '{') {
-      ++depth;
-    } else if (c == '}' && depth > 0) {
-      --depth;
-      if (!open.empty() && open.back().depth == depth) {
-        const Open box = open.back();
-        open.pop_back();
-        if (!open.empty()) continue;  // Nested: the outer box holds it.
-        // Drop boxes inside this one (kept when closed first).
-        while (!boxes.empty() && boxes.back().start > box.start) boxes.pop_back();
-        Span span{box.start, i + 1, s.substr(box.content_start, i - box.content_start)};
-        if (!absl::StripAsciiWhitespace(span.content).empty()) boxes.push_back(span);
-      }
-    }
-  }
-  return boxes;
-}
-
-// Whether the text between two boxes is a short connective ("and", ", ",
-// "\quad \text{and} \quad", "\) and \(", "papers and"): at most four words
-// once LaTeX spacing and delimiters are dropped.
-bool ShortConnective(absl::string_view gap) {
-  if (gap.size() > 80) return false;
-  std::string words;
-  for (size_t i = 0; i < gap.size(); ++i) {
-    const char c = gap[i];
-    if (c == '\\') {
-      size_t j = i + 1;
-      while (j < gap.size() && IsLetter(gap[j])) ++j;
-      absl::string_view name = gap.substr(i + 1, j - i - 1);
-      if (name == "text" || name == "textbf" || name == "mbox" || name == "quad" ||
-          name == "qquad" || name.empty()) {
-        words.push_back(' ');
-        i = name.empty() ? i + 1 : j - 1;
-        continue;
-      }
-      absl::StrAppend(&words, gap.substr(i, j - i));
-      i = j - 1;
-      continue;
-    }
-    if (c == '$' || c == '{' || c == '}' || c == ',' || c == '.' || c == ';' || c == '(' ||
-        c == ')' || c == '[' || c == ']') {
-      words.push_back(' ');
-      continue;
-    }
-    words.push_back(c);
-  }
-  int count = 0;
-  bool in_word = false;
-  for (const char c : words) {
-    if (IsSpace(c)) {
-      in_word = false;
-    } else if (!in_word) {
-      in_word = true;
-      ++count;
-    }
-  }
-  return count <= 4;
-}
-
-size_t RFindIgnoreCase(absl::string_view s, absl::string_view needle, size_t before) {
-  if (before > s.size()) before = s.size();
-  if (needle.size() > before) return absl::string_view::npos;
-  for (size_t i = before - needle.size() + 1; i-- > 0;) {
-    if (absl::EqualsIgnoreCase(s.substr(i, needle.size()), needle)) return i;
-  }
-  return absl::string_view::npos;
-}
-
-// Plain numbers and arithmetic expressions (Math-Verify's "expr" target):
-// anchored by start, whitespace, "=" or a currency sign before them.
-struct ExprMatch {
-  size_t start;
-  size_t end;
-  std::string text;  // Normalised: separators removed, decimal comma -> ".".
-  bool percent;
-};
-
-bool IsExprChar(char c) {
-  return IsDigit(c) || c == '.' || c == ' ' || c == '+' || c == '-' || c == '*' || c == '/' ||
-         c == '^' || c == '(' || c == ')';
-}
-bool IsOperatorChar(char c) {
-  return c == '+' || c == '-' || c == '*' || c == '/' || c == '^';
-}
-
-// The number at s[i] (digits with "1,234" / "1 234" groups, decimals with
-// "." or ","), its end in *end; empty when none.
-std::string ScanExprNumber(absl::string_view s, size_t i, size_t* end) {
-  size_t j = i;
-  std::string text;
-  if (j < s.size() && s[j] == '-') {
-    text.push_back('-');
-    ++j;
-  }
-  const size_t digits_start = j;
-  while (j < s.size() && IsDigit(s[j])) text.push_back(s[j++]);
-  const size_t int_length = j - digits_start;
-  if (int_length > 0 && int_length <= 3 && s[digits_start] != '0') {
-    // Thousands groups with one separator kind.
-    for (const char separator : {',', ' '}) {
-      size_t k = j;
-      std::string groups;
-      while (k + 3 < s.size() && s[k] == separator && IsDigit(s[k + 1]) && IsDigit(s[k + 2]) &&
-             IsDigit(s[k + 3]) && (k + 4 >= s.size() || !IsDigit(s[k + 4]))) {
-        absl::StrAppend(&groups, s.substr(k + 1, 3));
-        k += 4;
-      }
-      if (!groups.empty()) {
-        text += groups;
-        j = k;
-        break;
-      }
-    }
-  }
-  if (j + 1 < s.size() && (s[j] == '.' || s[j] == ',') && IsDigit(s[j + 1])) {
-    text.push_back('.');
-    ++j;
-    while (j < s.size() && IsDigit(s[j])) text.push_back(s[j++]);
-  } else if (int_length == 0) {
-    return {};
-  }
-  *end = j;
-  return text;
-}
-
-std::vector<ExprMatch> FindExprs(absl::string_view s) {
-  std::vector<ExprMatch> out;
-  size_t i = 0;
-  constexpr absl::string_view kCurrency = "$\xE2\x82\xAC\xC2\xA3\xC2\xA5";  // $ € £ ¥
-  while (i < s.size()) {
-    const bool anchored =
-        i == 0 || IsSpace(s[i - 1]) || s[i - 1] == '=' || s[i - 1] == '*' ||
-        (kCurrency.find(s[i - 1]) != absl::string_view::npos &&
-         (i < 2 || IsSpace(s[i - 2]) || s[i - 2] == '=' || static_cast<unsigned char>(s[i - 2]) >= 0x80));
-    const bool starts = IsDigit(s[i]) || (s[i] == '-' && i + 1 < s.size() && IsDigit(s[i + 1])) ||
-                        (s[i] == '.' && i + 1 < s.size() && IsDigit(s[i + 1])) || s[i] == '(';
-    if (!anchored || !starts || (i > 0 && IsDigit(s[i - 1]))) {
-      ++i;
-      continue;
-    }
-    // An arithmetic expression: the longest run of expression characters
-    // that holds an operator after its first digit and ends in a digit or ")".
-    size_t run = i;
-    while (run < s.size() && IsExprChar(s[run])) ++run;
-    size_t stop = run;
-    while (stop > i && (s[stop - 1] == ' ' || IsOperatorChar(s[stop - 1]) || s[stop - 1] == '.' ||
-                        s[stop - 1] == '(')) {
-      --stop;
-    }
-    absl::string_view candidate = s.substr(i, stop - i);
-    const size_t first_digit = candidate.find_first_of("0123456789");
-    bool is_expr = false;
-    if (first_digit != absl::string_view::npos) {
-      for (size_t k = first_digit + 1; k < candidate.size(); ++k) {
-        if (IsOperatorChar(candidate[k])) is_expr = true;
-      }
-    }
-    const bool suffix_ok = stop >= s.size() || IsSpace(s[stop]) ||
-                           absl::string_view(".,:)$").find(s[stop]) != absl::string_view::npos;
-    int parens = 0;
-    bool balanced = true;
-    for (const char c : candidate) {
-      if (c == '(') ++parens;
-      if (c == ')' && --parens < 0) balanced = false;
-    }
-    if (is_expr && suffix_ok && balanced && parens == 0) {
-      std::string text;
-      for (const char c : candidate) {
-        if (c != ' ') text.push_back(c);
-      }
-      out.push_back({i, stop, std::move(text), false});
-      i = stop;
-      continue;
-    }
-    if (s[i] == '(') {
-      ++i;
-      continue;
-    }
-    size_t end = 0;
-    std::string number = ScanExprNumber(s, i, &end);
-    if (number.empty()) {
-      ++i;
-      continue;
-    }
-    size_t after = end;
-    bool percent = false;
-    while (after < s.size() && s[after] == ' ') ++after;
-    absl::string_view rest = s.substr(after, 10);
-    if (absl::StartsWith(rest, "%") || absl::StartsWithIgnoreCase(rest, "percent") ||
-        absl::StartsWithIgnoreCase(rest, "pct")) {
-      percent = true;
-    }
-    out.push_back({i, end, std::move(number), percent});
-    i = end;
-  }
-  return out;
-}
-
-struct RankedCandidate {
-  MathAnswerCandidate candidate;
-  size_t start = 0;
-  bool latex = false;
-};
-
-std::string JoinContents(const std::vector<Span>& spans, size_t first, size_t last) {
-  std::string text;
-  for (size_t k = first; k <= last; ++k) {
-    if (k > first) text.append(", ");
-    absl::StrAppend(&text, absl::StripAsciiWhitespace(spans[k].content));
-  }
-  return text;
-}
-
-// Priority of an anchor ("final answer is", "answer:") right before `start`.
-int AnchorPriority(absl::string_view s, size_t start, size_t end, bool* anchored) {
-  *anchored = true;
-  // "final answer is[:] X", optionally followed by ". I hope".
-  absl::string_view before = s.substr(0, start);
-  absl::string_view trimmed = absl::StripTrailingAsciiWhitespace(before);
-  absl::ConsumeSuffix(&trimmed, ":");
-  trimmed = absl::StripTrailingAsciiWhitespace(trimmed);
-  if (trimmed.size() >= 3 && absl::EndsWithIgnoreCase(trimmed, " is")) {
-    const size_t final_answer = RFindIgnoreCase(s, "final answer", trimmed.size());
-    if (final_answer != absl::string_view::npos && trimmed.size() - final_answer <= 120) {
-      absl::string_view after = s.substr(end, 12);
-      absl::ConsumePrefix(&after, ".");
-      absl::ConsumePrefix(&after, " ");
-      if (absl::EqualsIgnoreCase(trimmed.substr(final_answer),
-                                 absl::string_view("final answer is")) &&
-          absl::StartsWith(after, "I hope")) {
-        return 0;
-      }
-      return 50;
-    }
-  }
-  // "answer[:] ... X" within 50 bytes.
-  const size_t window = start > 60 ? start - 60 : 0;
-  const size_t answer = RFindIgnoreCase(s, "answer", start);
-  if (answer != absl::string_view::npos && answer >= window && answer + 6 <= start &&
-      start - (answer + 6) <= 50) {
-    return s.substr(answer + 6, 1) == ":" ? 100 : 200;
-  }
-  *anchored = false;
-  return 300;
-}
-
-std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
-                                              const MathCompareOptions& options) {
-  std::vector<RankedCandidate> out;
-  auto add = [&](std::string text, bool percent, int priority, size_t start, size_t end,
-                 bool latex) {
-    RankedCandidate candidate;
-    candidate.candidate = {std::move(text), percent, priority, end};
-    candidate.start = start;
-    candidate.latex = latex;
-    out.push_back(std::move(candidate));
-  };
-  // GSM8K: the last "#### N".
-  if (const size_t hashes = s.rfind("####"); hashes != absl::string_view::npos) {
-    absl::string_view line = s.substr(hashes + 4);
-    line = line.substr(0, line.find('\n'));
-    line = absl::StripAsciiWhitespace(line);
-    while (absl::ConsumePrefix(&line, "#")) {
-    }
-    line = absl::StripAsciiWhitespace(line);
-    if (!line.empty() && line.size() <= math::kMaxLatexBytes) {
-      add(std::string(line), false, 0, hashes, hashes + 4 + line.size(), true);
-    }
-  }
-  if (options.match_latex) {
-    // Boxes: the last, with the boxes joined to it by short connectives.
-    const std::vector<Span> boxes = FindBoxes(s);
-    if (!boxes.empty()) {
-      size_t first = boxes.size() - 1;
-      while (first > 0 && boxes.size() - first < 8 &&
-             ShortConnective(s.substr(boxes[first - 1].end,
-                                      boxes[first].start - boxes[first - 1].end))) {
-        --first;
-      }
-      const size_t last = boxes.size() - 1;
-      size_t after = boxes[last].end;
-      while (after < s.size() && (s[after] == '}' || s[after] == ' ' || s[after] == '$' ||
-                                  s[after] == '.')) {
-        ++after;
-      }
-      if (s.substr(after, 2) == "\\)" || s.substr(after, 2) == "\\]") after += 2;
-      add(JoinContents(boxes, first, last), PercentAfter(s, after) || PercentAfter(s, boxes[last].end),
-          0, boxes[first].start, boxes[last].end, true);
-    }
-    // Math spans, runs joined by ",", "and", "or" (up to six).
-    const std::vector<Span> spans = FindMathSpans(s);
-    size_t k = 0;
-    while (k < spans.size()) {
-      size_t last = k;
-      while (last + 1 < spans.size() && last - k < 5) {
-        absl::string_view gap = s.substr(spans[last].end, spans[last + 1].start - spans[last].end);
-        gap = absl::StripAsciiWhitespace(gap);
-        absl::ConsumePrefix(&gap, ",");
-        gap = absl::StripAsciiWhitespace(gap);
-        if (!(gap.empty() || absl::EqualsIgnoreCase(gap, "and") ||
-              absl::EqualsIgnoreCase(gap, "or")) ||
-            spans[last].percent) {
-          break;
-        }
-        ++last;
-      }
-      bool anchored = false;
-      const int priority = AnchorPriority(s, spans[k].start, spans[last].end, &anchored);
-      add(JoinContents(spans, k, last), spans[last].percent, priority, spans[k].start,
-          spans[last].end, true);
-      if (anchored) {
-        add(JoinContents(spans, k, last), spans[last].percent, 300, spans[k].start,
-            spans[last].end, true);
-      }
-      k = last + 1;
-    }
-  }
-  if (options.match_expr) {
-    for (ExprMatch& match : FindExprs(s)) {
-      bool anchored = false;
-      const int priority = AnchorPriority(s, match.start, match.end, &anchored);
-      if (anchored) add(match.text, match.percent, priority, match.start, match.end, false);
-      add(std::move(match.text), match.percent, 300, match.start, match.end, false);
-    }
-  }
-  std::stable_sort(out.begin(), out.end(), [](const RankedCandidate& a, const RankedCandidate& b) {
-    if (a.candidate.priority != b.candidate.priority) {
-      return a.candidate.priority < b.candidate.priority;
-    }
-    if (a.candidate.end != b.candidate.end) return a.candidate.end > b.candidate.end;
-    return a.start < b.start;
-  });
-  // Last resort: the whole text when it looks like a bare expression (no
-  // prose: no run of three letters outside a command).
-  absl::string_view whole = absl::StripAsciiWhitespace(s);
-  if (!whole.empty() && whole.size() <= 512) {
-    bool prose = false;
-    size_t run = 0;
-    for (size_t i = 0; i < whole.size(); ++i) {
-      if (whole[i] == '\\') {
-        while (i + 1 < whole.size() && IsLetter(whole[i + 1])) ++i;
-        run = 0;
-        continue;
-      }
-      run = IsLetter(whole[i]) ? run + 1 : 0;
-      if (run >= 3) prose = true;
-    }
-    if (!prose) add(std::string(whole), false, 400, 0, s.size(), true);
-  }
-  return out;
-}
-
-absl::string_view CutInput(absl::string_view text) {
-  if (text.size() > kMaxCompareInputBytes) {
-    text = text.substr(text.size() - kMaxCompareInputBytes);
-  }
-  return text;
-}
-
-// The string form compared as a last resort: no spaces, "$", \text-like
-// wrappers, \left/\right, spacing; "(C)" -> "C".
-std::string NormalizeAnswerString(absl::string_view text) {
-  std::string out;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (c == '\\') {
-      size_t j = i + 1;
-      while (j < text.size() && IsLetter(text[j])) ++j;
-      absl::string_view name = text.substr(i + 1, j - i - 1);
-      if (name == "text" || name == "textbf" || name == "mathrm" || name == "mbox" ||
-          name == "textnormal" || name == "left" || name == "right" || name == "displaystyle" ||
-          name == "quad" || name == "qquad") {
-        i = j - 1;
-        continue;
-      }
-      if (name == "dfrac" || name == "tfrac") {
-        out.append("\\frac");
-        i = j - 1;
-        continue;
-      }
-      if (name.empty() && j < text.size() &&
-          (text[j] == ',' || text[j] == '!' || text[j] == ';' || text[j] == ' ')) {
-        i = j;
-        continue;
-      }
-    }
-    if (IsSpace(c) || c == '$' || c == '{' || c == '}') continue;
-    out.push_back(c);
-  }
-  while (!out.empty() && out.back() == '.') out.pop_back();
-  if (out.size() == 3 && out[0] == '(' && out[2] == ')' && IsLetter(out[1])) out = out.substr(1, 1);
-  return out;
-}
-
-// ---------------------------------------------------------------------------
-// GiNaC conversion
-
-absl::Mutex& GinacMutex() {
-  static absl::Mutex* mu = new absl::Mutex();
-  return *mu;
-}
-
-enum class VKind { kScalar, kTuple, kList, kSet, kInterval, kUnion, kRelation, kMatrix };
-
-struct Scalar {
-  GiNaC::ex ex;
-  bool has_float = false;
-};
-
-struct Value {
-  VKind kind = VKind::kScalar;
-  GiNaC::ex ex;
-  bool has_float = false;
-  bool percent = false;
-  std::vector<Value> items;
-  std::vector<std::string> ops;
-  bool left_closed = false;
-  bool right_closed = false;
-  int rows = 0;
-  int cols = 0;
-};
-
-class TooLargeError {};
-
-class Converter {
- public:
-  explicit Converter(std::map<std::string, GiNaC::symbol>* symbols) : symbols_(symbols) {}
-
-  // Throws only inside the caller's try (GiNaC's own exceptions and ours).
-  Value ToValue(const LatexExpr& e, int index, int depth) {
-    CheckDepth(depth);
-    const Node& node = e.nodes.at(index);
-    Value value;
-    switch (node.kind) {
-      case NodeKind::kTuple:
-      case NodeKind::kList:
-      case NodeKind::kSet: {
-        value.kind = node.kind == NodeKind::kTuple  ? VKind::kTuple
-                     : node.kind == NodeKind::kList ? VKind::kList
-                                                    : VKind::kSet;
-        for (int kid : node.kids) {
-          Value item = ToValue(e, kid, depth + 1);
-          // Unordered collections flatten "a ± b" and nested bare lists.
-          if (value.kind != VKind::kTuple &&
-              (item.kind == VKind::kList || (item.kind == VKind::kSet && IsAlternatives(e, kid)))) {
-            for (Value& inner : item.items) value.items.push_back(std::move(inner));
-          } else {
-            value.items.push_back(std::move(item));
-          }
-          if (value.items.size() > kMaxItems) throw TooLargeError();
-        }
-        return value;
-      }
-      case NodeKind::kInterval:
-      case NodeKind::kUnion:
-      case NodeKind::kMatrix: {
-        value.kind = node.kind == NodeKind::kInterval ? VKind::kInterval
-                     : node.kind == NodeKind::kUnion  ? VKind::kUnion
-                                                      : VKind::kMatrix;
-        value.left_closed = node.left_closed;
-        value.right_closed = node.right_closed;
-        value.rows = node.rows;
-        value.cols = node.cols;
-        for (int kid : node.kids) value.items.push_back(ToValue(e, kid, depth + 1));
-        return value;
-      }
-      case NodeKind::kRelation:
-        return RelationValue(e, node, depth);
-      case NodeKind::kPercent: {
-        std::vector<Scalar> inner = ToScalars(e, node.kids.at(0), depth + 1);
-        if (inner.size() != 1) break;
-        value.ex = inner[0].ex;
-        value.has_float = inner[0].has_float;
-        value.percent = true;
-        return value;
-      }
-      default:
-        break;
-    }
-    std::vector<Scalar> alternatives = ToScalars(e, index, depth);
-    if (alternatives.size() == 1) {
-      value.ex = alternatives[0].ex;
-      value.has_float = alternatives[0].has_float;
-      return value;
-    }
-    value.kind = VKind::kSet;
-    for (Scalar& scalar : alternatives) {
-      Value item;
-      item.ex = scalar.ex;
-      item.has_float = scalar.has_float;
-      value.items.push_back(std::move(item));
-    }
-    return value;
-  }
-
- private:
-  static void CheckDepth(int depth) {
-    if (depth > 4 * math::kMaxParseDepth) throw TooLargeError();
-  }
-
-  static bool IsAlternatives(const LatexExpr& e, int index) {
-    return e.nodes.at(index).kind != NodeKind::kSet;
-  }
-
-  GiNaC::ex Symbol(const std::string& name) {
-    auto it = symbols_->find(name);
-    if (it == symbols_->end()) it = symbols_->emplace(name, GiNaC::symbol(name)).first;
-    return it->second;
-  }
-
-  static void CheckSize(const GiNaC::ex& x) {
-    if (!GiNaC::is_exactly_a<GiNaC::numeric>(x)) return;
-    if (ExactBits(GiNaC::ex_to<GiNaC::numeric>(x)) > kMaxNumberBits) throw TooLargeError();
-  }
-
-  static int Bits(const GiNaC::numeric& n) {
-    return n.numer().int_length() + n.denom().int_length();
-  }
-
-  // The bits of an exact number, both parts of a complex one ("6 - 5i");
-  // -1 for a float, whose size is bounded anyway.
-  static long ExactBits(const GiNaC::numeric& n) {
-    const GiNaC::numeric re = GiNaC::real(n);
-    const GiNaC::numeric im = GiNaC::imag(n);
-    if (!re.is_rational() || !im.is_rational()) return -1;
-    return static_cast<long>(Bits(re)) + (im.is_zero() ? 0 : Bits(im));
-  }
-
-  GiNaC::ex Power(const GiNaC::ex& base, const GiNaC::ex& exponent) {
-    if (GiNaC::is_exactly_a<GiNaC::numeric>(exponent)) {
-      const GiNaC::numeric& p = GiNaC::ex_to<GiNaC::numeric>(exponent);
-      const bool trivial_base = base.is_zero() || base.is_equal(GiNaC::ex(1));
-      if (!p.is_rational()) throw TooLargeError();
-      // GiNaC throws for these from inside power's construction, leaking
-      // the half-built object: refuse them first.
-      if (base.is_zero() && !p.is_positive()) throw std::invalid_argument("0^0 or 1/0");
-      if (!trivial_base) {
-        const GiNaC::numeric num = GiNaC::abs(p.numer());
-        const GiNaC::numeric den = p.denom();
-        if (num > kMaxExponent || den > kMaxExponent) throw TooLargeError();
-        if (GiNaC::is_exactly_a<GiNaC::numeric>(base)) {
-          const long bits = ExactBits(GiNaC::ex_to<GiNaC::numeric>(base));
-          if (bits * num.to_long() > kMaxNumberBits) throw TooLargeError();
-        }
-      }
-    }
-    GiNaC::ex result = GiNaC::pow(base, exponent);
-    CheckSize(result);
-    return result;
-  }
-
-  std::string Print(const GiNaC::ex& x) {
-    std::ostringstream out;
-    out << x;
-    std::string text = out.str();
-    if (text.size() > 2048) throw TooLargeError();
-    return text;
-  }
-
-  // Combines the alternatives of `parts` with `op`, at most kMaxAlternatives.
-  template <typename Op>
-  std::vector<Scalar> Combine(const std::vector<std::vector<Scalar>>& parts, Op op) {
-    std::vector<Scalar> acc = parts.at(0);
-    for (size_t k = 1; k < parts.size(); ++k) {
-      std::vector<Scalar> next;
-      for (const Scalar& a : acc) {
-        for (const Scalar& b : parts[k]) {
-          GiNaC::ex x = op(a.ex, b.ex);
-          CheckSize(x);
-          next.push_back({x, a.has_float || b.has_float});
-          if (next.size() > kMaxAlternatives) throw TooLargeError();
-        }
-      }
-      acc = std::move(next);
-    }
-    return acc;
-  }
-
-  Scalar One(const LatexExpr& e, int index, int depth) {
-    std::vector<Scalar> all = ToScalars(e, index, depth);
-    if (all.size() != 1) throw std::invalid_argument("± here");
-    return all[0];
-  }
-
-  std::vector<Scalar> ToScalars(const LatexExpr& e, int index, int depth) {
-    CheckDepth(depth);
-    const Node& node = e.nodes.at(index);
-    const auto kids = [&]() {
-      std::vector<std::vector<Scalar>> parts;
-      for (int kid : node.kids) parts.push_back(ToScalars(e, kid, depth + 1));
-      return parts;
-    };
-    switch (node.kind) {
-      case NodeKind::kNumber: {
-        const size_t point = node.text.find('.');
-        GiNaC::numeric value(std::string(node.text.substr(0, point)).c_str());
-        if (point != std::string::npos) {
-          const std::string decimals = node.text.substr(point + 1);
-          value += GiNaC::numeric(decimals.c_str()) /
-                   GiNaC::numeric(10).power(static_cast<long>(decimals.size()));
-        }
-        return {{value, node.is_float}};
-      }
-      case NodeKind::kSymbol:
-        // "6 - 5i": the imaginary unit.
-        if (node.text == "i") return {{GiNaC::I, false}};
-        return {{Symbol(node.text), false}};
-      case NodeKind::kConstant:
-        if (node.text == "pi") return {{GiNaC::Pi, false}};
-        if (node.text == "e") return {{GiNaC::exp(GiNaC::ex(1)), false}};
-        if (node.text == "i") return {{GiNaC::I, false}};
-        return {{Symbol("\\infty"), false}};
-      case NodeKind::kAdd:
-        return Combine(kids(), [](const GiNaC::ex& a, const GiNaC::ex& b) { return a + b; });
-      case NodeKind::kMul:
-        return Combine(kids(), [](const GiNaC::ex& a, const GiNaC::ex& b) { return a * b; });
-      case NodeKind::kNeg: {
-        std::vector<Scalar> inner = ToScalars(e, node.kids.at(0), depth + 1);
-        for (Scalar& s : inner) s.ex = -s.ex;
-        return inner;
-      }
-      case NodeKind::kDiv:
-        return Combine(kids(), [](const GiNaC::ex& a, const GiNaC::ex& b) {
-          if (b.is_zero()) throw std::invalid_argument("division by zero");
-          return a / b;
-        });
-      case NodeKind::kPow:
-        return Combine(kids(), [this](const GiNaC::ex& a, const GiNaC::ex& b) { return Power(a, b); });
-      case NodeKind::kPercent:
-        return Combine(kids(), [](const GiNaC::ex& a, const GiNaC::ex&) { return a / 100; });
-      case NodeKind::kPlusMinus: {
-        std::vector<std::vector<Scalar>> parts = kids();
-        std::vector<Scalar> out;
-        if (parts.size() == 1) {
-          for (const Scalar& b : parts[0]) {
-            out.push_back({b.ex, b.has_float});
-            out.push_back({-b.ex, b.has_float});
-          }
-        } else {
-          for (const Scalar& a : parts.at(0)) {
-            for (const Scalar& b : parts.at(1)) {
-              out.push_back({a.ex + b.ex, a.has_float || b.has_float});
-              out.push_back({a.ex - b.ex, a.has_float || b.has_float});
-            }
-          }
-        }
-        if (out.size() > kMaxAlternatives) throw TooLargeError();
-        return out;
-      }
-      case NodeKind::kFunction:
-        return {Function(e, node, depth)};
-      default:
-        throw std::invalid_argument("not a scalar");
-    }
-  }
-
-  // "52_8", "4210_{5}": digits in a base from 2 to 10, by value (42, 555);
-  // nullopt for anything else ("x_1", "19_8", "12_{10.5}").
-  static std::optional<GiNaC::numeric> BaseNumber(const LatexExpr& e, const Node& node) {
-    if (node.kids.size() != 2) return std::nullopt;
-    const Node& digits = e.nodes.at(node.kids[0]);
-    const Node& base = e.nodes.at(node.kids[1]);
-    if (digits.kind != NodeKind::kNumber || digits.is_float || base.kind != NodeKind::kNumber ||
-        base.is_float || base.text.size() > 2) {
-      return std::nullopt;
-    }
-    const int radix = std::stoi(base.text);
-    if (radix < 2 || radix > 10) return std::nullopt;
-    GiNaC::numeric value = 0;
-    for (const char digit : digits.text) {
-      if (digit - '0' >= radix) return std::nullopt;
-      value = value * radix + (digit - '0');
-    }
-    return value;
-  }
-
-  Scalar Function(const LatexExpr& e, const Node& node, int depth) {
-    const std::string& name = node.text;
-    if (name == "_") {
-      if (std::optional<GiNaC::numeric> value = BaseNumber(e, node)) return {*value, false};
-    }
-    if (name == "_" || name == "prime") {
-      // x_1, a_{n-1}, 204_5: one opaque name.
-      std::string base = e.SubtreeString(node.kids.at(0));
-      std::string sub;
-      if (node.kids.size() > 1) {
-        try {
-          sub = Print(One(e, node.kids[1], depth + 1).ex);
-        } catch (const TooLargeError&) {
-          throw;
-        } catch (...) {
-          sub = e.SubtreeString(node.kids[1]);
-        }
-      }
-      return {Symbol(name == "_" ? absl::StrCat(base, "_", sub) : absl::StrCat(base, "'")), false};
-    }
-    if (name == "sum" || name == "prod") {
-      const std::string text =
-          absl::StrCat(name, "[", e.SubtreeString(node.kids.at(0)), ";",
-                       Print(One(e, node.kids.at(1), depth + 1).ex), "](",
-                       Print(One(e, node.kids.at(2), depth + 1).ex), ")");
-      return {Symbol(text), false};
-    }
-    std::vector<Scalar> args;
-    bool has_float = false;
-    for (int kid : node.kids) {
-      args.push_back(One(e, kid, depth + 1));
-      has_float = has_float || args.back().has_float;
-    }
-    const GiNaC::ex& x = args.at(0).ex;
-    GiNaC::ex result;
-    if (name == "sqrt") {
-      result = Power(x, GiNaC::numeric(1, 2));
-    } else if (name == "root") {
-      const GiNaC::ex& n = args.at(1).ex;
-      if (n.is_zero()) throw std::invalid_argument("zeroth root");
-      result = Power(x, GiNaC::ex(1) / n);
-    } else if (name == "sin") {
-      result = GiNaC::sin(x);
-    } else if (name == "cos") {
-      result = GiNaC::cos(x);
-    } else if (name == "tan") {
-      result = GiNaC::tan(x);
-    } else if (name == "sec") {
-      result = 1 / GiNaC::cos(x);
-    } else if (name == "csc") {
-      result = 1 / GiNaC::sin(x);
-    } else if (name == "cot") {
-      result = GiNaC::cos(x) / GiNaC::sin(x);
-    } else if (name == "arcsin") {
-      result = GiNaC::asin(x);
-    } else if (name == "arccos") {
-      result = GiNaC::acos(x);
-    } else if (name == "arctan") {
-      result = GiNaC::atan(x);
-    } else if (name == "sinh") {
-      result = GiNaC::sinh(x);
-    } else if (name == "cosh") {
-      result = GiNaC::cosh(x);
-    } else if (name == "tanh") {
-      result = GiNaC::tanh(x);
-    } else if (name == "exp") {
-      result = GiNaC::exp(x);
-    } else if (name == "ln" || name == "log") {
-      if (x.is_zero()) throw std::invalid_argument("log(0)");
-      result = GiNaC::log(x);
-      if (args.size() > 1) {
-        const GiNaC::ex base_log = GiNaC::log(args[1].ex);
-        if (base_log.is_zero()) throw std::invalid_argument("log base 1");
-        result = result / base_log;
-      }
-    } else if (name == "abs") {
-      result = GiNaC::abs(x);
-    } else if (name == "factorial") {
-      if (GiNaC::is_exactly_a<GiNaC::numeric>(x)) {
-        const GiNaC::numeric& n = GiNaC::ex_to<GiNaC::numeric>(x);
-        if (!n.is_nonneg_integer()) throw std::invalid_argument("factorial of a non-integer");
-        if (n > kMaxFactorial) throw TooLargeError();
-      }
-      result = GiNaC::factorial(x);
-    } else {
-      // f(x), floor(x), \operatorname{lcm}(..): an opaque name.
-      std::vector<std::string> printed;
-      for (const Scalar& arg : args) printed.push_back(Print(arg.ex));
-      result = Symbol(absl::StrCat(name, "(", absl::StrJoin(printed, ","), ")"));
-    }
-    CheckSize(result);
-    return {result, has_float};
-  }
-
-  Value RelationValue(const LatexExpr& e, const Node& node, int depth) {
-    std::vector<int> operands = node.kids;
-    std::vector<std::string> ops = node.ops;
-    // "a ≈ b": keep what precedes the first ≈, unless that is a bare name
-    // ("x ≈ 11" -> 11).
-    for (size_t k = 0; k < ops.size(); ++k) {
-      if (ops[k] != "~") continue;
-      if (k == 0) {
-        Value left = ToValue(e, operands[0], depth + 1);
-        if (IsName(left)) return ToValue(e, operands[1], depth + 1);
-        return left;
-      }
-      operands.resize(k + 1);
-      ops.resize(k);
-      break;
-    }
-    if (ops.size() == 1 && ops[0] == "in") return ToValue(e, operands[1], depth + 1);
-    for (const std::string& op : ops) {
-      if (op == "in") throw std::invalid_argument("'in' in a chain");
-    }
-    // "x = 5+5+1 = 11": the last part.
-    if (ops.size() >= 2 && std::all_of(ops.begin(), ops.end(),
-                                       [](const std::string& op) { return op == "="; })) {
-      return ToValue(e, operands.back(), depth + 1);
-    }
-    Value value;
-    value.kind = VKind::kRelation;
-    value.ops = ops;
-    for (int operand : operands) value.items.push_back(ToValue(e, operand, depth + 1));
-    return value;
-  }
-
- public:
-  // A plain name: not a number, has a symbol, not a sum ("x", "f(x)",
-  // "a_3", "AB", "|AB|", "A:B"); or a tuple of names ("(p, q)").
-  static bool IsName(const Value& value) {
-    if (value.kind == VKind::kTuple) {
-      return !value.items.empty() && std::all_of(value.items.begin(), value.items.end(),
-                                                 [](const Value& v) { return IsName(v); });
-    }
-    if (value.kind != VKind::kScalar || value.percent) return false;
-    if (GiNaC::is_a<GiNaC::numeric>(value.ex) || GiNaC::is_a<GiNaC::add>(value.ex)) return false;
-    for (auto it = value.ex.preorder_begin(); it != value.ex.preorder_end(); ++it) {
-      if (GiNaC::is_a<GiNaC::symbol>(*it)) return true;
-    }
-    return false;
-  }
-
- private:
-  std::map<std::string, GiNaC::symbol>* symbols_;
-};
-
-// ---------------------------------------------------------------------------
-// Comparison
 
 uint64_t Mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
@@ -983,9 +38,16 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// Step 3 of math_equivalence.h: whether two Values (ginac_values.h) of one
+// comparison are the same answer. Exact where GiNaC cancels the difference,
+// else numeric identity testing: every symbol of the comparison takes
+// kEvaluationPoints deterministic pseudo-random values. Bounded: recursion at
+// most 64 deep, unordered matching only up to kMaxItems items; never calls
+// expand() or normal(). Uses GiNaC throughout: construct, use and destroy it
+// under GinacMutex().
 class Comparer {
  public:
-  Comparer(const MathCompareOptions& options, const std::map<std::string, GiNaC::symbol>& symbols)
+  Comparer(const MathCompareOptions& options, const SymbolTable& symbols)
       : options_(options) {
     for (const auto& [name, symbol] : symbols) symbols_.push_back({name, symbol});
   }
@@ -1107,7 +169,7 @@ class Comparer {
     if (g_rel && p_rel) return RelationsEqual(g, p, depth);
     if (g_rel) {
       if (g.items.size() == 2 && g.ops[0] == "=" &&
-          (Converter::IsName(g.items[0]) || !options_.strict)) {
+          (internal::IsName(g.items[0]) || !options_.strict)) {
         return Equal(g.items[1], p, depth + 1);
       }
       if (SetLike(p)) {
@@ -1118,7 +180,7 @@ class Comparer {
       return false;
     }
     if (p.items.size() == 2 && p.ops[0] == "=" &&
-        (Converter::IsName(p.items[0]) || !options_.strict)) {
+        (internal::IsName(p.items[0]) || !options_.strict)) {
       return Equal(g, p.items[1], depth + 1);
     }
     if (options_.allow_set_relation_comp && SetLike(g)) {
@@ -1278,85 +340,6 @@ bool UnitsDiffer(const LatexExpr& a, const LatexExpr& b) {
   return x != y;
 }
 
-struct Side {
-  std::string answer;       // Raw text of the chosen candidate.
-  std::string normalized;   // Parsed form or normalised string.
-  std::string fallback;     // Normalised string of the first candidate.
-  std::optional<LatexExpr> parsed;
-  bool percent = false;
-  bool too_large = false;
-  std::string error;
-};
-
-// The whole of `text` as one answer (MathCompareOptions::gold_is_answer);
-// nullopt when it does not parse as one, reads as prose, or boxes its answer
-// ("\boxed{1}\boxed{2}" is two boxed answers, not their product).
-std::optional<Side> WholeAnswer(absl::string_view text) {
-  const absl::string_view whole = absl::StripAsciiWhitespace(text);
-  if (whole.empty() || whole.size() > math::kMaxLatexBytes || math::LooksLikeProse(whole) ||
-      !FindBoxes(whole).empty()) {
-    return std::nullopt;
-  }
-  absl::StatusOr<LatexExpr> parsed = math::ParseLatexAnswer(whole);
-  if (!parsed.ok()) return std::nullopt;
-  Side side;
-  side.answer = std::string(whole);
-  side.fallback = NormalizeAnswerString(whole);
-  side.normalized = parsed->DebugString();
-  side.parsed = std::move(*parsed);
-  return side;
-}
-
-// The answer of one side: with `whole_first`, the whole text when it is one
-// answer; otherwise (or when it is not) the first extracted candidate that
-// parses; with neither, only strings to compare.
-Side Extract(absl::string_view text, const MathCompareOptions& options, bool whole_first = false) {
-  text = CutInput(text);
-  if (whole_first) {
-    if (std::optional<Side> whole = WholeAnswer(text)) return *std::move(whole);
-  }
-  Side side;
-  std::vector<RankedCandidate> candidates = RankedCandidates(text, options);
-  std::vector<std::pair<size_t, size_t>> failed_latex;
-  int tried = 0;
-  for (const RankedCandidate& ranked : candidates) {
-    const MathAnswerCandidate& candidate = ranked.candidate;
-    if (side.fallback.empty()) {
-      side.fallback = NormalizeAnswerString(candidate.text);
-      side.answer = candidate.text;
-    }
-    if (!ranked.latex &&
-        std::any_of(failed_latex.begin(), failed_latex.end(), [&](const auto& span) {
-          return ranked.start < span.second && candidate.end > span.first;
-        })) {
-      continue;
-    }
-    if (++tried > kMaxCandidatesTried) break;
-    absl::StatusOr<LatexExpr> parsed = math::ParseLatexAnswer(candidate.text);
-    if (!parsed.ok()) {
-      if (parsed.status().code() == absl::StatusCode::kResourceExhausted) side.too_large = true;
-      if (side.error.empty()) side.error = std::string(parsed.status().message());
-      if (ranked.latex) failed_latex.push_back({ranked.start, candidate.end});
-      continue;
-    }
-    side.answer = candidate.text;
-    side.percent = candidate.percent;
-    side.normalized = parsed->DebugString();
-    side.parsed = std::move(*parsed);
-    side.too_large = false;
-    return side;
-  }
-  // A bare answer with nothing to extract ("no solution") is still compared
-  // as a string.
-  if (whole_first && side.fallback.empty()) {
-    side.answer = std::string(absl::StripAsciiWhitespace(text));
-    side.fallback = NormalizeAnswerString(side.answer);
-  }
-  side.normalized = side.fallback;
-  if (side.error.empty()) side.error = "no answer found";
-  return side;
-}
-
 }  // namespace
 
 absl::Status MathCompareOptions::Validate() const {
@@ -1385,7 +368,8 @@ absl::string_view MathCompareErrorName(MathCompareError error) {
 std::vector<MathAnswerCandidate> ExtractMathAnswerCandidates(absl::string_view text,
                                                              const MathCompareOptions& options) {
   std::vector<MathAnswerCandidate> out;
-  for (RankedCandidate& ranked : RankedCandidates(CutInput(text), options)) {
+  for (internal::RankedCandidate& ranked :
+       internal::RankedCandidates(internal::CutInput(text), options)) {
     out.push_back(std::move(ranked.candidate));
   }
   return out;
@@ -1396,8 +380,8 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
   MathComparison result;
   MathCompareOptions checked = options;
   if (!checked.Validate().ok()) checked = MathCompareOptions();
-  Side g = Extract(gold, checked, /*whole_first=*/checked.gold_is_answer);
-  Side p = Extract(prediction, checked);
+  ExtractedAnswer g = ExtractAnswer(gold, checked, /*whole_first=*/checked.gold_is_answer);
+  ExtractedAnswer p = ExtractAnswer(prediction, checked);
   result.gold_answer = g.answer;
   result.prediction_answer = p.answer;
   result.gold_normalized = g.normalized;
@@ -1420,10 +404,9 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
   if (UnitsDiffer(*g.parsed, *p.parsed)) return result;
   absl::MutexLock lock(&GinacMutex());
   try {
-    std::map<std::string, GiNaC::symbol> symbols;
-    Converter converter(&symbols);
-    Value gv = converter.ToValue(*g.parsed, g.parsed->root, 0);
-    Value pv = converter.ToValue(*p.parsed, p.parsed->root, 0);
+    SymbolTable symbols;
+    Value gv = internal::ConvertToValue(*g.parsed, &symbols);
+    Value pv = internal::ConvertToValue(*p.parsed, &symbols);
     if (g.percent && gv.kind == VKind::kScalar) gv.percent = true;
     if (p.percent && pv.kind == VKind::kScalar) pv.percent = true;
     Comparer comparer(checked, symbols);
@@ -1446,16 +429,15 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
 
 absl::StatusOr<std::string> ParseMathAnswerForFuzzing(absl::string_view text) {
   MathCompareOptions options;
-  Side side = Extract(text, options);
+  ExtractedAnswer side = ExtractAnswer(text, options);
   if (!side.parsed) {
     if (side.too_large) return absl::ResourceExhaustedError(side.error);
     return absl::NotFoundError(side.error);
   }
   absl::MutexLock lock(&GinacMutex());
   try {
-    std::map<std::string, GiNaC::symbol> symbols;
-    Converter converter(&symbols);
-    Value value = converter.ToValue(*side.parsed, side.parsed->root, 0);
+    SymbolTable symbols;
+    Value value = internal::ConvertToValue(*side.parsed, &symbols);
     (void)value;
   } catch (const TooLargeError&) {
     return absl::ResourceExhaustedError("too large");
@@ -1467,7 +449,7 @@ absl::StatusOr<std::string> ParseMathAnswerForFuzzing(absl::string_view text) {
 
 std::vector<absl::string_view> FindBoxedContents(absl::string_view text) {
   std::vector<absl::string_view> contents;
-  for (const Span& box : FindBoxes(text)) contents.push_back(box.content);
+  for (const internal::Span& box : internal::FindBoxes(text)) contents.push_back(box.content);
   return contents;
 }
 

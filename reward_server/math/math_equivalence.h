@@ -41,6 +41,9 @@
 // constants), so the GiNaC part of every comparison runs under one process-
 // wide mutex; it is short and bounded. Exceptions from GiNaC/CLN are caught
 // here and never escape.
+//
+// Inside: answer_extraction.h (step 1), latex_parser.h and ginac_values.h
+// (step 2, and the bounds and the mutex), math_equivalence.cc (step 3).
 
 #include <string>
 #include <vector>

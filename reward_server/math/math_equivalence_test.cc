@@ -169,14 +169,5 @@ TEST(CompareMathAnswersTest, PathologicalInputsReturn) {
             MathCompareError::kTooLarge);
 }
 
-TEST(CompareMathAnswersTest, ExtractsByPriority) {
-  const std::vector<MathAnswerCandidate> candidates = ExtractMathAnswerCandidates(
-      "We get $x = 3$ and then \\boxed{7}. Final answer: 9", MathCompareOptions());
-  ASSERT_FALSE(candidates.empty());
-  EXPECT_EQ(candidates[0].text, "7");
-  EXPECT_TRUE(Same("7", "\\boxed{1} no no no no no \\boxed{7}"));
-  EXPECT_TRUE(Same("$\\{1,2\\}$", "\\boxed{1} and \\boxed{2}"));
-}
-
 }  // namespace
 }  // namespace sluice::reward_server

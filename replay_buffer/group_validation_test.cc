@@ -209,7 +209,7 @@ TEST(GroupValidationTest, VersionsAheadOfThePolicyNameTheFirstSuchToken) {
   EXPECT_EQ(ahead.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ahead.message(),
             "trajectories[2].token_policy_versions[6]: must not be ahead of policy version 3 "
-            "(the newest the trainer has published), got 1000000000000");
+            "(the newest the trainer can have published), got 1000000000000");
 }
 
 }  // namespace

@@ -459,8 +459,8 @@ TEST_F(ReplayBufferServiceTest, PoisonedGroupsAreRefusedNamingTheFieldAndCounted
             "trajectories[0].completion_token_ids[2]: must be in [0, 1000) (the model's "
             "vocabulary), got 1000000000");
   EXPECT_THAT(results[3].message(),
-              HasSubstr("trajectories[0].token_policy_versions[0]: must not be ahead of the "
-                        "policy version 0"));
+              HasSubstr("trajectories[0].token_policy_versions[0]: must not be ahead of policy "
+                        "version 1 (the newest the trainer can have published)"));
   EXPECT_EQ(results[4].status(), v1::INSERT_STATUS_STORED);
   const v1::BufferStats stats = Stats();
   EXPECT_EQ(stats.size_groups(), 1);

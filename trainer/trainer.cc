@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/base/call_once.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
@@ -186,6 +188,7 @@ class TrainerRun::Impl {
   void Stop(bool checkpoint) {
     if (checkpoint) checkpoint_on_stop_.store(true);
     stop_.store(true);
+    absl::call_once(stop_once_, [this] { stopped_.Notify(); });  // Stop may race with itself
     if (deps_.buffer != nullptr) deps_.buffer->CancelSample();
   }
 
@@ -484,7 +487,7 @@ class TrainerRun::Impl {
           if (!transient || Now() - failing_since > kSampleRetrySeconds) return sampled.status();
           log::Warning("sampling from the replay buffer failed; retrying",
                        {{"run_id", run_id_}, {"error", std::string(sampled.status().message())}});
-          for (int i = 0; i < 10 && !stop_.load(); ++i) absl::SleepFor(absl::Milliseconds(100));
+          stopped_.WaitForNotificationWithTimeout(absl::Seconds(1));  // a stop ends the wait
           continue;
         }
         failing_since = -1;
@@ -498,6 +501,8 @@ class TrainerRun::Impl {
       const int groups = batch.groups_size();
       if (prox_model_ != nullptr) RETURN_IF_ERROR(prox_model_->LoadWeights(model_->parameters()));
       for (int m = 0; m < minibatches && step_ < alg.total_steps(); ++m) {
+        // A stop is seen between minibatches, not only between batches.
+        if (stop_.load()) return absl::CancelledError("stopped");
         const int begin = groups * m / minibatches;
         const int end = groups * (m + 1) / minibatches;
         ASSIGN_OR_RETURN(v1::TrainingStepMetrics metrics,
@@ -904,6 +909,9 @@ class TrainerRun::Impl {
   const v1::RunSpec spec_;
   TrainerRunDeps deps_;
   std::atomic<bool> stop_{false};
+  // Notified with stop_: what a wait between retries waits on.
+  absl::Notification stopped_;
+  absl::once_flag stop_once_;
   std::atomic<bool> checkpoint_on_stop_{false};
   std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   std::vector<int32_t> stop_token_ids_;

@@ -8,6 +8,7 @@
 #include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_metrics.h"
 #include "replay_buffer/replay_buffer_service.h"
+#include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 
 int main(int argc, char** argv) {
@@ -58,10 +59,12 @@ int main(int argc, char** argv) {
                  "buffer restarted at once after kill -9 finds it still held by the dying one "
                  "for a moment); a second live buffer on the directory is refused after it")
       ->capture_default_str();
+  sluice::runtime::MemoryBudgetFlag memory_budget(app);
   return main.Run(argc, argv, [&](ServiceContext& context) -> absl::Status {
     using namespace sluice;
     rb::RunTableOptions options;
     options.lease_ttl = absl::Milliseconds(lease_ttl_ms);
+    options.memory = std::make_shared<rb::MemoryAccount>(memory_budget.Apply(context));
     auto durability_metrics =
         std::make_shared<rb::DurabilityMetrics>(context.metrics_registry());
     rb::DurabilityOptions durability;
@@ -102,6 +105,13 @@ int main(int argc, char** argv) {
       }
       for (const std::string& warning : report.warnings) {
         log::Warning("replay buffer restore", {{"detail", warning}});
+      }
+      if (options.memory->budget_bytes() > 0 &&
+          options.memory->used_bytes() > options.memory->budget_bytes()) {
+        log::Warning("the restored groups take more than --memory-budget; inserts are refused "
+                     "(RETRYABLE_ERROR) until the trainer has sampled enough of them",
+                     {{"used_bytes", options.memory->used_bytes()},
+                      {"memory_budget_bytes", options.memory->budget_bytes()}});
       }
     }
     auto service = std::make_shared<rb::ReplayBufferServiceImpl>(buffer, context.metrics_registry());

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "common/run/run_memory.h"
 #include "common/status_macros.h"
 #include "replay_buffer/wire.h"
 #include "sluice/v1/replay_buffer_storage.pb.h"
@@ -60,6 +61,7 @@ absl::StatusOr<std::unique_ptr<ReplayBuffer>> ReplayBuffer::Create(RunTableOptio
                                                                    DurabilityOptions durability) {
   RETURN_IF_ERROR(options.Validate());
   RETURN_IF_ERROR(durability.Validate());
+  if (options.memory == nullptr) options.memory = std::make_shared<MemoryAccount>(0);
   std::unique_ptr<ReplayBuffer> buffer(new ReplayBuffer(std::move(options), std::move(durability)));
   if (!buffer->durability_.data_dir.empty()) {
     RETURN_IF_ERROR(buffer->Restore());
@@ -201,6 +203,7 @@ absl::StatusOr<ReplayBuffer::ConfigureResult> ReplayBuffer::ConfigureRun(const R
     if (auto it = runs_.find(config.run_id); it != runs_.end()) {
       table = it->second;
     } else {
+      RETURN_IF_ERROR(CheckNewTableMemory(config));
       ASSIGN_OR_RETURN(std::unique_ptr<RunTable> created, RunTable::Create(config, options_));
       table = std::move(created);
       runs_.emplace(config.run_id, table);
@@ -210,6 +213,24 @@ absl::StatusOr<ReplayBuffer::ConfigureResult> ReplayBuffer::ConfigureRun(const R
   if (!result.created) RETURN_IF_ERROR(table->Reconfigure(config));
   result.stats = table->Stats();
   return result;
+}
+
+absl::Status ReplayBuffer::CheckNewTableMemory(const RunConfig& config) const {
+  const MemoryAccount& memory = *options_.memory;
+  if (memory.budget_bytes() <= 0 || config.max_sequence_tokens <= 0) return absl::OkStatus();
+  const run::ServiceMemoryEstimate estimate = run::EstimateReplayBufferMemory(
+      config.batch_size_groups, config.max_staleness, config.group_size, config.buffer,
+      config.max_sequence_tokens, absl::StrCat(config.max_sequence_tokens, " tokens"));
+  const int64_t used = memory.used_bytes();
+  const run::MemoryBudget left{
+      std::max<int64_t>(1, memory.budget_bytes() - used),
+      absl::StrCat("this replay buffer (", run::FormatBytes(memory.budget_bytes()), ", of which ",
+                   run::FormatBytes(used), " held by other runs)")};
+  if (std::string problem = run::CheckMemoryBudget("replay buffer", estimate, left);
+      !problem.empty()) {
+    return absl::ResourceExhaustedError(problem);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<RunTable>> ReplayBuffer::GetRun(absl::string_view run_id) const {

@@ -97,7 +97,8 @@ struct DurabilityStats {
 class ReplayBuffer {
  public:
   // `options` applies to every table; INVALID_ARGUMENT from Create when it
-  // does not validate. With a data directory, restores what it holds (see
+  // does not validate. Without options.memory the groups are counted
+  // against no budget. With a data directory, restores what it holds (see
   // restore_report()); DATA_LOSS naming the file and offset when the log is
   // damaged other than at its tail; FAILED_PRECONDITION when another
   // process still holds the directory after durability.data_dir_lock_wait.
@@ -116,6 +117,13 @@ class ReplayBuffer {
   // eta or G is FAILED_PRECONDITION, a different buffer config replaces the
   // old (stored groups are kept). INVALID_ARGUMENT naming every bad field.
   // UNAVAILABLE after Shutdown.
+  //
+  // A new table with config.max_sequence_tokens > 0 is checked against the
+  // memory budget first: when what it may hold (run::
+  // EstimateReplayBufferMemory) exceeds what the other tables leave of the
+  // budget, RESOURCE_EXHAUSTED naming the estimate, the budget and the
+  // fields to lower, and nothing is created. A reconfigure is not checked
+  // again (a run already stored groups); inserts always are.
   absl::StatusOr<ConfigureResult> ConfigureRun(const RunConfig& config) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The run's table; NOT_FOUND naming the run when it was never configured.
@@ -124,6 +132,11 @@ class ReplayBuffer {
 
   // Run ids, sorted.
   std::vector<std::string> RunIds() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The memory budget (RunTableOptions.memory; 0 = none) and the bytes of
+  // the groups every table holds now. Lock-free.
+  int64_t memory_budget_bytes() const { return options_.memory->budget_bytes(); }
+  int64_t memory_used_bytes() const { return options_.memory->used_bytes(); }
 
   // Inserts each group into its run's table (Group.run_id); one result per
   // group, in order. A group for an unconfigured run is UNKNOWN_RUN. Waits
@@ -153,6 +166,8 @@ class ReplayBuffer {
       : options_(std::move(options)), durability_(std::move(durability)) {}
 
   absl::Status Restore() ABSL_LOCKS_EXCLUDED(mu_);
+  // ConfigureRun's memory check of a new table (see there).
+  absl::Status CheckNewTableMemory(const RunConfig& config) const;
   void SnapshotLoop() ABSL_LOCKS_EXCLUDED(mu_, snapshot_mu_);
   absl::Status SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 

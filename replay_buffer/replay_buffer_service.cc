@@ -211,6 +211,8 @@ grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* cont
 grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
                                                const v1::GetStatsRequest* request,
                                                v1::GetStatsResponse* response) {
+  response->set_memory_budget_bytes(buffer_->memory_budget_bytes());
+  response->set_memory_used_bytes(buffer_->memory_used_bytes());
   if (request->run_id().empty()) {
     for (const std::string& run_id : buffer_->RunIds()) {
       absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id);

@@ -33,8 +33,13 @@ void SetDeadline(grpc::ClientContext& context, int seconds = 30) {
 // The real service on an in-process channel.
 class ReplayBufferServiceTest : public ::testing::Test {
  protected:
+  // The buffer's --memory-budget; 0 = none.
+  virtual int64_t MemoryBudget() const { return 0; }
+
   void SetUp() override {
-    absl::StatusOr<std::unique_ptr<ReplayBuffer>> buffer = ReplayBuffer::Create();
+    RunTableOptions options;
+    options.memory = std::make_shared<MemoryAccount>(MemoryBudget());
+    absl::StatusOr<std::unique_ptr<ReplayBuffer>> buffer = ReplayBuffer::Create(options);
     ASSERT_TRUE(buffer.ok()) << buffer.status();
     service_ = std::make_shared<ReplayBufferServiceImpl>(std::move(buffer).value(), registry_);
     grpc::ServerBuilder builder;
@@ -459,8 +464,8 @@ TEST_F(ReplayBufferServiceTest, PoisonedGroupsAreRefusedNamingTheFieldAndCounted
             "trajectories[0].completion_token_ids[2]: must be in [0, 1000) (the model's "
             "vocabulary), got 1000000000");
   EXPECT_THAT(results[3].message(),
-              HasSubstr("trajectories[0].token_policy_versions[0]: must not be ahead of "
-                        "policy version 1"));
+              HasSubstr("trajectories[0].token_policy_versions[0]: must not be ahead of policy "
+                        "version 1 (the newest the trainer can have published)"));
   EXPECT_EQ(results[4].status(), v1::INSERT_STATUS_STORED);
   const v1::BufferStats stats = Stats();
   EXPECT_EQ(stats.size_groups(), 1);
@@ -511,6 +516,77 @@ TEST_F(ReplayBufferServiceTest, ShutdownEndsWaitingAndIdleStreamsPromptly) {
                 status.error_code() == grpc::StatusCode::CANCELLED)
         << status.error_code() << " " << status.error_message();
   }
+}
+
+// A buffer with a 64 KiB budget, as sluice-replay-buffer --memory-budget=64KiB.
+class ReplayBufferServiceBudgetTest : public ReplayBufferServiceTest {
+ protected:
+  int64_t MemoryBudget() const override { return 64 << 10; }
+
+  v1::GetStatsResponse AllStats() {
+    v1::GetStatsRequest request;
+    v1::GetStatsResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->GetStats(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response;
+  }
+};
+
+TEST_F(ReplayBufferServiceBudgetTest, GetStatsReportsTheBudgetAndWhatTheTablesHold) {
+  EXPECT_EQ(AllStats().memory_budget_bytes(), 64 << 10);
+  EXPECT_EQ(AllStats().memory_used_bytes(), 0);
+  ASSERT_TRUE(Configure(4, 1).ok());
+  InsertOnOneStream({{MakeGroup(kRun, "g0", 2, 0), MakeGroup(kRun, "g1", 2, 0)}});
+  const v1::GetStatsResponse all = AllStats();
+  ASSERT_EQ(all.runs_size(), 1);
+  EXPECT_GT(all.memory_used_bytes(), 0);
+  EXPECT_EQ(all.memory_used_bytes(), all.runs(0).size_bytes());
+}
+
+// What the controller checks at submit, the buffer checks itself: another
+// client configuring a run too big for what is left is refused.
+TEST_F(ReplayBufferServiceBudgetTest, ConfigureRunOverTheBudgetIsResourceExhausted) {
+  v1::ConfigureRunRequest request;
+  request.set_run_id(kRun);
+  request.set_batch_size_groups(64);
+  request.set_max_staleness(1);
+  request.set_group_size(8);
+  request.set_max_sequence_tokens(1024);
+  v1::ConfigureRunResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  const grpc::Status status = stub_->ConfigureRun(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("replay buffer: the run needs about"));
+  EXPECT_THAT(status.error_message(), HasSubstr("64.0 KiB"));
+  EXPECT_THAT(status.error_message(), HasSubstr("algorithm.batch_size_groups"));
+}
+
+// Groups that would take the buffer past its budget are RETRYABLE_ERROR,
+// not INVALID: a worker keeps them and retries once the trainer sampled.
+TEST_F(ReplayBufferServiceBudgetTest, InsertsPastTheBudgetAreRetryable) {
+  ASSERT_TRUE(Configure(4, 1).ok());
+  std::vector<v1::Group> groups;
+  for (int i = 0; i < 8; ++i) {
+    groups.push_back(MakeGroup(kRun, "g" + std::to_string(i), 2, 0, /*tokens=*/1000));
+  }
+  const std::vector<v1::InsertGroupsResponse> responses = InsertOnOneStream({groups});
+  ASSERT_EQ(responses.size(), 1u);
+  ASSERT_EQ(responses[0].results_size(), 8);
+  int stored = 0;
+  for (const v1::InsertGroupResult& result : responses[0].results()) {
+    if (result.status() == v1::INSERT_STATUS_STORED) {
+      ++stored;
+      continue;
+    }
+    EXPECT_EQ(result.status(), v1::INSERT_STATUS_RETRYABLE_ERROR);
+    EXPECT_THAT(result.message(), HasSubstr("over the memory budget"));
+  }
+  EXPECT_GT(stored, 0);
+  EXPECT_LT(stored, 8);
+  EXPECT_LE(AllStats().memory_used_bytes(), 64 << 10);
 }
 
 }  // namespace

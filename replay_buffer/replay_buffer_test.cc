@@ -11,11 +11,13 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "common/run/run_memory.h"
 #include "replay_buffer/test_util.h"
 
 namespace sluice::replay_buffer {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using testing::MakeGroup;
 
@@ -243,6 +245,144 @@ TEST(ReplayBufferTest, ADamagedLogIsRefusedAndLeftAlone) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("wal-"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/snapshots") &&
                !std::filesystem::is_empty(dir + "/snapshots"));
+  std::filesystem::remove_all(dir);
+}
+
+// ---- the memory budget ----------------------------------------------------
+
+std::unique_ptr<ReplayBuffer> MakeBufferWithBudget(int64_t budget_bytes) {
+  RunTableOptions options;
+  options.memory = std::make_shared<MemoryAccount>(budget_bytes);
+  absl::StatusOr<std::unique_ptr<ReplayBuffer>> buffer = ReplayBuffer::Create(options);
+  EXPECT_TRUE(buffer.ok()) << buffer.status();
+  return std::move(buffer).value();
+}
+
+// What one MakeGroup("a", "gN", 2, 0) group takes in a table.
+int64_t GroupBytes() {
+  auto buffer = MakeBuffer();
+  EXPECT_TRUE(buffer->ConfigureRun(Config("a")).ok());
+  EXPECT_EQ(buffer->Insert({MakeGroup("a", "g9", 2, 0)})[0].status, InsertStatus::kStored);
+  return (*buffer->GetRun("a"))->Stats().size_bytes;
+}
+
+TEST(ReplayBufferMemoryTest, AnInsertPastTheBudgetIsRetryableAndFitsOnceTheTrainerSamples) {
+  const int64_t group = GroupBytes();
+  ASSERT_GT(group, 0);
+  auto buffer = MakeBufferWithBudget(2 * group + group / 2);
+  ASSERT_TRUE(buffer->ConfigureRun(Config("a", 2)).ok());
+  const std::vector<InsertResult> results = buffer->Insert(
+      {MakeGroup("a", "g0", 2, 0), MakeGroup("a", "g1", 2, 0), MakeGroup("a", "g2", 2, 0)});
+  EXPECT_EQ(results[0].status, InsertStatus::kStored);
+  EXPECT_EQ(results[1].status, InsertStatus::kStored);
+  EXPECT_EQ(results[2].status, InsertStatus::kRetryableError);
+  EXPECT_THAT(results[2].message, HasSubstr("over the memory budget"));
+  EXPECT_THAT(results[2].message, HasSubstr("retry with the same idempotency key"));
+  EXPECT_EQ(buffer->memory_used_bytes(), 2 * group);
+  EXPECT_EQ(buffer->memory_budget_bytes(), 2 * group + group / 2);
+  const RunStats stats = (*buffer->GetRun("a"))->Stats();
+  EXPECT_EQ(stats.size_groups, 2);
+  EXPECT_EQ(stats.retryable_insert_errors, 1);
+
+  // The trainer takes the batch (each group sampled once): the space is back.
+  ASSERT_TRUE((*buffer->GetRun("a"))
+                  ->Sample({.trainer_policy_version = 0, .timeout = absl::ZeroDuration()})
+                  .ok());
+  EXPECT_EQ(buffer->memory_used_bytes(), 0);
+  EXPECT_EQ(buffer->Insert({MakeGroup("a", "g2", 2, 0)})[0].status, InsertStatus::kStored);
+}
+
+// The account is the sum of the tables' size_bytes through inserts,
+// samples and stale evictions, over several runs.
+TEST(ReplayBufferMemoryTest, UsedBytesIsWhatEveryTableHolds) {
+  auto buffer = MakeBufferWithBudget(int64_t{1} << 30);
+  ASSERT_TRUE(buffer->ConfigureRun(Config("a", 2, 0)).ok());
+  ASSERT_TRUE(buffer->ConfigureRun(Config("b", 2)).ok());
+  const auto held = [&] {
+    return (*buffer->GetRun("a"))->Stats().size_bytes + (*buffer->GetRun("b"))->Stats().size_bytes;
+  };
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(buffer->Insert({MakeGroup("a", "a" + std::to_string(i), 2, 0, 10 + i),
+                              MakeGroup("b", "b" + std::to_string(i), 2, 0, 20)})[1]
+                  .status,
+              InsertStatus::kStored);
+  }
+  EXPECT_GT(buffer->memory_used_bytes(), 0);
+  EXPECT_EQ(buffer->memory_used_bytes(), held());
+  ASSERT_TRUE((*buffer->GetRun("b"))
+                  ->Sample({.trainer_policy_version = 0, .timeout = absl::ZeroDuration()})
+                  .ok());
+  EXPECT_EQ(buffer->memory_used_bytes(), held());
+  ASSERT_TRUE((*buffer->GetRun("a"))->UpdatePolicyVersion(1).ok());  // every "a" group stale
+  EXPECT_EQ((*buffer->GetRun("a"))->Stats().size_groups, 0);
+  EXPECT_EQ(buffer->memory_used_bytes(), held());
+  EXPECT_EQ(buffer->memory_used_bytes(), (*buffer->GetRun("b"))->Stats().size_bytes);
+}
+
+TEST(ReplayBufferMemoryTest, ConfigureRunRefusesANewTableThatCannotFitWhatIsLeft) {
+  // (eta 2 + 1 + 1) x B 4 = 16 groups of 2 x 4,000 tokens: about 2 MiB.
+  RunConfig big = Config("big");
+  big.max_sequence_tokens = 4000;
+  const int64_t estimate = 16 * run::StoredGroupBytes(2, 4000);
+  {
+    auto buffer = MakeBufferWithBudget(estimate - 1);
+    absl::StatusOr<ReplayBuffer::ConfigureResult> refused = buffer->ConfigureRun(big);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()),
+                AllOf(HasSubstr("replay buffer: the run needs about 2.0 MiB"),
+                      HasSubstr("16 groups"), HasSubstr("lower algorithm.batch_size_groups"),
+                      HasSubstr("held by other runs")));
+    EXPECT_EQ(buffer->GetRun("big").status().code(), absl::StatusCode::kNotFound);
+    // Unknown length: nothing to estimate, the inserts are checked instead.
+    big.max_sequence_tokens = 0;
+    EXPECT_TRUE(buffer->ConfigureRun(big).ok());
+    big.max_sequence_tokens = 4000;
+  }
+  // It fits an empty buffer, but not next to what another run holds.
+  auto buffer = MakeBufferWithBudget(estimate + 100);
+  ASSERT_TRUE(buffer->ConfigureRun(Config("small")).ok());
+  ASSERT_EQ(buffer->Insert({MakeGroup("small", "g", 2, 0)})[0].status, InsertStatus::kStored);
+  absl::StatusOr<ReplayBuffer::ConfigureResult> refused = buffer->ConfigureRun(big);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  ASSERT_TRUE((*buffer->GetRun("small"))
+                  ->Sample({.batch_size_groups = 1,
+                            .trainer_policy_version = 0,
+                            .timeout = absl::ZeroDuration()})
+                  .ok());
+  EXPECT_TRUE(buffer->ConfigureRun(big).ok());
+}
+
+// Acknowledged groups are never dropped for the budget: a buffer restarted
+// with a smaller one holds them all, and refuses inserts until they leave.
+TEST(ReplayBufferMemoryTest, ARestoredBufferKeepsWhatItHeldPastASmallerBudget) {
+  const std::string dir = ::testing::TempDir() + "/replay-buffer-memory-" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  DurabilityOptions durability;
+  durability.data_dir = dir;
+  durability.fsync_policy = durability::FsyncPolicy::kNever;
+  int64_t held = 0;
+  {
+    RunTableOptions options;
+    options.memory = std::make_shared<MemoryAccount>(int64_t{1} << 30);
+    auto buffer = ReplayBuffer::Create(options, durability);
+    ASSERT_TRUE(buffer.ok()) << buffer.status();
+    ASSERT_TRUE((*buffer)->ConfigureRun(Config("a", 4)).ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ((*buffer)->Insert({MakeGroup("a", "g" + std::to_string(i), 2, 0)})[0].status,
+                InsertStatus::kStored);
+    }
+    held = (*buffer)->memory_used_bytes();
+  }
+  RunTableOptions options;
+  options.memory = std::make_shared<MemoryAccount>(held / 2);
+  auto restored = ReplayBuffer::Create(options, durability);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ((*(*restored)->GetRun("a"))->Stats().size_groups, 4);
+  EXPECT_EQ((*restored)->memory_used_bytes(), held);
+  EXPECT_EQ((*restored)->Insert({MakeGroup("a", "g9", 2, 0)})[0].status,
+            InsertStatus::kRetryableError);
+  restored->reset();
   std::filesystem::remove_all(dir);
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/run/run_memory.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "replay_buffer/wire.h"
@@ -51,6 +52,7 @@ RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request) {
   config.initial_policy_version = request.initial_policy_version();
   config.seed = request.seed();
   config.vocab_size = request.vocab_size();
+  config.max_sequence_tokens = request.max_sequence_tokens();
   if (request.has_min_reward()) config.min_reward = request.min_reward();
   if (request.has_max_reward()) config.max_reward = request.max_reward();
   return config;
@@ -66,6 +68,7 @@ v1::ConfigureRunRequest RunConfigToProto(const RunConfig& config) {
   request.set_initial_policy_version(config.initial_policy_version);
   request.set_seed(config.seed);
   request.set_vocab_size(config.vocab_size);
+  request.set_max_sequence_tokens(config.max_sequence_tokens);
   if (config.min_reward.has_value()) request.set_min_reward(*config.min_reward);
   if (config.max_reward.has_value()) request.set_max_reward(*config.max_reward);
   return request;
@@ -90,6 +93,10 @@ absl::Status RunConfig::Validate() const {
   if (vocab_size < 0) {
     problems.push_back(
         absl::StrCat("vocab_size: must be >= 0 (0 = ids unchecked), got ", vocab_size));
+  }
+  if (max_sequence_tokens < 0) {
+    problems.push_back(absl::StrCat("max_sequence_tokens: must be >= 0 (0 = unknown), got ",
+                                    max_sequence_tokens));
   }
   if (min_reward.has_value() && !std::isfinite(*min_reward)) {
     problems.push_back(absl::StrCat("min_reward: must be finite, got ", *min_reward));
@@ -190,6 +197,11 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
   SetGroupLimitsLocked(config_);
 }
 
+RunTable::~RunTable() {
+  absl::MutexLock lock(&mu_);
+  if (options_.memory != nullptr) options_.memory->Release(size_bytes_);
+}
+
 absl::StatusOr<uint64_t> RunTable::JournalLocked(v1::storage::WalRecord& record,
                                                  std::string prefix) {
   if (options_.journal == nullptr) return uint64_t{0};
@@ -251,6 +263,7 @@ void RunTable::ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sample
   config_.buffer = config.buffer;
   config_.seed = config.seed;
   config_.vocab_size = config.vocab_size;
+  config_.max_sequence_tokens = config.max_sequence_tokens;
   config_.min_reward = config.min_reward;
   config_.max_reward = config.max_reward;
   SetGroupLimitsLocked(config_);
@@ -662,6 +675,18 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
                      max_staleness_, "; it can never be trained"));
   }
 
+  // The memory budget, last: a group refused for any other reason must not
+  // be told to come back. Charged now, so that concurrent inserts into other
+  // tables cannot take the same bytes.
+  const bool charged = options_.memory != nullptr;
+  if (charged && !options_.memory->TryCharge(item.size_bytes)) {
+    return retryable(absl::StrCat(
+        "over the memory budget: storing this group (", run::FormatBytes(item.size_bytes),
+        ") would take the replay buffer past its ",
+        run::FormatBytes(options_.memory->budget_bytes()), " budget (",
+        run::FormatBytes(options_.memory->used_bytes()),
+        " held); space comes back as the trainer samples"));
+  }
   const int64_t sequence = next_sequence_;
   const absl::Time inserted_at = options_.clock();
   v1::storage::WalRecord record;
@@ -671,12 +696,16 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   stored_record.set_inserted_at_micros(absl::ToUnixMicros(inserted_at));
   if (leases_.contains(lease_id)) stored_record.set_consumed_lease_id(lease_id);
   absl::StatusOr<uint64_t> lsn = JournalLocked(record, std::move(prefix));
-  if (!lsn.ok()) return retryable(std::string(lsn.status().message()));
+  if (!lsn.ok()) {
+    if (charged) options_.memory->Release(item.size_bytes);
+    return retryable(std::string(lsn.status().message()));
+  }
 
   stored->set_buffer_sequence(sequence);
   SetTimestamp(inserted_at, stored->mutable_inserted_at());
   item.priority = stored_record.priority();
-  ApplyStoredLocked(stored, std::move(item), sequence, stored_record.consumed_lease_id());
+  ApplyStoredLocked(stored, std::move(item), sequence, stored_record.consumed_lease_id(),
+                    charged);
   result.status = InsertStatus::kStored;
   result.buffer_sequence = sequence;
   result.lsn = *lsn;
@@ -688,7 +717,8 @@ bool RunTable::CanInsertOrShutdown() const {
 }
 
 void RunTable::ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item item,
-                                 int64_t sequence, const std::string& consumed_lease_id) {
+                                 int64_t sequence, const std::string& consumed_lease_id,
+                                 bool charged) {
   ReleaseLeaseLocked(consumed_lease_id);  // running - 1 when live; stored either way
   ++accepted_;
   ++inserted_groups_;
@@ -697,7 +727,7 @@ void RunTable::ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item it
   held_group_ids_[group->group_id()] = sequence;
   next_sequence_ = std::max(next_sequence_, sequence + 1);
   item.group = std::move(group);
-  AddItemLocked(sequence, std::move(item));
+  AddItemLocked(sequence, std::move(item), charged);
   rate_limiter_.OnInsert();
   EnforceCapacityLocked();
 }
@@ -731,7 +761,8 @@ void RunTable::EnforceCapacityLocked() {
   }
 }
 
-void RunTable::AddItemLocked(int64_t sequence, Item item) {
+void RunTable::AddItemLocked(int64_t sequence, Item item, bool charged) {
+  if (!charged && options_.memory != nullptr) options_.memory->Charge(item.size_bytes);
   by_min_version_.emplace(item.min_policy_version, sequence);
   sampler_->Insert(sequence, item.priority);
   size_trajectories_ += item.trajectories;
@@ -748,6 +779,7 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
   sampler_->Delete(sequence);
   size_trajectories_ -= it->second.trajectories;
   size_bytes_ -= it->second.size_bytes;
+  if (options_.memory != nullptr) options_.memory->Release(it->second.size_bytes);
   if (auto held = held_group_ids_.find(it->second.group->group_id());
       held != held_group_ids_.end() && held->second == sequence) {
     held_group_ids_.erase(held);

@@ -20,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "replay_buffer/group_validation.h"
+#include "replay_buffer/memory_account.h"
 #include "replay_buffer/rate_limiter.h"
 #include "replay_buffer/samplers/sampler.h"
 #include "replay_buffer/staleness_histogram.h"
@@ -51,6 +52,10 @@ struct RunConfig {
   int64_t vocab_size = 0;
   std::optional<double> min_reward;
   std::optional<double> max_reward;
+  // The longest sequence (prompt + completion) of the run, in tokens; with
+  // it ReplayBuffer::ConfigureRun checks a new table's memory estimate
+  // against the buffer's budget. 0 = unknown (not checked then).
+  int64_t max_sequence_tokens = 0;
 
   // Every problem, one per line, each naming its field:
   // "batch_size_groups: must be > 0, got -3".
@@ -92,6 +97,10 @@ struct RunTableOptions {
   std::function<absl::Time()> clock = [] { return absl::Now(); };
   // Null: in memory only. Shared by every table of a buffer.
   std::shared_ptr<Journal> journal;
+  // The bytes every table of a buffer holds, against its memory budget
+  // (memory_account.h): an insert that does not fit is RETRYABLE_ERROR.
+  // Null: not counted, no budget. Shared by every table of a buffer.
+  std::shared_ptr<MemoryAccount> memory;
 
   absl::Status Validate() const;
 };
@@ -331,6 +340,8 @@ class RunTable {
 
   RunTable(const RunTable&) = delete;
   RunTable& operator=(const RunTable&) = delete;
+  // Gives the bytes it holds back to the memory account.
+  ~RunTable();
 
   const std::string& run_id() const { return run_id_; }
 
@@ -359,8 +370,10 @@ class RunTable {
   // Validates and stores one group (see "Inserts" above): recomputes min/max
   // policy version from the trajectories, sets buffer_sequence, inserted_at
   // and times_sampled = 0. Blocks only for the rate limiter, up to
-  // `rate_limit_wait` (then RETRYABLE_ERROR). O(tokens) outside the lock,
-  // O(log n) under it. After Shutdown: RETRYABLE_ERROR.
+  // `rate_limit_wait` (then RETRYABLE_ERROR). RETRYABLE_ERROR, without
+  // waiting, when storing it would take the buffer past its memory budget
+  // (RunTableOptions.memory). O(tokens) outside the lock, O(log n) under it.
+  // After Shutdown: RETRYABLE_ERROR.
   InsertResult Insert(v1::Group group, absl::Duration rate_limit_wait = absl::Seconds(30))
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -498,8 +511,11 @@ class RunTable {
   void EnforceCapacityLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A group left untrained: capacity back to the gate and the limiter.
   void DropUntrainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `charged`: the group's bytes are already in the memory account (an
+  // insert's TryCharge); else they are charged here (a replay).
   void ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item item, int64_t sequence,
-                         const std::string& consumed_lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                         const std::string& consumed_lease_id, bool charged = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRefusedLocked(v1::InsertStatus status, const std::string& lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Hands out `sequences` (held) as one batch; fills result->groups.
@@ -513,7 +529,9 @@ class RunTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyPrioritiesLocked(const v1::storage::PrioritiesUpdated& priorities)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddItemLocked(int64_t sequence, Item item) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Holds `item`; charges its bytes to the memory account unless `charged`.
+  void AddItemLocked(int64_t sequence, Item item, bool charged = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveItemLocked(int64_t sequence, EvictionReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RecordSampleLocked(const Item& item, int64_t staleness, int64_t sign)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -5,6 +5,7 @@
 
 #include "absl/status/status.h"
 #include "prometheus/registry.h"
+#include "reward_server/limits.h"
 #include "reward_server/reward_metrics.h"
 #include "reward_server/scorer.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
@@ -13,8 +14,8 @@ namespace sluice::reward_server {
 
 struct RewardServiceOptions {
   // Largest ScoreBatchRequest.items accepted; larger batches are
-  // INVALID_ARGUMENT.
-  int max_batch_items = 4096;
+  // INVALID_ARGUMENT. Clients split to the default (limits.h).
+  int max_batch_items = kDefaultMaxBatchItems;
 
   // INVALID_ARGUMENT unless max_batch_items is in [1, 1000000].
   absl::Status Validate() const;

@@ -10,6 +10,7 @@
 #include "common/logging.h"
 #include "common/torch_threads.h"
 #include "rollout_worker/rollout_worker_service.h"
+#include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 
 int main(int argc, char** argv) {
@@ -31,8 +32,10 @@ int main(int argc, char** argv) {
   std::string worker_id;
   main.app().add_option("--worker-id", worker_id,
                         "Name of this worker in leases and trajectories (default: <host>-<pid>)");
+  sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
+    const int64_t budget = memory_budget.Apply(context);
     const TorchThreads threads = ConfigureTorchThreads(torch_threads);
     const bool resident = KeepTensorMemoryResident();
     log::Info("torch threads", {{"intra_op", threads.intra_op},
@@ -44,7 +47,7 @@ int main(int argc, char** argv) {
       worker_id = absl::StrCat(host, "-", getpid());
     }
     auto service = std::make_shared<rollout_worker::RolloutWorkerServiceImpl>(
-        context.metrics_registry(), worker_id);
+        context.metrics_registry(), worker_id, budget);
     context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::RolloutWorkerService::service_full_name());
     return absl::OkStatus();

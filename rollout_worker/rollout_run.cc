@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -20,7 +21,9 @@
 #include "common/run/run_model.h"
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
+#include "rollout_worker/generation_budget.h"
 #include "services/clients/group_inserter.h"
+#include "services/clients/score_batches.h"
 
 namespace sluice::rollout_worker {
 namespace {
@@ -63,6 +66,11 @@ class RolloutRun::Impl {
     ASSIGN_OR_RETURN(config_, run::LoadRunModelConfig(spec_.model()));
     ASSIGN_OR_RETURN(tokenizer_, run::LoadRunTokenizer(spec_.model()));
     stop_token_ids_ = run::StopTokenIds(config_, *tokenizer_);
+    generation_budget_.config = config_;
+    generation_budget_.context_tokens = spec_.model().max_context_tokens() > 0
+                                            ? spec_.model().max_context_tokens()
+                                            : config_.max_position_embeddings;
+    generation_budget_.budget_bytes = deps_.memory_budget_bytes;
     follower_ = std::thread([this] { FollowWeights(); });
     absl::Status status = Loop();
     Stop(/*abort=*/false);
@@ -254,6 +262,10 @@ class RolloutRun::Impl {
       }
       if (slots->granted() == 0) continue;
       std::vector<std::string> leases(slots->lease_ids().begin(), slots->lease_ids().end());
+      // In flight from their slots until they are inserted or given back:
+      // what the controller waits on before it starts another run here.
+      SetGroupsInFlight(static_cast<int32_t>(leases.size()));
+      const absl::Cleanup landed = [this] { SetGroupsInFlight(0); };
       // 2. Weights at least as new as the version the slots were granted at.
       if (!AwaitVersion(slots->policy_version())) {
         Release(leases, "worker stopping");
@@ -294,6 +306,11 @@ class RolloutRun::Impl {
     return absl::OkStatus();
   }
 
+  void SetGroupsInFlight(int32_t groups) {
+    absl::MutexLock lock(&mu_);
+    status_.set_groups_in_flight(groups);
+  }
+
   void Release(const std::vector<std::string>& leases, const std::string& reason) {
     if (leases.empty()) return;
     v1::ReleaseGenerationSlotsRequest release;
@@ -331,10 +348,34 @@ class RolloutRun::Impl {
                         : absl::HashOf(spec_.seed(), deps_.worker_id, deps_.incarnation, batch_counter_);
 
     std::vector<std::vector<int32_t>> rows;
+    std::vector<int64_t> prompt_tokens;
     for (const v1::Prompt& prompt : leased.prompts()) {
       std::vector<int32_t> ids(prompt.token_ids().begin(), prompt.token_ids().end());
       if (ids.empty()) ids = run::EncodePrompt(*tokenizer_, prompt.text());
+      prompt_tokens.push_back(static_cast<int64_t>(ids.size()));
       for (int g = 0; g < group_size; ++g) rows.push_back(ids);
+    }
+    // Gives the slots and the prompts back before the run ends with `error`.
+    const auto fail = [&](absl::string_view what, const absl::Status& error) {
+      Release(slot_leases, std::string(what));
+      std::vector<std::string> abandoned;
+      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
+      Report({}, abandoned, 0);
+      return absl::Status(error.code(), absl::StrCat(what, ": ", error.message()));
+    };
+
+    // As many groups at once as the memory budget holds for these prompts.
+    absl::StatusOr<std::vector<size_t>> chunks =
+        PlanGenerationChunks(generation_budget_, prompt_tokens, group_size, sampling.max_new_tokens);
+    if (!chunks.ok()) return fail("generating", chunks.status());
+    if (chunks->size() > 1 && !logged_chunking_) {
+      logged_chunking_ = true;
+      log::Warning("a leased batch does not fit the memory budget in one piece; generating it in "
+                   "smaller ones (logged once per run)",
+                   {{"run_id", run_id_},
+                    {"groups", leased.prompts_size()},
+                    {"groups_at_once", static_cast<int64_t>(chunks->front())},
+                    {"memory_budget_bytes", generation_budget_.budget_bytes}});
     }
 
     const auto started_at = TimeUtil::GetCurrentTime();
@@ -343,19 +384,23 @@ class RolloutRun::Impl {
     hooks.current_policy = [this] { return Latest(); };
     hooks.should_abort = [this] { return aborting(); };
     const model::PolicySnapshot initial = Latest();
-    absl::StatusOr<std::vector<model::Completion>> generated =
-        model::Generate(initial, rows, sampling, hooks);
-    if (!generated.ok()) {
-      // E.g. a policy whose logits went non-finite: give the slots and the
-      // prompts back before the run ends with the error.
-      Release(slot_leases, "generation failed");
-      std::vector<std::string> abandoned;
-      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
-      Report({}, abandoned, 0);
-      return absl::Status(generated.status().code(),
-                          absl::StrCat("generating: ", generated.status().message()));
+    std::vector<model::Completion> completions;
+    completions.reserve(rows.size());
+    size_t begin = 0;
+    for (size_t c = 0; c < chunks->size() && !aborting(); ++c) {
+      const size_t end = (*chunks)[c];
+      model::SamplingOptions chunk_sampling = sampling;
+      if (c > 0) chunk_sampling.seed = absl::HashOf(sampling.seed, c);
+      absl::StatusOr<std::vector<model::Completion>> generated = model::Generate(
+          c == 0 ? initial : Latest(),
+          std::vector<std::vector<int32_t>>(rows.begin() + begin * group_size,
+                                            rows.begin() + end * group_size),
+          chunk_sampling, hooks);
+      // E.g. a policy whose logits went non-finite.
+      if (!generated.ok()) return fail("generating", generated.status());
+      for (model::Completion& completion : *generated) completions.push_back(std::move(completion));
+      begin = end;
     }
-    std::vector<model::Completion> completions = *std::move(generated);
     const double generation_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const auto finished_at = TimeUtil::GetCurrentTime();
     int64_t tokens = 0;
@@ -373,7 +418,7 @@ class RolloutRun::Impl {
     tokens_since_report_ += tokens;
 
     std::vector<std::string> abandoned;
-    if (aborting()) {
+    if (aborting() || completions.size() < rows.size()) {
       for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
       Release(slot_leases, "aborted");
       Report({}, abandoned, 0);
@@ -406,24 +451,27 @@ class RolloutRun::Impl {
           absl::StrCat(completions[i].tokens.size());
     }
     const absl::Time score_start = absl::Now();
-    absl::StatusOr<v1::ScoreBatchResponse> scored;
-    for (int attempt = 0; attempt < kScoreAttempts; ++attempt) {
-      scored = deps_.reward->ScoreBatch(score, absl::Seconds(60));
-      if (scored.ok() || stopping()) break;
-      Pause(absl::Milliseconds(200 << attempt));
-    }
+    // In batches within the reward server's limit; a retry backs off, and an
+    // abort is seen between batches.
+    clients::ScoreBatchesOptions score_options;
+    score_options.attempts = kScoreAttempts;
+    score_options.before_call = [this](int retry) {
+      if (retry > 0) Pause(absl::Milliseconds(200 << (retry - 1)));
+      return !aborting() && (retry == 0 || !stopping());
+    };
+    absl::StatusOr<v1::ScoreBatchResponse> scored =
+        clients::ScoreInBatches(*deps_.reward, score, score_options);
     if (!scored.ok()) {
-      Release(slot_leases, "reward server unavailable");
+      Release(slot_leases,
+              absl::IsCancelled(scored.status()) ? "aborted" : "reward server unavailable");
       for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
       Report({}, abandoned, 0);
+      // Cut short by an abort: the run ends as asked, not with an error.
+      if (absl::IsCancelled(scored.status()) && aborting()) return absl::OkStatus();
       return absl::Status(scored.status().code(),
                           absl::StrCat("scoring rollouts: ", scored.status().message()));
     }
     const int64_t reward_ms = absl::ToInt64Milliseconds(absl::Now() - score_start);
-    if (scored->results_size() != score.items_size()) {
-      return absl::InternalError(absl::StrCat("reward server returned ", scored->results_size(),
-                                              " results for ", score.items_size(), " items"));
-    }
 
     // Build and insert the groups.
     v1::InsertGroupsRequest insert;
@@ -608,6 +656,10 @@ class RolloutRun::Impl {
   std::unique_ptr<clients::GroupInserter> inserter_;
   uint64_t batch_counter_ = 0;
   int64_t tokens_since_report_ = 0;
+  // What generation may use (deps_.memory_budget_bytes and the model's
+  // shape), set by Run once the config is loaded.
+  GenerationBudget generation_budget_;
+  bool logged_chunking_ = false;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -20,6 +20,11 @@ struct RolloutRunDeps {
   clients::RewardClient* reward = nullptr;
   std::string worker_id;
   uint64_t incarnation = 0;
+  // The worker's --memory-budget in bytes; <= 0 = none. Each leased batch
+  // is generated in as few model::Generate calls as fit it
+  // (generation_budget.h); a prompt whose one group does not fit ends the
+  // run with RESOURCE_EXHAUSTED.
+  int64_t memory_budget_bytes = 0;
   // Observers for the service's metrics (may be unset).
   std::function<void(int64_t tokens, double seconds)> on_batch_generated;
   std::function<void(int64_t groups)> on_groups_inserted;
@@ -43,8 +48,10 @@ struct RolloutRunDeps {
 //  - the generation loop acquires admission slots from the buffer, makes
 //    sure it holds weights at least as new as the buffer's version, leases as
 //    many prompts from the controller, samples G completions per prompt in
-//    one batch, has every completion scored by the reward server, inserts
-//    the groups into the buffer and reports progress to the controller.
+//    one batch (or, when the batch would not fit the memory budget, in as
+//    few consecutive ones as do), has every completion scored by the reward
+//    server (in calls within its batch limit), inserts the groups into the
+//    buffer and reports progress to the controller.
 //
 // The decoder asks for the latest policy before every decoding step, so a
 // version that arrives mid-batch is used from the next token on (the KV cache

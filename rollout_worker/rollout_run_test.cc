@@ -12,6 +12,9 @@
 #include "absl/synchronization/notification.h"
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
+#include "common/run/run_memory.h"
+#include "common/run/run_model.h"
+#include "rollout_worker/generation_budget.h"
 #include "common/task/char_tokenizer.h"
 #include "gtest/gtest.h"
 
@@ -351,6 +354,65 @@ TEST(RolloutRunTest, StopReturnsPromptlyWhileWaitingForWeights) {
   EXPECT_GT(buffer.released, 0);  // the slots it held went back
 }
 
+// The bytes of one group's generation batch for the FakeController's
+// prompts ("d+1="), as the worker computes them.
+int64_t OneGroupGenerationBytes(const v1::RunSpec& spec, model::ModelConfig* config) {
+  *config = *run::LoadRunModelConfig(spec.model());
+  auto tokenizer = *run::LoadRunTokenizer(spec.model());
+  const int64_t prompt = static_cast<int64_t>(run::EncodePrompt(*tokenizer, "3+1=").size());
+  return WorkerWeightBytes(*config) +
+         run::GenerationBatchBytes(*config, spec.algorithm().group_size(), prompt,
+                                   prompt + spec.rollout().sampling().max_new_tokens());
+}
+
+// A budget that holds one group's generation at a time: each leased batch
+// of three groups is generated one group after the other, and every group
+// is still scored and inserted whole.
+TEST(RolloutRunTest, ABatchOverTheMemoryBudgetIsGeneratedInPiecesThatFit) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/2);
+  FakeReward reward;
+  model::ModelConfig config;
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 1};
+  deps.memory_budget_bytes = OneGroupGenerationBytes(Spec(), &config);
+  RolloutRun run("run-budget", Spec(), deps);
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  absl::MutexLock lock(&buffer.mu);
+  ASSERT_EQ(buffer.groups.size(), 6u);
+  for (const auto& g : buffer.groups) EXPECT_EQ(g.trajectories_size(), 4);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 6);
+}
+
+// Not even one group fits: the run ends with RESOURCE_EXHAUSTED saying so
+// (the worker's status FAILED), its slots and prompts given back.
+TEST(RolloutRunTest, AGroupThatCannotFitTheMemoryBudgetEndsTheRun) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/2);
+  FakeReward reward;
+  model::ModelConfig config;
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 1};
+  deps.memory_budget_bytes = OneGroupGenerationBytes(Spec(), &config) - 1;
+  RolloutRun run("run-oom", Spec(), deps);
+  const absl::Status status = run.Run();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("generating: rollout worker: one group of prompt 0"),
+            absl::string_view::npos)
+      << status;
+  EXPECT_NE(status.message().find("algorithm.group_size"), absl::string_view::npos);
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_TRUE(buffer.groups.empty());
+  EXPECT_GE(buffer.released, 3);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.abandoned, 3);
+  absl::MutexLock lock3(&reward.mu);
+  EXPECT_EQ(reward.items, 0);
+}
 
 TEST(RolloutInsertTest, TransientFailureIsRetried) {
   FakeTrainer trainer; trainer.Publish(0);

@@ -3,8 +3,10 @@
 #include <atomic>
 #include <utility>
 
+#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "google/protobuf/util/time_util.h"
 #include "prometheus/counter.h"
@@ -87,6 +89,8 @@ struct RolloutWorkerServiceImpl::ActiveRun {
   std::unique_ptr<clients::RewardClient> reward;
   std::unique_ptr<RolloutRun> run;
   std::thread thread;
+  // Joins `thread` once, however many callers stop the run at once.
+  absl::once_flag joined;
   std::atomic<bool> finished{false};
   absl::Mutex mu;
   std::string last_error ABSL_GUARDED_BY(mu);
@@ -99,9 +103,11 @@ uint64_t NewIncarnation() {
 }  // namespace
 
 RolloutWorkerServiceImpl::RolloutWorkerServiceImpl(prometheus::Registry& registry,
-                                                   std::string worker_id)
+                                                   std::string worker_id,
+                                                   int64_t memory_budget_bytes)
     : worker_id_(std::move(worker_id)),
       incarnation_(NewIncarnation()),
+      memory_budget_bytes_(memory_budget_bytes),
       started_at_(absl::Now()),
       metrics_(std::make_unique<RolloutMetrics>(registry)) {}
 
@@ -119,11 +125,17 @@ void RolloutWorkerServiceImpl::StopActiveRun(bool abort) {
   std::shared_ptr<ActiveRun> run;
   {
     absl::MutexLock lock(&mu_);
-    run = std::move(run_);
+    run = run_;
   }
   if (run == nullptr) return;
   run->run->Stop(abort);
-  if (run->thread.joinable()) run->thread.join();
+  // The run stays in the status (DRAINING, its groups in flight) until its
+  // thread has returned: a worker that says it holds no run holds nothing.
+  absl::call_once(run->joined, [&] {
+    if (run->thread.joinable()) run->thread.join();
+  });
+  absl::MutexLock lock(&mu_);
+  if (run_ == run) run_ = nullptr;
 }
 
 grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
@@ -140,13 +152,29 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
       return {grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("endpoints.", field, ": required")};
     }
   }
+  if (request->max_prompt_tokens() < 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("max_prompt_tokens: must be >= 0 (0 = unknown), got ",
+                         request->max_prompt_tokens())};
+  }
   // The model's config and tokenizer must be readable here (a worker on
   // another machine needs the model directory too): say so now, not from
   // the generation thread.
-  if (absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
-      !config.ok()) {
+  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
+  if (!config.ok()) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("spec.model on this worker: ", config.status().message())};
+  }
+  // Whoever asks (the controller checked at submit, another client may
+  // not have): a run that cannot fit is refused before anything is loaded.
+  const run::RunMemoryEstimate estimate = run::EstimateRunMemory(
+      request->spec(), *config,
+      request->max_prompt_tokens() > 0 ? request->max_prompt_tokens() : -1);
+  if (std::string problem = run::CheckMemoryBudget(
+          "rollout worker", estimate.rollout_worker,
+          {memory_budget_bytes_, absl::StrCat("--memory-budget of rollout worker ", worker_id_)});
+      !problem.empty()) {
+    return {grpc::StatusCode::RESOURCE_EXHAUSTED, problem};
   }
   if (auto tokenizer = run::LoadRunTokenizer(request->spec().model()); !tokenizer.ok()) {
     return {grpc::StatusCode::INVALID_ARGUMENT,
@@ -179,6 +207,7 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
   deps.reward = active->reward.get();
   deps.worker_id = worker_id_;
   deps.incarnation = incarnation_;
+  deps.memory_budget_bytes = memory_budget_bytes_;
   RolloutMetrics* m = metrics_.get();
   deps.on_batch_generated = [m](int64_t tokens, double seconds) {
     m->tokens.Increment(static_cast<double>(tokens));
@@ -250,6 +279,7 @@ v1::RolloutWorkerStatus RolloutWorkerServiceImpl::CurrentStatusLocked() const {
   *status.mutable_started_at() =
       google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(started_at_));
   status.set_tokens_per_second(metrics_->recent_tokens_per_second.load());
+  status.set_memory_budget_bytes(memory_budget_bytes_);
   if (run_ == nullptr) {
     status.set_state(v1::ROLLOUT_WORKER_STATE_IDLE);
     return status;
@@ -257,6 +287,7 @@ v1::RolloutWorkerStatus RolloutWorkerServiceImpl::CurrentStatusLocked() const {
   const v1::RolloutRunStatus run = run_->run->Status();
   *status.add_runs() = run;
   status.set_current_policy_version(run.policy_version());
+  status.set_groups_in_flight(run.groups_in_flight());
   {
     absl::MutexLock lock(&run_->mu);
     status.set_last_error(run_->last_error);

@@ -4,11 +4,13 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/run/run_memory.h"
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -82,6 +84,22 @@ TEST(LocalStackProcessTest, AllFiveHealthyThenSigtermLeavesNoProcess) {
     EXPECT_TRUE(runtime::HttpGet(services[name]["metrics"], absl::Seconds(20)).ok()) << name;
     EXPECT_GT(services[name]["pid"].get<int>(), 0);
   }
+  // The services that hold a run's memory got their shares of the machine.
+  const std::optional<int64_t> machine = run::MachineMemoryBytes();
+  ASSERT_TRUE(machine.has_value());
+  const cli::MemoryShares shares;
+  for (const auto& [name, share] :
+       {std::pair<std::string, double>{"trainer", shares.trainer},
+        {"rollout_worker", shares.rollout_workers},
+        {"replay_buffer", shares.replay_buffer}}) {
+    const std::string metrics = *runtime::HttpGet(services[name]["metrics"], absl::Seconds(20));
+    const size_t at = metrics.find("\nsluice_memory_budget_bytes");
+    ASSERT_NE(at, std::string::npos) << name;
+    const std::string line = metrics.substr(at + 1, metrics.find('\n', at + 1) - at - 1);
+    const double budget = std::stod(line.substr(line.rfind(' ') + 1));
+    EXPECT_NEAR(budget, static_cast<double>(*machine) * share / 100, *machine * 0.001) << name;
+  }
+
   const std::vector<pid_t> pids = ServicePids(up.endpoints);
   ASSERT_EQ(pids.size(), 5u);
 

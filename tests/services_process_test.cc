@@ -180,6 +180,46 @@ INSTANTIATE_TEST_SUITE_P(
       return name;
     });
 
+// --memory-budget on the services that hold a run's memory: the same flag,
+// checked the same way, and a config file's memory_budget key is the flag.
+class MemoryBudgetFlagTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(MemoryBudgetFlagTest, ABadValueExitsTwoNamingTheFlag) {
+  const std::string dir = testing::MakeTempDir("budget");
+  for (const std::string value : {"lots", "0", "120%", "-4GiB"}) {
+    auto [exit, text] = RunToExit(
+        {testing::BinDir() + "/" + GetParam(), "--memory-budget=" + value}, dir);
+    EXPECT_EQ(exit.code, 2) << value << ": " << exit.ToString();
+    EXPECT_THAT(text, HasSubstr("--memory-budget")) << value;
+    EXPECT_THAT(text, HasSubstr("'" + value + "'")) << value;
+  }
+}
+
+TEST_P(MemoryBudgetFlagTest, TheConfigFilesBudgetIsExportedOnMetrics) {
+  const std::string dir = testing::MakeTempDir("budget");
+  std::ofstream(dir + "/c.yaml") << "memory_budget: 3GiB\n";
+  Started service = StartService(GetParam(), dir, {"--config=" + dir + "/c.yaml"});
+  ASSERT_NE(service.process, nullptr);
+  absl::StatusOr<std::string> metrics = runtime::HttpGet(service.metrics, absl::Seconds(20));
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  const size_t at = metrics->find("\nsluice_memory_budget_bytes ");
+  ASSERT_NE(at, std::string::npos) << *metrics;
+  const std::string line = metrics->substr(at + 1, metrics->find('\n', at + 1) - at - 1);
+  EXPECT_EQ(std::stod(line.substr(line.rfind(' ') + 1)), 3.0 * (1 << 30)) << line;
+  service.process->Stop(absl::Seconds(30));
+}
+
+INSTANTIATE_TEST_SUITE_P(BudgetedServices, MemoryBudgetFlagTest,
+                         ::testing::Values("sluice-trainer", "sluice-rollout-worker",
+                                           "sluice-replay-buffer"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param.substr(7);
+                           for (char& c : name) {
+                             if (c == '-') c = '_';
+                           }
+                           return name;
+                         });
+
 TEST(ServiceProcessErrorsTest, UnknownFlagExitsTwo) {
   const std::string dir = testing::MakeTempDir("x");
   auto [exit, text] =

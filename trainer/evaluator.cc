@@ -8,6 +8,7 @@
 #include "common/model/generation.h"
 #include "common/run/run_model.h"
 #include "common/status_macros.h"
+#include "services/clients/score_batches.h"
 
 namespace sluice::trainer {
 
@@ -37,7 +38,15 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
     for (size_t i = begin; i < end; ++i) {
       prompts.push_back(run::EncodePrompt(tokenizer, items[i].prompt));
     }
-    ASSIGN_OR_RETURN(auto completions, model::Generate(policy, prompts, sampling));
+    if (options.should_stop && options.should_stop()) {
+      return absl::CancelledError(absl::StrCat(options.phase, " evaluation stopped"));
+    }
+    model::GenerationHooks hooks;
+    hooks.should_abort = options.should_stop;
+    ASSIGN_OR_RETURN(auto completions, model::Generate(policy, prompts, sampling, hooks));
+    if (options.should_stop && options.should_stop()) {
+      return absl::CancelledError(absl::StrCat(options.phase, " evaluation stopped"));
+    }
     v1::ScoreBatchRequest request;
     for (const auto& verifier : options.composition) *request.add_composition() = verifier;
     for (size_t i = begin; i < end; ++i) {
@@ -54,12 +63,12 @@ absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
       (*item->mutable_metadata())["completion_tokens"] = absl::StrCat(tokens.size());
       item->set_timeout_ms(options.item_timeout_ms);
     }
+    clients::ScoreBatchesOptions score_options;
+    score_options.before_call = [&](int) {
+      return !(options.should_stop && options.should_stop());
+    };
     ASSIGN_OR_RETURN(v1::ScoreBatchResponse scored,
-                     reward.ScoreBatch(request, absl::Seconds(60)));
-    if (scored.results_size() != request.items_size()) {
-      return absl::InternalError(absl::StrCat("reward server answered ", scored.results_size(),
-                                              " results for ", request.items_size(), " items"));
-    }
+                     clients::ScoreInBatches(reward, request, score_options));
     for (const auto& r : scored.results()) {
       if (r.result().retryable()) {
         return absl::UnavailableError(absl::StrCat("reward server could not score eval item ",

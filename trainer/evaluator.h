@@ -1,6 +1,7 @@
 #ifndef SLUICE_TRAINER_EVALUATOR_H_
 #define SLUICE_TRAINER_EVALUATOR_H_
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,14 +28,19 @@ struct EvalOptions {
   // Verifiers and per-item deadline, from the run's RewardConfig.
   std::vector<v1::WeightedVerifier> composition;
   int64_t item_timeout_ms = 0;
+  // Polled between decoding steps and scoring calls; true = stop now (the
+  // trainer's run was stopped): Evaluate returns CANCELLED. Unset = never.
+  std::function<bool()> should_stop;
 };
 
 // Generates one completion per item with `model` and has the reward server
 // score it against the item's reference answer: the accuracy is the fraction
 // scored >= 1. Scoring goes through the reward server, as for training
-// rollouts, so evaluation and training agree on what "correct" means. An
-// error from the reward server (unreachable, or a retryable per-item error)
-// is returned, never counted as a wrong answer.
+// rollouts, so evaluation and training agree on what "correct" means, in
+// calls within its batch limit (clients::ScoreInBatches). An error from the
+// reward server (unreachable, or a retryable per-item error) is returned,
+// never counted as a wrong answer. CANCELLED once options.should_stop says
+// so.
 absl::StatusOr<v1::EvalResult> Evaluate(const model::Transformer& model,
                                         const tokenizer::BpeTokenizer& tokenizer,
                                         const std::vector<task::TaskItem>& items,

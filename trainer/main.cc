@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "common/torch_threads.h"
 #include "trainer/trainer_service.h"
+#include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 
 int main(int argc, char** argv) {
@@ -23,14 +24,17 @@ int main(int argc, char** argv) {
                   "each takes a fixed share (0 keeps LibTorch's default)")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
+  sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
+    const int64_t budget = memory_budget.Apply(context);
     const TorchThreads threads = ConfigureTorchThreads(torch_threads);
     const bool resident = KeepTensorMemoryResident();
     log::Info("torch threads", {{"intra_op", threads.intra_op},
                                 {"inter_op", threads.inter_op},
                                 {"tensor_memory_resident", resident}});
-    auto service = std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry());
+    auto service =
+        std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry(), budget);
     context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::TrainerService::service_full_name());
     return absl::OkStatus();

@@ -17,6 +17,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/base/call_once.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
@@ -24,6 +26,7 @@
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
+#include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
 #include "common/status_macros.h"
@@ -185,6 +188,7 @@ class TrainerRun::Impl {
   void Stop(bool checkpoint) {
     if (checkpoint) checkpoint_on_stop_.store(true);
     stop_.store(true);
+    absl::call_once(stop_once_, [this] { stopped_.Notify(); });  // Stop may race with itself
     if (deps_.buffer != nullptr) deps_.buffer->CancelSample();
   }
 
@@ -218,6 +222,10 @@ class TrainerRun::Impl {
       return absl::InvalidArgumentError("model: the tokenizer and config.json name no end-of-sequence token");
     }
     pad_id_ = run::PadTokenId(config, *tokenizer_);
+    // What the run holds throughout (weights, optimizer state, published
+    // versions, copies): the rest of the budget is the batches'.
+    const run::ServiceMemoryEstimate resident = run::EstimateRunMemory(spec_, config, -1).trainer;
+    resident_bytes_ = resident.bytes - resident.batch_bytes;
     ASSIGN_OR_RETURN(checkpoint_side_files_, run::CheckpointSideFiles(spec_.model()));
     WarnAboutExistingCheckpoints();
     log::Info("model ready", {{"run_id", run_id_},
@@ -292,6 +300,8 @@ class TrainerRun::Impl {
       std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rows;
       rows.reserve(batch_size);
       for (int64_t i = 0; i < batch_size; ++i) rows.push_back(sft_rows_[pick(rng)]);
+      RETURN_IF_ERROR(CheckBatchMemory(absl::StrCat("warm-start step ", step + 1), rows,
+                                       {"warm_start.batch_size"}));
       PaddedBatch batch = PadRows(rows, pad_id_);
       SetLearningRate(optimizer, ws.learning_rate() * std::min(1.0, double(step + 1) / warmup));
       optimizer.zero_grad();
@@ -343,6 +353,7 @@ class TrainerRun::Impl {
     options.composition.assign(spec_.reward().verifiers().begin(), spec_.reward().verifiers().end());
     options.item_timeout_ms = spec_.reward().item_timeout_ms();
     options.stop_token_ids = stop_token_ids_;
+    options.should_stop = [this] { return stop_.load(); };
     auto result = Evaluate(*model_, *tokenizer_, items, *deps_.reward, options);
     if (!result.ok()) {
       return absl::Status(result.status().code(),
@@ -476,7 +487,7 @@ class TrainerRun::Impl {
           if (!transient || Now() - failing_since > kSampleRetrySeconds) return sampled.status();
           log::Warning("sampling from the replay buffer failed; retrying",
                        {{"run_id", run_id_}, {"error", std::string(sampled.status().message())}});
-          for (int i = 0; i < 10 && !stop_.load(); ++i) absl::SleepFor(absl::Milliseconds(100));
+          stopped_.WaitForNotificationWithTimeout(absl::Seconds(1));  // a stop ends the wait
           continue;
         }
         failing_since = -1;
@@ -490,6 +501,8 @@ class TrainerRun::Impl {
       const int groups = batch.groups_size();
       if (prox_model_ != nullptr) RETURN_IF_ERROR(prox_model_->LoadWeights(model_->parameters()));
       for (int m = 0; m < minibatches && step_ < alg.total_steps(); ++m) {
+        // A stop is seen between minibatches, not only between batches.
+        if (stop_.load()) return absl::CancelledError("stopped");
         const int begin = groups * m / minibatches;
         const int end = groups * (m + 1) / minibatches;
         ASSIGN_OR_RETURN(v1::TrainingStepMetrics metrics,
@@ -717,6 +730,10 @@ class TrainerRun::Impl {
     int64_t tokens_trained = 0;
     std::string update_skipped;  // why, when the step made no update
     if (!rows.empty()) {
+      RETURN_IF_ERROR(CheckBatchMemory(
+          absl::StrCat("step ", step_ + 1), rows,
+          {"algorithm.batch_size_groups", "algorithm.minibatches_per_batch (raise it)",
+           "algorithm.group_size", "rollout.sampling.max_new_tokens"}));
       PaddedBatch padded = PadRows(rows, pad_id_);
       tokens_trained = padded.real_tokens;
       const int64_t width = padded.inputs.size(1);
@@ -821,6 +838,36 @@ class TrainerRun::Impl {
     return metrics;
   }
 
+  // ---- memory ------------------------------------------------------------
+
+  // RESOURCE_EXHAUSTED when the forward and backward of `rows` (padded to
+  // the longest) would not fit what the budget leaves after what the run
+  // holds throughout; OK without a budget.
+  absl::Status CheckBatchMemory(
+      const std::string& what,
+      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& rows,
+      const std::vector<std::string>& fields) const {
+    if (deps_.memory_budget_bytes <= 0 || rows.empty()) return absl::OkStatus();
+    size_t longest = 0;
+    for (const auto& [prefix, trained] : rows) {
+      longest = std::max(longest, prefix.size() + trained.size());
+    }
+    const int64_t sequences = static_cast<int64_t>(rows.size());
+    const int64_t tokens = std::max<int64_t>(1, static_cast<int64_t>(longest) - 1);
+    const int64_t needed = run::TrainingBatchBytes(model_->config(), sequences, tokens);
+    const int64_t left = deps_.memory_budget_bytes - resident_bytes_;
+    if (needed <= left) return absl::OkStatus();
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "trainer: ", what, ": a batch of ", sequences, " sequences x ", tokens,
+        " tokens needs about ", run::FormatBytes(needed),
+        " (activations, attention, logits and their gradients), more than the ",
+        run::FormatBytes(std::max<int64_t>(0, left)), " the trainer's --memory-budget of ",
+        run::FormatBytes(deps_.memory_budget_bytes),
+        " leaves after its weights, optimizer state and published versions (",
+        run::FormatBytes(resident_bytes_), "); lower ", absl::StrJoin(fields, ", "),
+        ", or give the trainer a larger --memory-budget"));
+  }
+
   // ---- reporting ---------------------------------------------------------
 
   void SetState(v1::TrainerState state) {
@@ -862,6 +909,9 @@ class TrainerRun::Impl {
   const v1::RunSpec spec_;
   TrainerRunDeps deps_;
   std::atomic<bool> stop_{false};
+  // Notified with stop_: what a wait between retries waits on.
+  absl::Notification stopped_;
+  absl::once_flag stop_once_;
   std::atomic<bool> checkpoint_on_stop_{false};
   std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   std::vector<int32_t> stop_token_ids_;
@@ -881,6 +931,8 @@ class TrainerRun::Impl {
   int64_t max_new_tokens_ = 16;
   int64_t step_ = 0;
   int64_t last_checkpoint_step_ = -1;
+  // Bytes the run holds throughout (see CheckBatchMemory).
+  int64_t resident_bytes_ = 0;
   double start_time_ = 0;
 
   mutable absl::Mutex mu_;

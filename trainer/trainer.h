@@ -24,6 +24,13 @@ struct TrainerRunDeps {
   // Called after every RL step and evaluation (for the service's metrics).
   std::function<void(const v1::TrainingStepMetrics&)> on_step;
   std::function<void(const v1::EvalResult&)> on_eval;
+  // The trainer's --memory-budget in bytes; <= 0 = none. Each training
+  // batch (an RL minibatch, a warm-start batch) is checked against what it
+  // leaves after the weights, optimizer state and published versions
+  // before it is padded and run forward: one that does not fit fails the
+  // run with RESOURCE_EXHAUSTED naming its size and the fields to lower,
+  // rather than allocating past the budget.
+  int64_t memory_budget_bytes = 0;
 };
 
 // One run on the trainer, from model creation to the final evaluation (see

@@ -12,13 +12,19 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/model/hf_checkpoint.h"
+#include "common/run/run_memory.h"
+#include "common/run/run_model.h"
 #include "common/task/char_tokenizer.h"
 #include "common/tokenizer/bpe_tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/trainer.h"
 
 namespace sluice::trainer {
 namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
 
 // Serves batches of synthetic groups: prompt "1+2=" style tokens, G
 // completions alternating right and wrong so every group has a signal.
@@ -386,6 +392,44 @@ TEST(TrainerRunTest, AnUnreachableRewardServerFailsTheRunWithItsError) {
   EXPECT_NE(controller.reports.back().error().find("reward_server"), std::string::npos);
 }
 
+// A client other than the controller can start a run the trainer's budget
+// does not hold, or a buffer can hand out longer sequences than the run's
+// estimate: the batch is checked before it is padded and run forward, and
+// the run fails saying why instead of allocating past the budget.
+TEST(TrainerRunTest, ATrainingBatchOverTheMemoryBudgetFailsTheRunNamingIt) {
+  FakeBuffer buffer;
+  FakeReward reward;
+  FakeController controller;
+  WeightStore weights;
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec.model());
+  ASSERT_TRUE(config.ok()) << config.status();
+  const run::ServiceMemoryEstimate estimate = run::EstimateRunMemory(spec, *config, -1).trainer;
+  // Room for what the run holds and a batch of one short sequence: the
+  // first step's 8 sequences do not fit.
+  TrainerRunDeps deps{&buffer, &reward, &controller, &weights, nullptr, nullptr};
+  deps.memory_budget_bytes =
+      estimate.bytes - estimate.batch_bytes + run::TrainingBatchBytes(*config, 1, 4);
+  TrainerRun run("run-oom", spec, deps);
+  const absl::Status status = run.Run();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(std::string(status.message()),
+              AllOf(HasSubstr("trainer: step 1: a batch of 8 sequences"),
+                    HasSubstr("algorithm.minibatches_per_batch (raise it)"),
+                    HasSubstr("--memory-budget")));
+  EXPECT_EQ(run.Status().state(), v1::TRAINER_STATE_FAILED);
+  EXPECT_EQ(run.Status().step(), 0);
+  ASSERT_FALSE(controller.reports.empty());
+  EXPECT_EQ(controller.reports.back().state(), v1::TRAINER_STATE_FAILED);
+
+  // With the budget of the whole estimate the same run trains.
+  FakeController fine_controller;
+  deps.controller = &fine_controller;
+  deps.memory_budget_bytes = estimate.bytes;
+  TrainerRun fits("run-fits", spec, deps);
+  EXPECT_TRUE(fits.Run().ok());
+}
 
 namespace fs = std::filesystem;
 

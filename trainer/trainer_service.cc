@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/base/call_once.h"
 #include "absl/strings/str_cat.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
+#include "common/run/run_memory.h"
+#include "common/run/run_model.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -111,10 +114,14 @@ struct TrainerServiceImpl::ActiveRun {
   std::unique_ptr<clients::ControllerClient> controller;
   std::unique_ptr<TrainerRun> run;
   std::thread thread;
+  // Joins `thread` once, however many callers stop the run at once.
+  absl::once_flag joined;
 };
 
-TrainerServiceImpl::TrainerServiceImpl(prometheus::Registry& registry)
-    : metrics_(std::make_unique<TrainerMetrics>(registry)) {}
+TrainerServiceImpl::TrainerServiceImpl(prometheus::Registry& registry,
+                                       int64_t memory_budget_bytes)
+    : memory_budget_bytes_(memory_budget_bytes),
+      metrics_(std::make_unique<TrainerMetrics>(registry)) {}
 
 TrainerServiceImpl::~TrainerServiceImpl() { Shutdown(); }
 
@@ -131,21 +138,32 @@ void TrainerServiceImpl::StopActiveRun(bool checkpoint) {
   std::shared_ptr<ActiveRun> run;
   {
     absl::MutexLock lock(&mu_);
-    run = std::move(run_);
+    run = run_;
   }
   if (run == nullptr) return;
   run->run->Stop(checkpoint);
-  if (run->thread.joinable()) run->thread.join();
+  // The run stays in the status (its state, e.g. TRAINING through the step
+  // in progress) until its thread has returned: a trainer that says IDLE
+  // computes nothing.
+  absl::call_once(run->joined, [&] {
+    if (run->thread.joinable()) run->thread.join();
+  });
+  absl::MutexLock lock(&mu_);
+  if (run_ == run) run_ = nullptr;
 }
 
 v1::TrainerStatus TrainerServiceImpl::CurrentStatus() const {
-  absl::MutexLock lock(&mu_);
-  if (run_ == nullptr) {
-    v1::TrainerStatus status;
-    status.set_state(v1::TRAINER_STATE_IDLE);
-    return status;
+  v1::TrainerStatus status;
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_ == nullptr) {
+      status.set_state(v1::TRAINER_STATE_IDLE);
+    } else {
+      status = run_->run->Status();
+    }
   }
-  return run_->run->Status();
+  status.set_memory_budget_bytes(memory_budget_bytes_);
+  return status;
 }
 
 grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
@@ -161,12 +179,32 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   if (endpoints.reward_server_address().empty()) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "endpoints.reward_server_address: required"};
   }
+  if (request->max_prompt_tokens() < 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("max_prompt_tokens: must be >= 0 (0 = unknown), got ",
+                         request->max_prompt_tokens())};
+  }
+  // Whoever asks (the controller checked at submit, another client may not
+  // have). A model whose config cannot be read is left to the run, which
+  // fails naming it.
+  if (absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
+      config.ok()) {
+    const run::RunMemoryEstimate estimate = run::EstimateRunMemory(
+        request->spec(), *config,
+        request->max_prompt_tokens() > 0 ? request->max_prompt_tokens() : -1);
+    if (std::string problem = run::CheckMemoryBudget(
+            "trainer", estimate.trainer, {memory_budget_bytes_, "this trainer's --memory-budget"});
+        !problem.empty()) {
+      return {grpc::StatusCode::RESOURCE_EXHAUSTED, problem};
+    }
+  }
   {
     absl::MutexLock lock(&mu_);
     if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "trainer is shutting down"};
     if (run_ != nullptr) {
       if (run_->run_id == request->run_id()) {
         *response->mutable_status() = run_->run->Status();
+        response->mutable_status()->set_memory_budget_bytes(memory_budget_bytes_);
         return grpc::Status::OK;
       }
       const v1::TrainerState state = run_->run->Status().state();
@@ -193,6 +231,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   deps.reward = active->reward.get();
   deps.controller = active->controller.get();
   deps.weights = &weights_;
+  deps.memory_budget_bytes = memory_budget_bytes_;
   TrainerMetrics* metrics = metrics_.get();
   deps.on_step = [metrics](const v1::TrainingStepMetrics& m) { metrics->OnStep(m); };
   deps.on_eval = [metrics](const v1::EvalResult& e) {
@@ -203,6 +242,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   active->thread = std::thread([run] { run->Run().IgnoreError(); });
   log::Info("training started", {{"run_id", request->run_id()}});
   *response->mutable_status() = run->Status();
+  response->mutable_status()->set_memory_budget_bytes(memory_budget_bytes_);
   absl::MutexLock lock(&mu_);
   run_ = std::move(active);
   return grpc::Status::OK;
@@ -220,6 +260,7 @@ grpc::Status TrainerServiceImpl::StopTraining(grpc::ServerContext*,
   }
   StopActiveRun(request->checkpoint());
   response->mutable_status()->set_state(v1::TRAINER_STATE_IDLE);
+  response->mutable_status()->set_memory_budget_bytes(memory_budget_bytes_);
   return grpc::Status::OK;
 }
 

@@ -23,9 +23,16 @@ struct TrainerMetrics;
 // TrainerRun on its own thread with gRPC clients for the run's buffer, reward
 // server and controller), the weight store behind GetLatestVersion /
 // WatchVersions / StreamWeights, and the trainer's Prometheus metrics.
+//
+// The memory budget (--memory-budget): StartTraining refuses a run whose
+// trainer estimate (run::EstimateRunMemory with the request's
+// max_prompt_tokens) exceeds it with RESOURCE_EXHAUSTED naming the fields,
+// the estimate and the budget, whoever asks; the run checks each training
+// batch against it too (TrainerRunDeps::memory_budget_bytes).
 class TrainerServiceImpl final : public v1::TrainerService::Service {
  public:
-  explicit TrainerServiceImpl(prometheus::Registry& registry);
+  // `memory_budget_bytes` <= 0: none (nothing is checked).
+  explicit TrainerServiceImpl(prometheus::Registry& registry, int64_t memory_budget_bytes = 0);
   ~TrainerServiceImpl() override;
 
   // Stops the current run and wakes streams (server shutdown).
@@ -52,6 +59,7 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
   void StopActiveRun(bool checkpoint) ABSL_LOCKS_EXCLUDED(mu_);
   v1::TrainerStatus CurrentStatus() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  const int64_t memory_budget_bytes_;
   WeightStore weights_;
   std::unique_ptr<TrainerMetrics> metrics_;
   mutable absl::Mutex mu_;

@@ -111,6 +111,31 @@ int64_t StoredGroupBytes(int64_t group_size, int64_t tokens) {
   return Add(Mul(group_size, Add(Mul(tokens, 16), 512)), 1024);
 }
 
+ServiceMemoryEstimate EstimateReplayBufferMemory(int64_t batch_size_groups, int64_t max_staleness,
+                                                 int64_t group_size,
+                                                 const v1::BufferConfig& buffer,
+                                                 int64_t sequence_tokens, std::string length_how) {
+  // The admission gate holds accepted + running below (eta + v + 1) * B,
+  // and a group stays until sampled max_times_sampled times, so about
+  // (eta + 1 + max_times_sampled) * B groups at most.
+  ServiceMemoryEstimate b;
+  const int64_t batch_groups = std::max<int64_t>(1, batch_size_groups);
+  const int64_t group = std::max<int64_t>(1, group_size);
+  const int64_t tokens = std::max<int64_t>(1, sequence_tokens);
+  if (length_how.empty()) length_how = absl::StrCat(Count(tokens), " tokens");
+  const int64_t times = std::max(1, buffer.max_times_sampled());
+  int64_t held = Mul(Add(Add(std::max<int64_t>(0, max_staleness), 1), times), batch_groups);
+  if (buffer.capacity_groups() > 0) held = std::min(held, buffer.capacity_groups());
+  AddTerm(b, "groups held", Mul(held, StoredGroupBytes(group, tokens)),
+          absl::StrCat(Count(held), " groups ((max_staleness + 1 + max_times_sampled) x "
+                                    "batch_size_groups) x ",
+                       Count(group), " trajectories x ", length_how));
+  b.fields = {"algorithm.batch_size_groups", "algorithm.max_staleness", "algorithm.group_size",
+              "buffer.max_times_sampled", "buffer.capacity_groups",
+              "rollout.sampling.max_new_tokens"};
+  return b;
+}
+
 RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelConfig& config,
                                     int64_t max_prompt_tokens) {
   RunMemoryEstimate out;
@@ -119,6 +144,7 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
   const int64_t context = ContextTokens(spec, config);
   const int64_t tokens = RunSequenceTokens(spec, config, max_prompt_tokens);
   out.sequence_tokens = tokens;
+  out.max_prompt_tokens = std::max<int64_t>(0, max_prompt_tokens);
   const int64_t prompt_tokens = max_prompt_tokens < 0 ? tokens : std::min(max_prompt_tokens, tokens);
   const int64_t group_size = std::max(1, a.group_size());
   const int64_t batch_groups = std::max(1, a.batch_size_groups());
@@ -140,7 +166,8 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
     const int64_t sequences = Mul(groups, group_size);
     AddTerm(w, "weights", Mul(params, 2, kFloat),
             absl::StrCat(Count(params), " parameters, the current and an incoming version"));
-    AddTerm(w, "generation batch", GenerationBatchBytes(config, sequences, prompt_tokens, tokens),
+    w.batch_bytes = GenerationBatchBytes(config, sequences, prompt_tokens, tokens);
+    AddTerm(w, "generation batch", w.batch_bytes,
             absl::StrCat(Count(sequences), " sequences (", Count(groups), " groups x ",
                          Count(group_size), ") x ", length_how, ", KV cache of ", shape,
                          ", logits over ", Count(config.vocab_size), " tokens"));
@@ -201,26 +228,14 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
                                    Count(eval_tokens), " tokens");
       fields.push_back("eval.sampling.max_new_tokens");
     }
+    t.batch_bytes = transient;
     AddTerm(t, "largest batch", transient, std::move(transient_how));
     t.fields = std::move(fields);
   }
 
-  // Replay buffer: the admission gate holds accepted + running below
-  // (eta + v + 1) * B, and a group stays until sampled max_times_sampled
-  // times, so about (eta + 1 + max_times_sampled) * B groups at most.
-  {
-    ServiceMemoryEstimate& b = out.replay_buffer;
-    const int64_t times = std::max(1, spec.buffer().max_times_sampled());
-    int64_t held = Mul(Add(Add(std::max(0, a.max_staleness()), 1), times), batch_groups);
-    if (spec.buffer().capacity_groups() > 0) held = std::min(held, spec.buffer().capacity_groups());
-    AddTerm(b, "groups held", Mul(held, StoredGroupBytes(group_size, tokens)),
-            absl::StrCat(Count(held), " groups ((max_staleness + 1 + max_times_sampled) x "
-                                      "batch_size_groups) x ",
-                         Count(group_size), " trajectories x ", length_how));
-    b.fields = {"algorithm.batch_size_groups", "algorithm.max_staleness", "algorithm.group_size",
-                "buffer.max_times_sampled", "buffer.capacity_groups",
-                "rollout.sampling.max_new_tokens"};
-  }
+  out.replay_buffer =
+      EstimateReplayBufferMemory(batch_groups, a.max_staleness(), group_size, spec.buffer(),
+                                 tokens, length_how);
   return out;
 }
 

@@ -35,6 +35,11 @@ struct MemoryTerm {
 
 struct ServiceMemoryEstimate {
   int64_t bytes = 0;  // Sum of the terms, saturating at INT64_MAX.
+  // The term of the largest batch the service computes (a worker's
+  // generation batch, the trainer's largest training or evaluation batch);
+  // bytes - batch_bytes is what it holds throughout (weights, optimizer
+  // state, published versions). What a service checks each batch against.
+  int64_t batch_bytes = 0;
   std::vector<MemoryTerm> terms;
   // Spec fields that move the estimate most, in the order a user should
   // look at them ("rollout.max_concurrent_groups_per_worker", ...).
@@ -46,6 +51,12 @@ struct RunMemoryEstimate {
   ServiceMemoryEstimate trainer;
   ServiceMemoryEstimate replay_buffer;   // The run's table.
   int64_t sequence_tokens = 0;           // Longest sequence assumed.
+  // Longest prompt assumed, as given; 0 = unknown (prompts as long as the
+  // context). The controller passes it on to the trainer and the workers
+  // (StartTrainingRequest / StartRolloutsRequest.max_prompt_tokens), and
+  // sequence_tokens to the buffer, so that their own checks agree with
+  // its estimate.
+  int64_t max_prompt_tokens = 0;
 };
 
 // The longest sequence a run can produce: min(context, max_prompt_tokens +
@@ -59,6 +70,17 @@ int64_t RunSequenceTokens(const v1::RunSpec& spec, const model::ModelConfig& con
 // `max_prompt_tokens`: as for RunSequenceTokens.
 RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelConfig& config,
                                     int64_t max_prompt_tokens);
+
+// The replay buffer's term of EstimateRunMemory alone, from what a table is
+// configured with (ConfigureRunRequest): B, eta, G, the buffer section and
+// the longest sequence in tokens. The buffer checks a new table with it.
+// `length_how` says where that length comes from, for messages ("" = "N
+// tokens").
+ServiceMemoryEstimate EstimateReplayBufferMemory(int64_t batch_size_groups, int64_t max_staleness,
+                                                 int64_t group_size,
+                                                 const v1::BufferConfig& buffer,
+                                                 int64_t sequence_tokens,
+                                                 std::string length_how = "");
 
 // The rollout worker's generation batch alone (KV cache, logits and the
 // prefill's transients) for `sequences` sequences of prompts up to

@@ -97,11 +97,32 @@ TEST(RunMemoryTest, QwenWorkerKvCacheIsWhatVllmWouldReserve) {
   // The prefill's logits of every prompt position (128 x 256 x 151,936 x 4 B
   // = 18.5 GiB) dominate: generation.cc computes them all and keeps the last.
   EXPECT_EQ(estimate.rollout_worker.terms[1].bytes, GenerationBatchBytes(Qwen05(), 128, 256, 1024));
+  EXPECT_EQ(estimate.rollout_worker.batch_bytes, estimate.rollout_worker.terms[1].bytes);
+  EXPECT_EQ(estimate.trainer.batch_bytes, estimate.trainer.terms.back().bytes);
   EXPECT_GT(estimate.rollout_worker.terms[1].bytes, kv + (int64_t{18} << 30));
   // The trainer holds 4 x 4 B per parameter plus 4 published versions.
   EXPECT_GE(estimate.trainer.bytes, Qwen05().ParameterCount() * 32);
   // The buffer: (2 + 1 + 1) x 16 groups of 8 x 1024 tokens.
   EXPECT_EQ(estimate.replay_buffer.bytes, 64 * StoredGroupBytes(8, 1024));
+}
+
+// The buffer checks a new table with the replay buffer's term alone, from
+// what ConfigureRun carries: it must agree with the controller's estimate.
+TEST(RunMemoryTest, ReplayBufferTermFromTheTableConfigIsTheRunEstimates) {
+  v1::RunSpec spec = Spec(8, 16);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(768);
+  spec.mutable_buffer()->set_max_times_sampled(2);
+  const RunMemoryEstimate estimate = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_EQ(estimate.max_prompt_tokens, 256);
+  const ServiceMemoryEstimate table = EstimateReplayBufferMemory(
+      16, 2, 8, spec.buffer(), estimate.sequence_tokens);
+  EXPECT_EQ(table.bytes, estimate.replay_buffer.bytes);
+  EXPECT_EQ(table.bytes, (2 + 1 + 2) * 16 * StoredGroupBytes(8, 1024));
+  EXPECT_EQ(table.fields, estimate.replay_buffer.fields);
+  spec.mutable_buffer()->set_capacity_groups(10);
+  EXPECT_EQ(EstimateReplayBufferMemory(16, 2, 8, spec.buffer(), 1024).bytes,
+            10 * StoredGroupBytes(8, 1024));
+  EXPECT_EQ(EstimateRunMemory(spec, Qwen05(), -1).max_prompt_tokens, 0);  // unknown
 }
 
 TEST(RunMemoryTest, AbsurdSpecsSaturateInsteadOfOverflowing) {

@@ -7,12 +7,14 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -58,6 +60,14 @@ absl::Status LocalStackOptions::Validate() const {
                                               " is missing or not executable; build it first "
                                               "(cmake --build build) or pass --bin-dir"));
     }
+  }
+  const MemoryShares& shares = memory_shares;
+  if (!(shares.trainer >= 0 && shares.rollout_workers >= 0 && shares.replay_buffer >= 0) ||
+      shares.trainer + shares.rollout_workers + shares.replay_buffer > 100) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "memory_shares must be >= 0 and add up to at most 100%%; got trainer %g%%, rollout "
+        "workers %g%%, replay buffer %g%%",
+        shares.trainer, shares.rollout_workers, shares.replay_buffer));
   }
   if (torch_threads < 0) {
     return absl::InvalidArgumentError(
@@ -108,6 +118,22 @@ std::vector<std::string> LocalStack::ControllerFlags() const {
   return flags;
 }
 
+std::string LocalStack::MemoryBudgetFlag(const std::string& name) const {
+  const MemoryShares& shares = options_.memory_shares;
+  double share = 0;
+  if (name == "trainer") {
+    share = shares.trainer;
+  } else if (name == "replay_buffer") {
+    share = shares.replay_buffer;
+  } else if (name == "rollout_worker") {
+    const auto& names = ServiceNames();
+    share = shares.rollout_workers /
+            static_cast<double>(std::count(names.begin(), names.end(), "rollout_worker"));
+  }
+  if (share <= 0) return "";
+  return absl::StrFormat("--memory-budget=%g%%", share);
+}
+
 absl::Status LocalStack::Start() {
   RETURN_IF_ERROR(options_.Validate());
   std::error_code error;
@@ -141,6 +167,7 @@ absl::Status LocalStack::StartOne(const std::string& name) {
   if (UsesTorch(name)) {
     spawn.argv.push_back(absl::StrCat("--torch-threads=", options_.torch_threads));
   }
+  if (std::string flag = MemoryBudgetFlag(name); !flag.empty()) spawn.argv.push_back(flag);
   if (name == "controller") {
     for (std::string& flag : ControllerFlags()) spawn.argv.push_back(std::move(flag));
   }

@@ -13,6 +13,23 @@
 
 namespace sluice::cli {
 
+// The shares of one machine's memory (percent of it, or of its cgroup) that
+// `sluice up` gives the services as their --memory-budget. The trainer and
+// the rollout workers hold the big allocations: the trainer the weights,
+// gradients, AdamW's two moments, the published versions and a training
+// batch's activations with their gradients; a worker two copies of the
+// weights and a generation batch's KV cache and logits. They get equal
+// shares, as an RL step's training and generation batches are of the same
+// sequences. The replay buffer holds only token ids, log-probs and versions
+// (about 16 bytes a token), so a smaller share holds many batches. What is
+// left (5%) is the controller's, the reward server's (its sandboxed
+// programs have their own rlimits) and the system's.
+struct MemoryShares {
+  double trainer = 40;
+  double rollout_workers = 40;  // Split evenly among them.
+  double replay_buffer = 15;
+};
+
 struct LocalStackOptions {
   // Directory holding the sluice-* service binaries (normally the one `sluice`
   // itself is in).
@@ -31,6 +48,8 @@ struct LocalStackOptions {
   int torch_threads = 1;
   // Passed to every service: "text" or "json".
   std::string log_format = "text";
+  // Each service's --memory-budget, as a share of this machine's memory.
+  MemoryShares memory_shares;
 
   absl::Status Validate() const;
 };
@@ -100,6 +119,9 @@ class LocalStack {
   absl::Status StartOne(const std::string& name);
   // The flags telling the controller where the services started before it are.
   std::vector<std::string> ControllerFlags() const;
+  // "--memory-budget=40%" for a service that holds a run's memory; empty
+  // for the others.
+  std::string MemoryBudgetFlag(const std::string& name) const;
   absl::Status WriteEndpoints() const;
 
   LocalStackOptions options_;

@@ -211,9 +211,12 @@ class FaultInjectingReplayBufferClient final : public ReplayBufferClient {
 // going down does: blocked calls return UNAVAILABLE, open streams end.
 class Buffer {
  public:
-  Buffer() {
+  // `memory_budget_bytes`: the buffer's --memory-budget (0 = none).
+  explicit Buffer(int64_t memory_budget_bytes = 0) {
+    replay_buffer::RunTableOptions options;
+    options.memory = std::make_shared<replay_buffer::MemoryAccount>(memory_budget_bytes);
     absl::StatusOr<std::unique_ptr<replay_buffer::ReplayBuffer>> buffer =
-        replay_buffer::ReplayBuffer::Create();
+        replay_buffer::ReplayBuffer::Create(options);
     EXPECT_TRUE(buffer.ok()) << buffer.status();
     service_ = std::make_shared<replay_buffer::ReplayBufferServiceImpl>(
         std::shared_ptr<replay_buffer::ReplayBuffer>(std::move(buffer).value()), registry_);
@@ -551,6 +554,59 @@ TEST_F(GroupInserterTest, RefusedGroupsAreFinalAndNeverResent) {
   EXPECT_EQ(outcome->groups[0].status, v1::INSERT_STATUS_REJECTED_STALE);
   EXPECT_EQ(faulty_.num_insert_requests(), before + 1);
   EXPECT_EQ(time_.sleeps().size(), 1u) << "only the injected failure backed off";
+}
+
+// A buffer at its memory budget answers RETRYABLE_ERROR: the inserter keeps
+// the group and sends it again, and it is stored once the trainer has
+// sampled and made room. (Treated as a refusal, the generated group would be
+// lost.)
+TEST(GroupInserterBudgetTest, AnInsertOverTheBuffersBudgetIsRetriedUntilTheTrainerMakesRoom) {
+  int64_t group_bytes = 0;
+  {
+    Buffer unbudgeted;
+    LoopbackServer server(unbudgeted.service());
+    ASSERT_TRUE(server.Configure(2, 2, 1).ok());
+    std::unique_ptr<ReplayBufferClient> client = NewGrpcReplayBufferClient(server.target());
+    v1::InsertGroupsRequest request;
+    *request.add_groups() = Groups("measure", 1)[0];
+    ASSERT_TRUE(client->InsertGroups(request).ok());
+    group_bytes = Stats(*client).size_bytes();
+    unbudgeted.Shutdown();
+  }
+  ASSERT_GT(group_bytes, 0);
+  Buffer buffer(2 * group_bytes + group_bytes / 2);
+  LoopbackServer server(buffer.service());
+  ASSERT_TRUE(server.Configure(2, 2, 1).ok());
+  std::unique_ptr<ReplayBufferClient> client = NewGrpcReplayBufferClient(server.target());
+  GroupInserterOptions options;
+  options.seed = 3;
+  std::vector<std::string> why;
+  options.on_retry = [&](const absl::Status& status, int, absl::Duration) {
+    why.emplace_back(status.message());
+  };
+  // The backoff is when the trainer samples: a batch of the two held groups.
+  std::multiset<std::string> trained;
+  options.sleep = [&](absl::Duration) {
+    if (trained.empty()) trained = SampleKeys(*client, 2);
+    return true;
+  };
+  absl::StatusOr<std::unique_ptr<GroupInserter>> inserter =
+      GroupInserter::Create(*client, std::move(options));
+  ASSERT_TRUE(inserter.ok()) << inserter.status();
+
+  absl::StatusOr<InsertOutcome> first = (*inserter)->Insert(Groups("measure", 2));
+  ASSERT_TRUE(first.ok() && first->status.ok()) << first.status();
+  EXPECT_EQ(first->stored(), 2);
+  absl::StatusOr<InsertOutcome> over = (*inserter)->Insert(Groups("over", 1));
+  ASSERT_TRUE(over.ok()) << over.status();
+  EXPECT_TRUE(over->status.ok()) << over->status;
+  EXPECT_EQ(over->groups[0].status, v1::INSERT_STATUS_STORED);
+  EXPECT_EQ(over->attempts, 2);
+  ASSERT_EQ(why.size(), 1u);
+  EXPECT_THAT(why[0], HasSubstr("over the memory budget"));
+  EXPECT_EQ(trained.size(), 2u);
+  EXPECT_EQ(Stats(*client).size_groups(), 1);
+  buffer.Shutdown();
 }
 
 TEST_F(GroupInserterTest, UnconfirmedOnEveryAttemptGroupsStayUnresolved) {

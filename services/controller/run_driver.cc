@@ -52,12 +52,13 @@ bool IsTerminal(v1::RunState state) {
 
 RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
                      v1::ServiceEndpoints endpoints, RunDriverOptions options,
-                     RunObserver* observer)
+                     RunObserver* observer, RunSizes sizes)
     : run_id_(run.run_id()),
       spec_(run.spec()),
       files_(std::move(files)),
       clients_(std::move(clients)),
       endpoints_(std::move(endpoints)),
+      sizes_(sizes),
       options_(std::move(options)),
       observer_(observer) {
   const size_t wanted = static_cast<size_t>(std::max(1, spec_.rollout().num_workers()));
@@ -242,6 +243,9 @@ bool RunDriver::StartServices() {
   }
   configure.set_min_reward(0.0);
   configure.set_max_reward(1.0);
+  // What the controller measured at submit: the services check their own
+  // memory budgets with the same sizes.
+  configure.set_max_sequence_tokens(sizes_.max_sequence_tokens);
   if (absl::Status status = clients_.replay_buffer->ConfigureRun(configure); !status.ok()) {
     Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
     return false;
@@ -252,6 +256,7 @@ bool RunDriver::StartServices() {
   start_training.set_run_id(run_id_);
   *start_training.mutable_spec() = spec_;
   *start_training.mutable_endpoints() = endpoints_;
+  start_training.set_max_prompt_tokens(sizes_.max_prompt_tokens);
   trainer_started_ = true;  // Even a failed call may have started it.
   if (absl::Status status = clients_.trainer->StartTraining(start_training); !status.ok()) {
     Fail(CallFailure("trainer", clients_.trainer->address(), "StartTraining", status));
@@ -262,6 +267,7 @@ bool RunDriver::StartServices() {
   start_rollouts.set_run_id(run_id_);
   *start_rollouts.mutable_spec() = spec_;
   *start_rollouts.mutable_endpoints() = endpoints_;
+  start_rollouts.set_max_prompt_tokens(sizes_.max_prompt_tokens);
   for (const auto& worker : workers_) {
     if (Terminal()) return false;
     ++workers_started_;

@@ -54,6 +54,15 @@ struct RunDriverOptions {
   std::function<absl::StatusOr<std::vector<v1::Prompt>>(const v1::RunSpec&)> prompt_source;
 };
 
+// What the controller measured of a run at submit (EstimateSpecMemory), passed
+// on to the services so that their own memory checks agree with its
+// estimate: StartTrainingRequest / StartRolloutsRequest.max_prompt_tokens and
+// ConfigureRunRequest.max_sequence_tokens. 0 = unknown.
+struct RunSizes {
+  int64_t max_prompt_tokens = 0;    // The longest tokenized prompt.
+  int64_t max_sequence_tokens = 0;  // The longest prompt + completion.
+};
+
 // Told about every change of every run (metrics).
 class RunObserver {
  public:
@@ -93,7 +102,7 @@ class RunDriver {
  public:
   // `run` carries run_id, the resolved spec and created_at.
   RunDriver(v1::Run run, RunFiles files, ServiceClients clients, v1::ServiceEndpoints endpoints,
-            RunDriverOptions options, RunObserver* observer);
+            RunDriverOptions options, RunObserver* observer, RunSizes sizes = {});
   // Shuts the run down (FAILED) if still active and joins the thread.
   ~RunDriver();
 
@@ -209,6 +218,7 @@ class RunDriver {
   const RunFiles files_;
   const ServiceClients clients_;
   const v1::ServiceEndpoints endpoints_;
+  const RunSizes sizes_;
   const RunDriverOptions options_;
   RunObserver* const observer_;
   // The rollout workers this run uses (the first rollout.num_workers).

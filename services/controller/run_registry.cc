@@ -70,7 +70,7 @@ std::string RunRegistry::NewRunIdLocked() {
   }
 }
 
-absl::Status RunRegistry::CheckAgainstServices(const v1::RunSpec& spec) const {
+absl::StatusOr<RunSizes> RunRegistry::CheckAgainstServices(const v1::RunSpec& spec) const {
   if (clients_.reward_server != nullptr) {
     absl::StatusOr<std::vector<std::string>> verifiers = clients_.reward_server->ListVerifiers();
     if (!verifiers.ok()) {
@@ -111,13 +111,16 @@ absl::Status RunRegistry::CheckAgainstServices(const v1::RunSpec& spec) const {
                        run::FormatBytes(stats->memory_budget_bytes()), " in use)")};
     }
   }
-  if (budgets.trainer.bytes <= 0 && budgets.rollout_worker.bytes <= 0 &&
-      budgets.replay_buffer.bytes <= 0) {
-    return absl::OkStatus();
-  }
+  const bool budgeted = budgets.trainer.bytes > 0 || budgets.rollout_worker.bytes > 0 ||
+                        budgets.replay_buffer.bytes > 0;
   absl::StatusOr<run::RunMemoryEstimate> estimate = EstimateSpecMemory(spec);
-  if (!estimate.ok()) return estimate.status();
-  return CheckRunMemory(*estimate, budgets);
+  if (!estimate.ok()) {
+    if (budgeted) return estimate.status();
+    return RunSizes{};  // Unknown: the services assume the context.
+  }
+  RETURN_IF_ERROR(CheckRunMemory(*estimate, budgets));
+  return RunSizes{.max_prompt_tokens = estimate->max_prompt_tokens,
+                  .max_sequence_tokens = estimate->sequence_tokens};
 }
 
 absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request) {
@@ -127,7 +130,7 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
     // Without creating anything: the services are asked only when they are
     // configured (a controller alone still validates specs).
     if (clients_.trainer != nullptr || clients_.reward_server != nullptr) {
-      RETURN_IF_ERROR(CheckAgainstServices(spec));
+      RETURN_IF_ERROR(CheckAgainstServices(spec).status());
     }
     v1::Run run;
     *run.mutable_spec() = std::move(spec);
@@ -136,7 +139,7 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   if (absl::Status configured = CheckServicesConfigured(spec); !configured.ok()) {
     return configured;
   }
-  RETURN_IF_ERROR(CheckAgainstServices(spec));
+  ASSIGN_OR_RETURN(const RunSizes sizes, CheckAgainstServices(spec));
 
   absl::MutexLock lock(&mu_);
   if (shut_down_) return absl::UnavailableError("the controller is shutting down");
@@ -163,7 +166,8 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   endpoints.set_trainer_address(clients_.trainer->address());
 
   auto driver = std::make_shared<RunDriver>(std::move(run), std::move(*files), clients_,
-                                            std::move(endpoints), options_.driver, observer_);
+                                            std::move(endpoints), options_.driver, observer_,
+                                            sizes);
   runs_.push_back(driver);
   by_id_[run_id] = driver;
   if (!request.request_id().empty()) by_request_id_[request.request_id()] = run_id;

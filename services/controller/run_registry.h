@@ -93,7 +93,11 @@ class RunRegistry {
  private:
   absl::Status CheckServicesConfigured(const v1::RunSpec& spec) const;
   // The reward server's verifier names and the services' memory budgets.
-  absl::Status CheckAgainstServices(const v1::RunSpec& spec) const;
+  // Returns the run's sizes as the memory estimate measured them (the
+  // longest prompt and sequence), for the driver to pass on; zeros
+  // (unknown) when no estimate could be made and no service reports a
+  // budget to check it against.
+  absl::StatusOr<RunSizes> CheckAgainstServices(const v1::RunSpec& spec) const;
   std::string NewRunIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the next queued run when none is active; renumbers the queue.
   void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -18,6 +18,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/controller/fake_service_clients.h"
+#include "services/controller/run_spec.h"
 
 namespace sluice::controller {
 namespace {
@@ -714,6 +715,23 @@ TEST_F(RunRegistryTest, RunThatDoesNotFitAServicesMemoryBudgetIsRefused) {
   buffer_->SetMemoryBudget(int64_t{1} << 30);
   request.set_validate_only(false);
   EXPECT_TRUE(registry_->Submit(request).ok());
+}
+
+// The services check their own budgets with what the controller measured at
+// submit, so that they agree with its estimate rather than assume prompts as
+// long as the context.
+TEST_F(RunRegistryTest, TheServicesAreGivenTheRunsMeasuredPromptAndSequenceLengths) {
+  MakeRegistry();
+  absl::StatusOr<run::RunMemoryEstimate> estimate =
+      EstimateSpecMemory(ResolveDefaults(SmallSpec()));
+  ASSERT_TRUE(estimate.ok()) << estimate.status();
+  ASSERT_GT(estimate->max_prompt_tokens, 0);
+  ASSERT_GT(estimate->sequence_tokens, estimate->max_prompt_tokens);
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  EXPECT_EQ(trainer_->start_request().max_prompt_tokens(), estimate->max_prompt_tokens);
+  EXPECT_EQ(worker_->start_request().max_prompt_tokens(), estimate->max_prompt_tokens);
+  EXPECT_EQ(buffer_->configure_request().max_sequence_tokens(), estimate->sequence_tokens);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "reward_server/math/answer_extraction.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -131,10 +133,14 @@ bool ShortConnective(absl::string_view gap) {
   return count <= 4;
 }
 
-size_t RFindIgnoreCase(absl::string_view s, absl::string_view needle, size_t before) {
+// The last `needle` (any case) starting at or after `from` and ending at or
+// before `before`. O(before - from): callers bound the window, so that
+// ranking every candidate of a long text stays linear overall.
+size_t RFindIgnoreCase(absl::string_view s, absl::string_view needle, size_t before,
+                       size_t from) {
   if (before > s.size()) before = s.size();
   if (needle.size() > before) return absl::string_view::npos;
-  for (size_t i = before - needle.size() + 1; i-- > 0;) {
+  for (size_t i = before - needle.size() + 1; i-- > from;) {
     if (absl::EqualsIgnoreCase(s.substr(i, needle.size()), needle)) return i;
   }
   return absl::string_view::npos;
@@ -197,10 +203,69 @@ std::string ScanExprNumber(absl::string_view s, size_t i, size_t* end) {
   return text;
 }
 
+// A run of expression characters, scanned once: every start inside it
+// shares its end, so the checks of each start are table lookups (rescanning
+// the run from every start was quadratic in its length).
+class ExprRun {
+ public:
+  // The run from `begin` (an expression character) to its end.
+  ExprRun(absl::string_view s, size_t begin) : begin_(begin) {
+    end_ = begin;
+    while (end_ < s.size() && IsExprChar(s[end_])) ++end_;
+    stop_ = end_;
+    while (stop_ > begin && (s[stop_ - 1] == ' ' || IsOperatorChar(s[stop_ - 1]) ||
+                             s[stop_ - 1] == '.' || s[stop_ - 1] == '(')) {
+      --stop_;
+    }
+    const size_t n = stop_ - begin;
+    depth_.resize(n + 1);
+    next_digit_.assign(n + 1, absl::string_view::npos);
+    for (size_t t = 0; t < n; ++t) {
+      const char c = s[begin + t];
+      depth_[t + 1] = depth_[t] + (c == '(') - (c == ')');
+      if (IsOperatorChar(c)) last_operator_ = begin + t;
+    }
+    min_depth_from_.resize(n + 1);
+    min_depth_from_[n] = depth_[n];
+    for (size_t t = n; t-- > 0;) {
+      min_depth_from_[t] = std::min(depth_[t], min_depth_from_[t + 1]);
+      next_digit_[t] = IsDigit(s[begin + t]) ? begin + t : next_digit_[t + 1];
+    }
+  }
+
+  size_t end() const { return end_; }
+  // Where a candidate starting at `i` (in the run) ends: the run without
+  // trailing spaces, operators, "." and "(", never before `i`.
+  size_t Stop(size_t i) const { return std::max(stop_, i); }
+  // Whether s[i, Stop(i)) holds an operator after its first digit.
+  bool HasOperatorAfterFirstDigit(size_t i) const {
+    if (i >= stop_) return false;
+    const size_t first_digit = next_digit_[i - begin_];
+    return first_digit != absl::string_view::npos && last_operator_ != absl::string_view::npos &&
+           last_operator_ > first_digit;
+  }
+  // Whether the parentheses of s[i, Stop(i)) balance, none closing early.
+  bool Balanced(size_t i) const {
+    if (i >= stop_) return true;
+    const size_t t = i - begin_;
+    return min_depth_from_[t + 1] >= depth_[t] && depth_.back() == depth_[t];
+  }
+
+ private:
+  size_t begin_;
+  size_t end_ = 0;
+  size_t stop_ = 0;
+  size_t last_operator_ = absl::string_view::npos;
+  std::vector<int> depth_;             // Balance of s[begin, begin + t).
+  std::vector<int> min_depth_from_;    // Least depth_ at t or later.
+  std::vector<size_t> next_digit_;     // First digit at begin + t or later.
+};
+
 std::vector<ExprMatch> FindExprs(absl::string_view s) {
   std::vector<ExprMatch> out;
   size_t i = 0;
   constexpr absl::string_view kCurrency = "$\xE2\x82\xAC\xC2\xA3\xC2\xA5";  // $ € £ ¥
+  std::optional<ExprRun> run;
   while (i < s.size()) {
     const bool anchored =
         i == 0 || IsSpace(s[i - 1]) || s[i - 1] == '=' || s[i - 1] == '*' ||
@@ -214,30 +279,13 @@ std::vector<ExprMatch> FindExprs(absl::string_view s) {
     }
     // An arithmetic expression: the longest run of expression characters
     // that holds an operator after its first digit and ends in a digit or ")".
-    size_t run = i;
-    while (run < s.size() && IsExprChar(s[run])) ++run;
-    size_t stop = run;
-    while (stop > i && (s[stop - 1] == ' ' || IsOperatorChar(s[stop - 1]) || s[stop - 1] == '.' ||
-                        s[stop - 1] == '(')) {
-      --stop;
-    }
+    if (!run.has_value() || i >= run->end()) run.emplace(s, i);
+    const size_t stop = run->Stop(i);
     absl::string_view candidate = s.substr(i, stop - i);
-    const size_t first_digit = candidate.find_first_of("0123456789");
-    bool is_expr = false;
-    if (first_digit != absl::string_view::npos) {
-      for (size_t k = first_digit + 1; k < candidate.size(); ++k) {
-        if (IsOperatorChar(candidate[k])) is_expr = true;
-      }
-    }
+    const bool is_expr = run->HasOperatorAfterFirstDigit(i);
     const bool suffix_ok = stop >= s.size() || IsSpace(s[stop]) ||
                            absl::string_view(".,:)$").find(s[stop]) != absl::string_view::npos;
-    int parens = 0;
-    bool balanced = true;
-    for (const char c : candidate) {
-      if (c == '(') ++parens;
-      if (c == ')' && --parens < 0) balanced = false;
-    }
-    if (is_expr && suffix_ok && balanced && parens == 0) {
+    if (is_expr && suffix_ok && run->Balanced(i)) {
       std::string text;
       for (const char c : candidate) {
         if (c != ' ') text.push_back(c);
@@ -288,7 +336,10 @@ int AnchorPriority(absl::string_view s, size_t start, size_t end, bool* anchored
   absl::ConsumeSuffix(&trimmed, ":");
   trimmed = absl::StripTrailingAsciiWhitespace(trimmed);
   if (trimmed.size() >= 3 && absl::EndsWithIgnoreCase(trimmed, " is")) {
-    const size_t final_answer = RFindIgnoreCase(s, "final answer", trimmed.size());
+    // Only a match within 120 bytes counts: searching further back finds
+    // nothing that could (and made ranking quadratic in the text's length).
+    const size_t final_answer = RFindIgnoreCase(
+        s, "final answer", trimmed.size(), trimmed.size() > 120 ? trimmed.size() - 120 : 0);
     if (final_answer != absl::string_view::npos && trimmed.size() - final_answer <= 120) {
       absl::string_view after = s.substr(end, 12);
       absl::ConsumePrefix(&after, ".");
@@ -303,7 +354,7 @@ int AnchorPriority(absl::string_view s, size_t start, size_t end, bool* anchored
   }
   // "answer[:] ... X" within 50 bytes.
   const size_t window = start > 60 ? start - 60 : 0;
-  const size_t answer = RFindIgnoreCase(s, "answer", start);
+  const size_t answer = RFindIgnoreCase(s, "answer", start, window);
   if (answer != absl::string_view::npos && answer >= window && answer + 6 <= start &&
       start - (answer + 6) <= 50) {
     return s.substr(answer + 6, 1) == ":" ? 100 : 200;

@@ -16,11 +16,9 @@
 // scan for candidates is linear in it (a delimiter that fails to close is
 // never searched for again, runs of "$" are looked past a bounded distance);
 // at most kMaxCandidatesTried candidates are parsed, each under
-// latex_parser.h's bounds. One known exception: ranking looks back from each
-// candidate for the nearest "answer" / "final answer" anywhere before it,
-// although only a match in a short window counts, so a long text of many
-// candidates and no "answer" ranks in O(candidates x length) time (16 KB of
-// "1 1 1 ..." takes about 0.5 s).
+// latex_parser.h's bounds. Ranking looks back from each candidate for an
+// "answer" / "final answer" anchor only within the short window where one
+// counts (60 and 120 bytes), so it is linear too.
 
 #include <optional>
 #include <string>

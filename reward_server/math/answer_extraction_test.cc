@@ -59,6 +59,29 @@ TEST(AnswerExtractionTest, RanksAnchoredAndRightmostCandidatesFirst) {
   EXPECT_THAT(CandidateTexts("It is $4$ or 5 apples", latex_only), ElementsAre("4"));
 }
 
+// An anchor counts only close before its candidate: "answer:" within 50
+// bytes of it, "final answer is" within 120.
+TEST(AnswerExtractionTest, AnchorsCountOnlyWithinTheirWindow) {
+  const std::string gap(55, '.');
+  EXPECT_THAT(CandidateTexts("Answer: 4 and" + gap + " later 5"), ElementsAre("4", "5", "4"));
+  EXPECT_THAT(CandidateTexts("Answer:" + gap + " 4 and later 5"), ElementsAre("5", "4"));
+  const std::string far(130, 'x');
+  EXPECT_THAT(CandidateTexts("The final answer " + far + " is 4 and 5"), ElementsAre("5", "4"));
+  EXPECT_THAT(CandidateTexts("The final answer " + far.substr(0, 90) + " is 4 and 5"),
+              ElementsAre("4", "5", "4"));
+}
+
+// 256 KB of candidates with no anchor: ranking looks back only a bounded
+// window from each, so this takes milliseconds (it took minutes when every
+// candidate searched the whole text before it for "answer").
+TEST(AnswerExtractionTest, ALongTextOfCandidatesIsRankedInLinearTime) {
+  std::string text;
+  while (text.size() < kMaxCompareInputBytes) text += "1 ";
+  const MathComparison comparison = CompareMathAnswers("1", text);
+  EXPECT_TRUE(comparison.equal);
+  EXPECT_EQ(comparison.prediction_answer, "1");
+}
+
 TEST(AnswerExtractionTest, ExtractAnswerTakesTheFirstCandidateThatParses) {
   const MathCompareOptions options;
   const ExtractedAnswer boxed = ExtractAnswer("so \\boxed{\\frac{1}{2}}.", options);

@@ -50,51 +50,65 @@ absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next)
   return absl::OkStatus();
 }
 
-// Samples one token per row from logits [B, V]; returns the tokens [B] and
-// their behaviour log-probabilities [B] (before truncation).
-// FAILED_PRECONDITION when a row has no distribution to sample from (a NaN
-// or +inf logit, from broken weights): torch::multinomial would throw, and
-// a NaN log-prob would poison the trainer.
-absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Sample(const torch::Tensor& logits,
-                                                               const SamplingOptions& options,
-                                                               at::Generator& generator) {
-  const float minus_infinity = -std::numeric_limits<float>::infinity();
+// Why a row has no distribution to sample from: broken weights (a NaN or
+// +inf logit), else a temperature that over- or underflows the softmax.
+// Only called once a check failed, so the extra pass is off the hot path.
+absl::Status NoDistribution(const torch::Tensor& logits, double temperature) {
   if ((torch::isnan(logits) | torch::isposinf(logits)).any().item<bool>()) {
     return absl::FailedPreconditionError(
         "the policy produced NaN or infinite logits: its weights are broken");
   }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the sampling distribution is not finite at temperature ", temperature));
+}
+
+// Samples one token per row from logits [B, V]; returns the tokens [B] and
+// their behaviour log-probabilities [B] (before truncation).
+// FAILED_PRECONDITION when a row has no distribution to sample from (a NaN
+// or +inf logit, from broken weights): torch::multinomial would throw, and
+// a NaN log-prob would poison the trainer. A NaN anywhere in a row makes
+// its every log-prob NaN, and a +inf makes them -inf or NaN, so checking the
+// B sampled log-probs finds them; only multinomial's input needs a check
+// of its own, one pass over [B, V] per sampled step.
+absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Sample(const torch::Tensor& logits,
+                                                               const SamplingOptions& options,
+                                                               at::Generator& generator) {
+  const float minus_infinity = -std::numeric_limits<float>::infinity();
+  torch::Tensor tokens;
+  torch::Tensor logprobs;
   if (options.temperature == 0) {
-    const torch::Tensor tokens = logits.argmax(-1);
-    const torch::Tensor logprobs =
-        torch::log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
-    return std::make_pair(tokens, logprobs);
+    tokens = logits.argmax(-1);
+    logprobs = torch::log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+  } else {
+    const torch::Tensor scaled = logits / options.temperature;
+    const torch::Tensor log_probs = torch::log_softmax(scaled, -1);
+    const int64_t vocab = logits.size(-1);
+    torch::Tensor filtered = scaled;
+    if (options.top_k > 0 && options.top_k < vocab) {
+      const torch::Tensor kth = std::get<0>(scaled.topk(options.top_k, -1)).narrow(-1, options.top_k - 1, 1);
+      filtered = filtered.masked_fill(filtered < kth, minus_infinity);
+    }
+    if (options.top_p < 1.0) {
+      auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
+      const torch::Tensor probs = torch::softmax(sorted, -1);
+      // Drop a token when the tokens ranked above it already hold top_p of
+      // the mass: what is left is the smallest prefix with mass >= top_p,
+      // and the top token (nothing above it) always stays.
+      const torch::Tensor mass_above = probs.cumsum(-1) - probs;
+      sorted = sorted.masked_fill(mass_above >= options.top_p, minus_infinity);
+      filtered = torch::empty_like(filtered).scatter_(-1, order, sorted);
+    }
+    const torch::Tensor probabilities = torch::softmax(filtered, -1);
+    if (!torch::isfinite(probabilities).all().item<bool>()) {
+      return NoDistribution(logits, options.temperature);
+    }
+    tokens = torch::multinomial(probabilities, 1, /*replacement=*/false, generator).squeeze(-1);
+    logprobs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
   }
-  const torch::Tensor scaled = logits / options.temperature;
-  const torch::Tensor log_probs = torch::log_softmax(scaled, -1);
-  const int64_t vocab = logits.size(-1);
-  torch::Tensor filtered = scaled;
-  if (options.top_k > 0 && options.top_k < vocab) {
-    const torch::Tensor kth = std::get<0>(scaled.topk(options.top_k, -1)).narrow(-1, options.top_k - 1, 1);
-    filtered = filtered.masked_fill(filtered < kth, minus_infinity);
+  if (!torch::isfinite(logprobs).all().item<bool>()) {
+    return NoDistribution(logits, options.temperature);
   }
-  if (options.top_p < 1.0) {
-    auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
-    const torch::Tensor probs = torch::softmax(sorted, -1);
-    // Drop a token when the tokens ranked above it already hold top_p of the
-    // mass: what is left is the smallest prefix with mass >= top_p, and the
-    // top token (nothing above it) always stays.
-    const torch::Tensor mass_above = probs.cumsum(-1) - probs;
-    sorted = sorted.masked_fill(mass_above >= options.top_p, minus_infinity);
-    filtered = torch::empty_like(filtered).scatter_(-1, order, sorted);
-  }
-  const torch::Tensor probabilities = torch::softmax(filtered, -1);
-  if (!torch::isfinite(probabilities).all().item<bool>()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "the sampling distribution is not finite at temperature ", options.temperature));
-  }
-  const torch::Tensor tokens =
-      torch::multinomial(probabilities, 1, /*replacement=*/false, generator).squeeze(-1);
-  return std::make_pair(tokens, log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1));
+  return std::make_pair(tokens, logprobs);
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
 #include "common/status_macros.h"
+#include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
@@ -67,9 +68,7 @@ class RolloutRun::Impl {
     ASSIGN_OR_RETURN(tokenizer_, run::LoadRunTokenizer(spec_.model()));
     stop_token_ids_ = run::StopTokenIds(config_, *tokenizer_);
     generation_budget_.config = config_;
-    generation_budget_.context_tokens = spec_.model().max_context_tokens() > 0
-                                            ? spec_.model().max_context_tokens()
-                                            : config_.max_position_embeddings;
+    generation_budget_.context_tokens = run::ContextTokens(spec_, config_);
     generation_budget_.budget_bytes = deps_.memory_budget_bytes;
     follower_ = std::thread([this] { FollowWeights(); });
     absl::Status status = Loop();

@@ -167,9 +167,8 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
   }
   // Whoever asks (the controller checked at submit, another client may
   // not have): a run that cannot fit is refused before anything is loaded.
-  const run::RunMemoryEstimate estimate = run::EstimateRunMemory(
-      request->spec(), *config,
-      request->max_prompt_tokens() > 0 ? request->max_prompt_tokens() : -1);
+  const run::RunMemoryEstimate estimate =
+      run::EstimateRunMemory(request->spec(), *config, request->max_prompt_tokens());
   if (std::string problem = run::CheckMemoryBudget(
           "rollout worker", estimate.rollout_worker,
           {memory_budget_bytes_, absl::StrCat("--memory-budget of rollout worker ", worker_id_)});

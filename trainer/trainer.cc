@@ -17,7 +17,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "absl/base/call_once.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
@@ -187,8 +186,7 @@ class TrainerRun::Impl {
 
   void Stop(bool checkpoint) {
     if (checkpoint) checkpoint_on_stop_.store(true);
-    stop_.store(true);
-    absl::call_once(stop_once_, [this] { stopped_.Notify(); });  // Stop may race with itself
+    if (!stop_.exchange(true)) stopped_.Notify();  // The first Stop notifies.
     if (deps_.buffer != nullptr) deps_.buffer->CancelSample();
   }
 
@@ -911,7 +909,6 @@ class TrainerRun::Impl {
   std::atomic<bool> stop_{false};
   // Notified with stop_: what a wait between retries waits on.
   absl::Notification stopped_;
-  absl::once_flag stop_once_;
   std::atomic<bool> checkpoint_on_stop_{false};
   std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   std::vector<int32_t> stop_token_ids_;

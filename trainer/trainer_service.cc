@@ -189,9 +189,8 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   // fails naming it.
   if (absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
       config.ok()) {
-    const run::RunMemoryEstimate estimate = run::EstimateRunMemory(
-        request->spec(), *config,
-        request->max_prompt_tokens() > 0 ? request->max_prompt_tokens() : -1);
+    const run::RunMemoryEstimate estimate =
+        run::EstimateRunMemory(request->spec(), *config, request->max_prompt_tokens());
     if (std::string problem = run::CheckMemoryBudget(
             "trainer", estimate.trainer, {memory_budget_bytes_, "this trainer's --memory-budget"});
         !problem.empty()) {

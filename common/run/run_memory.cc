@@ -39,11 +39,6 @@ int64_t Mul(int64_t a, int64_t b, Rest... rest) {
 }
 int64_t Add(int64_t a, int64_t b) { return a > kMax - b ? kMax : a + b; }
 
-int64_t ContextTokens(const v1::RunSpec& spec, const model::ModelConfig& config) {
-  const int64_t context = spec.model().max_context_tokens() > 0 ? spec.model().max_context_tokens()
-                                                                 : config.max_position_embeddings;
-  return std::max<int64_t>(1, context);
-}
 
 int64_t PerTokenKvBytes(const model::ModelConfig& config) {
   return Mul(config.num_hidden_layers, 2, config.num_key_value_heads, config.resolved_head_dim(),
@@ -68,13 +63,19 @@ std::string Count(int64_t n) {
 
 }  // namespace
 
+int64_t ContextTokens(const v1::RunSpec& spec, const model::ModelConfig& config) {
+  const int64_t context = spec.model().max_context_tokens() > 0 ? spec.model().max_context_tokens()
+                                                                 : config.max_position_embeddings;
+  return std::max<int64_t>(1, context);
+}
+
 int64_t RunSequenceTokens(const v1::RunSpec& spec, const model::ModelConfig& config,
                           int64_t max_prompt_tokens) {
   const int64_t context = ContextTokens(spec, config);
   const int64_t max_new = spec.rollout().sampling().max_new_tokens() > 0
                               ? spec.rollout().sampling().max_new_tokens()
                               : context;
-  if (max_prompt_tokens < 0) return context;
+  if (max_prompt_tokens <= 0) return context;
   return std::clamp<int64_t>(Add(max_prompt_tokens, max_new), 1, context);
 }
 
@@ -145,14 +146,14 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
   const int64_t tokens = RunSequenceTokens(spec, config, max_prompt_tokens);
   out.sequence_tokens = tokens;
   out.max_prompt_tokens = std::max<int64_t>(0, max_prompt_tokens);
-  const int64_t prompt_tokens = max_prompt_tokens < 0 ? tokens : std::min(max_prompt_tokens, tokens);
+  const int64_t prompt_tokens = max_prompt_tokens <= 0 ? tokens : std::min(max_prompt_tokens, tokens);
   const int64_t group_size = std::max(1, a.group_size());
   const int64_t batch_groups = std::max(1, a.batch_size_groups());
   const std::string shape = absl::StrCat(config.num_hidden_layers, " layers, ",
                                          config.num_key_value_heads, " KV heads x ",
                                          config.resolved_head_dim());
   const std::string length_how =
-      max_prompt_tokens < 0
+      max_prompt_tokens <= 0
           ? absl::StrCat(Count(tokens), " tokens (the context)")
           : absl::StrCat(Count(tokens), " tokens (prompt <= ", Count(prompt_tokens),
                          " + max new tokens, within the context of ", Count(context), ")");

@@ -59,10 +59,15 @@ struct RunMemoryEstimate {
   int64_t max_prompt_tokens = 0;
 };
 
+// The run's context: model.max_context_tokens, else the model's
+// max_position_embeddings (at least 1).
+int64_t ContextTokens(const v1::RunSpec& spec, const model::ModelConfig& config);
+
 // The longest sequence a run can produce: min(context, max_prompt_tokens +
 // max new tokens), with context = model.max_context_tokens (0 = the
 // model's) and max new tokens = rollout.sampling.max_new_tokens (0 = up to
-// the context). `max_prompt_tokens` < 0 = unknown (then the context).
+// the context). `max_prompt_tokens` <= 0 = unknown (then the context): as
+// in the requests that carry it, a prompt has at least one token.
 int64_t RunSequenceTokens(const v1::RunSpec& spec, const model::ModelConfig& config,
                           int64_t max_prompt_tokens);
 

@@ -253,6 +253,13 @@ struct SubmitFlags {
   int64_t interval_ms = 1000;
 };
 
+// Says why the spec is refused, one problem per line; exit code 2.
+int InvalidSpec(const std::string& spec_path, const absl::Status& status) {
+  std::cerr << "sluice submit: " << spec_path << " is not a valid run spec:\n  "
+            << absl::StrReplaceAll(status.message(), {{"\n", "\n  "}}) << "\n";
+  return 2;
+}
+
 int RunSubmit(const SubmitFlags& flags) {
   absl::StatusOr<sluice::v1::RunSpec> spec = sluice::controller::LoadRunSpecFile(flags.spec_path);
   if (!spec.ok()) {
@@ -265,11 +272,7 @@ int RunSubmit(const SubmitFlags& flags) {
     // the services' memory budgets are theirs to judge.
     absl::StatusOr<sluice::controller::OfflineValidation> valid =
         sluice::controller::ValidateSpecOffline(*spec);
-    if (!valid.ok()) {
-      std::cerr << "sluice submit: " << flags.spec_path << " is not a valid run spec:\n  "
-                << absl::StrReplaceAll(valid.status().message(), {{"\n", "\n  "}}) << "\n";
-      return 2;
-    }
+    if (!valid.ok()) return InvalidSpec(flags.spec_path, valid.status());
     std::cout << sluice::cli::RunToJson(valid->spec) << "\n";
     std::cerr << "sluice submit: " << flags.spec_path
               << " is valid (above: the spec with every default resolved; checked offline, "
@@ -294,9 +297,7 @@ int RunSubmit(const SubmitFlags& flags) {
   absl::StatusOr<sluice::v1::Run> run = sluice::cli::SubmitAndWatch(target, *spec, options);
   if (!run.ok()) {
     if (run.status().code() == absl::StatusCode::kInvalidArgument) {
-      std::cerr << "sluice submit: " << flags.spec_path << " is not a valid run spec:\n  "
-                << absl::StrReplaceAll(run.status().message(), {{"\n", "\n  "}}) << "\n";
-      return 2;
+      return InvalidSpec(flags.spec_path, run.status());
     }
     std::cerr << "sluice submit: " << run.status().message() << "\n";
     return 1;

@@ -180,8 +180,7 @@ void ValidateModel(const RunSpec& spec, Problems& problems) {
   if (!model_problems.empty()) return;
   absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec.model());
   if (!config.ok()) return;
-  const int64_t context = spec.model().max_context_tokens() > 0 ? spec.model().max_context_tokens()
-                                                                : config->max_position_embeddings;
+  const int64_t context = run::ContextTokens(spec, *config);
   ValidateSamplingForModel(spec.rollout().sampling(), "rollout.sampling", *config, context,
                            problems);
   ValidateSamplingForModel(spec.eval().sampling(), "eval.sampling", *config, context, problems);

@@ -32,6 +32,12 @@ int main(int argc, char** argv) {
   std::string worker_id;
   main.app().add_option("--worker-id", worker_id,
                         "Name of this worker in leases and trajectories (default: <host>-<pid>)");
+  std::string controller_address;
+  main.app()
+      .add_option("--controller-address", controller_address,
+                  "HOST:PORT of the controller; the worker registers with it, heartbeats, and "
+                  "serves the runs it is assigned (the controller never calls the worker)")
+      ->required();
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;

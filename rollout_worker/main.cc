@@ -36,8 +36,7 @@ int main(int argc, char** argv) {
   main.app()
       .add_option("--controller-address", controller_address,
                   "HOST:PORT of the controller; the worker registers with it, heartbeats, and "
-                  "serves the runs it is assigned (the controller never calls the worker)")
-      ->required();
+                  "serves the runs it is assigned (the controller never calls the worker)");
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;

@@ -4,12 +4,18 @@
 #include <memory>
 #include <string>
 
-#include "absl/strings/str_cat.h"
+#include <chrono>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/torch_threads.h"
+#include "grpcpp/grpcpp.h"
+#include "rollout_worker/controller_link.h"
 #include "rollout_worker/rollout_worker_service.h"
+#include "services/runtime/grpc_status.h"
+#include "services/runtime/server_options.h"
+#include "sluice/v1/controller.grpc.pb.h"
 #include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 
@@ -38,6 +44,9 @@ int main(int argc, char** argv) {
                   "HOST:PORT of the controller; the worker registers with it, heartbeats, and "
                   "serves the runs it is assigned (the controller never calls the worker)");
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
+  // Outlives the server: started once it has bound its port, stopped at
+  // shutdown.
+  std::shared_ptr<sluice::rollout_worker::ControllerLink> link;
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
     const int64_t budget = memory_budget.Apply(context);
@@ -53,8 +62,38 @@ int main(int argc, char** argv) {
     }
     auto service = std::make_shared<rollout_worker::RolloutWorkerServiceImpl>(
         context.metrics_registry(), worker_id, budget);
-    context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::RolloutWorkerService::service_full_name());
+    if (!controller_address.empty()) {
+      std::shared_ptr<v1::ControllerService::Stub> stub = v1::ControllerService::NewStub(
+          grpc::CreateChannel(controller_address, grpc::InsecureChannelCredentials()));
+      rollout_worker::HeartbeatCall heartbeat = [stub](const v1::WorkerHeartbeatRequest& request)
+          -> absl::StatusOr<v1::WorkerHeartbeatResponse> {
+        grpc::ClientContext call;
+        call.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+        v1::WorkerHeartbeatResponse response;
+        const grpc::Status status = stub->WorkerHeartbeat(&call, request, &response);
+        if (!status.ok()) return runtime::FromGrpcStatus(status);
+        return response;
+      };
+      const std::string listen_address = context.options().listen_address;
+      context.OnStarted([&link, service, heartbeat, listen_address](int port) {
+        link = std::make_shared<rollout_worker::ControllerLink>(
+            rollout_worker::ControllerLinkOptions{
+                .worker_id = service->worker_id(),
+                .incarnation = service->incarnation(),
+                .address = runtime::DefaultAdvertiseAddress(listen_address, port)},
+            heartbeat, service.get());
+        link->Start();
+      });
+    } else {
+      log::Warning("no --controller-address: this worker serves only runs started with "
+                   "StartRollouts", {});
+    }
+    // Heartbeats stop first (no new runs), then the runs.
+    context.OnShutdown([service, &link] {
+      if (link) link->Stop();
+      service->Shutdown();
+    });
     return absl::OkStatus();
   });
 }

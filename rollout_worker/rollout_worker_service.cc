@@ -14,6 +14,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
+#include "services/runtime/grpc_status.h"
 
 namespace sluice::rollout_worker {
 
@@ -97,9 +98,9 @@ struct RolloutWorkerServiceImpl::ActiveRun {
 };
 
 namespace {
-uint64_t NewIncarnation() {
-  return static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ (static_cast<uint64_t>(getpid()) << 48);
-}
+// Increasing across restarts (the controller takes a higher incarnation of
+// a worker id as its restart): the start time in nanoseconds.
+uint64_t NewIncarnation() { return static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())); }
 }  // namespace
 
 RolloutWorkerServiceImpl::RolloutWorkerServiceImpl(prometheus::Registry& registry,
@@ -141,60 +142,86 @@ void RolloutWorkerServiceImpl::StopActiveRun(bool abort) {
 grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
                                                      const v1::StartRolloutsRequest* request,
                                                      v1::StartRolloutsResponse* response) {
-  const auto& endpoints = request->endpoints();
-  if (request->run_id().empty()) return {grpc::StatusCode::INVALID_ARGUMENT, "run_id: required"};
+  const absl::Status started = Start(request->run_id(), request->spec(), request->endpoints(),
+                                     request->max_prompt_tokens());
+  if (!started.ok()) return runtime::ToGrpcStatus(started);
+  *response->mutable_status() = CurrentStatus();
+  return grpc::Status::OK;
+}
+
+absl::Status RolloutWorkerServiceImpl::StartRun(const v1::RolloutAssignment& assignment) {
+  absl::Status started = Start(assignment.run_id(), assignment.spec(), assignment.endpoints(),
+                               assignment.max_prompt_tokens());
+  if (!started.ok() && started.code() != absl::StatusCode::kUnavailable) {
+    absl::MutexLock lock(&mu_);
+    refused_run_id_ = assignment.run_id();
+    refused_error_ = std::string(started.message());
+  }
+  return started;
+}
+
+void RolloutWorkerServiceImpl::StopRun(const std::string& run_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_ == nullptr || run_->run_id != run_id) return;
+  }
+  StopActiveRun(/*abort=*/true);
+}
+
+v1::RolloutWorkerStatus RolloutWorkerServiceImpl::Status() { return CurrentStatus(); }
+
+absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1::RunSpec& spec,
+                                             const v1::ServiceEndpoints& endpoints,
+                                             int64_t max_prompt_tokens) {
+  if (run_id.empty()) return absl::InvalidArgumentError("run_id: required");
   for (const auto& [field, value] :
        {std::pair<const char*, const std::string*>{"trainer_address", &endpoints.trainer_address()},
         {"replay_buffer_address", &endpoints.replay_buffer_address()},
         {"controller_address", &endpoints.controller_address()},
         {"reward_server_address", &endpoints.reward_server_address()}}) {
     if (value->empty()) {
-      return {grpc::StatusCode::INVALID_ARGUMENT, absl::StrCat("endpoints.", field, ": required")};
+      return absl::InvalidArgumentError(absl::StrCat("endpoints.", field, ": required"));
     }
   }
-  if (request->max_prompt_tokens() < 0) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("max_prompt_tokens: must be >= 0 (0 = unknown), got ",
-                         request->max_prompt_tokens())};
+  if (max_prompt_tokens < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_prompt_tokens: must be >= 0 (0 = unknown), got ", max_prompt_tokens));
   }
   // The model's config and tokenizer must be readable here (a worker on
   // another machine needs the model directory too): say so now, not from
   // the generation thread.
-  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
+  absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec.model());
   if (!config.ok()) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("spec.model on this worker: ", config.status().message())};
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.model on this worker: ", config.status().message()));
   }
   // Whoever asks (the controller checked at submit, another client may
   // not have): a run that cannot fit is refused before anything is loaded.
   const run::RunMemoryEstimate estimate =
-      run::EstimateRunMemory(request->spec(), *config, request->max_prompt_tokens());
+      run::EstimateRunMemory(spec, *config, max_prompt_tokens);
   if (std::string problem = run::CheckMemoryBudget(
           "rollout worker", estimate.rollout_worker,
           {memory_budget_bytes_, absl::StrCat("--memory-budget of rollout worker ", worker_id_)});
       !problem.empty()) {
-    return {grpc::StatusCode::RESOURCE_EXHAUSTED, problem};
+    return absl::ResourceExhaustedError(problem);
   }
-  if (auto tokenizer = run::LoadRunTokenizer(request->spec().model()); !tokenizer.ok()) {
-    return {grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("spec.model tokenizer on this worker: ", tokenizer.status().message())};
+  if (auto tokenizer = run::LoadRunTokenizer(spec.model()); !tokenizer.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.model tokenizer on this worker: ", tokenizer.status().message()));
   }
   {
     absl::MutexLock lock(&mu_);
-    if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "worker is shutting down"};
+    if (shutting_down_) return absl::UnavailableError("worker is shutting down");
     if (run_ != nullptr && !run_->finished.load()) {
-      if (run_->run_id == request->run_id()) {
-        *response->mutable_status() = CurrentStatusLocked();
-        return grpc::Status::OK;
-      }
-      return {grpc::StatusCode::FAILED_PRECONDITION,
-              absl::StrCat("worker is busy with run ", run_->run_id, "; stop it first")};
+      if (run_->run_id == run_id) return absl::OkStatus();
+      return absl::FailedPreconditionError(
+          absl::StrCat("worker is busy with run ", run_->run_id, "; stop it first"));
     }
   }
   StopActiveRun(/*abort=*/true);  // join a finished previous run
 
   auto active = std::make_shared<ActiveRun>();
-  active->run_id = request->run_id();
+  active->run_id = run_id;
   active->trainer = clients::NewGrpcTrainerClient(endpoints.trainer_address());
   active->buffer = clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
   active->controller = clients::NewGrpcControllerClient(endpoints.controller_address());
@@ -225,7 +252,7 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
   deps.on_mid_generation_swaps = [m](int64_t swaps) {
     m->mid_generation_swaps.Increment(static_cast<double>(swaps));
   };
-  active->run = std::make_unique<RolloutRun>(request->run_id(), request->spec(), std::move(deps));
+  active->run = std::make_unique<RolloutRun>(run_id, spec, std::move(deps));
   ActiveRun* raw = active.get();
   active->thread = std::thread([raw] {
     absl::Status status = raw->run->Run();
@@ -235,11 +262,12 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
     }
     raw->finished.store(true);
   });
-  log::Info("rollouts started", {{"run_id", request->run_id()}, {"worker_id", worker_id_}});
+  log::Info("rollouts started", {{"run_id", run_id}, {"worker_id", worker_id_}});
   absl::MutexLock lock(&mu_);
   run_ = std::move(active);
-  *response->mutable_status() = CurrentStatusLocked();
-  return grpc::Status::OK;
+  refused_run_id_.clear();
+  refused_error_.clear();
+  return absl::OkStatus();
 }
 
 grpc::Status RolloutWorkerServiceImpl::StopRollouts(grpc::ServerContext*,
@@ -279,6 +307,13 @@ v1::RolloutWorkerStatus RolloutWorkerServiceImpl::CurrentStatusLocked() const {
       google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(started_at_));
   status.set_tokens_per_second(metrics_->recent_tokens_per_second.load());
   status.set_memory_budget_bytes(memory_budget_bytes_);
+  if (!refused_run_id_.empty()) {
+    // The controller assigned a run this worker could not start.
+    status.set_state(v1::ROLLOUT_WORKER_STATE_FAILED);
+    status.add_runs()->set_run_id(refused_run_id_);
+    status.set_last_error(refused_error_);
+    return status;
+  }
   if (run_ == nullptr) {
     status.set_state(v1::ROLLOUT_WORKER_STATE_IDLE);
     return status;

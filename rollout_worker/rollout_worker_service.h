@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "rollout_worker/controller_link.h"
 #include "rollout_worker/rollout_run.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
 
@@ -29,7 +30,13 @@ struct RolloutMetrics;
 // max_prompt_tokens) exceeds it with RESOURCE_EXHAUSTED naming the fields,
 // the estimate and the budget, whoever asks; the run checks each batch it
 // generates against it too (RolloutRunDeps::memory_budget_bytes).
-class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service {
+//
+// It is also the LinkedWorker of its ControllerLink (controller_link.h): the
+// runs the controller assigns start and stop through the same code as
+// StartRollouts / StopRollouts. A start that is refused shows in the status
+// (FAILED, last_error) with the run, so that the controller sees why.
+class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service,
+                                       public LinkedWorker {
  public:
   // `memory_budget_bytes` <= 0: none (nothing is checked).
   RolloutWorkerServiceImpl(prometheus::Registry& registry, std::string worker_id,
@@ -46,8 +53,21 @@ class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service 
                                const v1::GetWorkerStatusRequest* request,
                                v1::GetWorkerStatusResponse* response) override;
 
+  // LinkedWorker.
+  v1::RolloutWorkerStatus Status() override ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status StartRun(const v1::RolloutAssignment& assignment) override ABSL_LOCKS_EXCLUDED(mu_);
+  void StopRun(const std::string& run_id) override ABSL_LOCKS_EXCLUDED(mu_);
+
+  const std::string& worker_id() const { return worker_id_; }
+  uint64_t incarnation() const { return incarnation_; }
+
  private:
   struct ActiveRun;
+  // StartRollouts and StartRun: checks the request, then starts the run on
+  // its own thread. The status code is what StartRollouts answers.
+  absl::Status Start(const std::string& run_id, const v1::RunSpec& spec,
+                     const v1::ServiceEndpoints& endpoints, int64_t max_prompt_tokens)
+      ABSL_LOCKS_EXCLUDED(mu_);
   v1::RolloutWorkerStatus CurrentStatus() const ABSL_LOCKS_EXCLUDED(mu_);
   v1::RolloutWorkerStatus CurrentStatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Stops the run and blocks until its thread has returned; the status
@@ -62,6 +82,10 @@ class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service 
   mutable absl::Mutex mu_;
   std::shared_ptr<ActiveRun> run_ ABSL_GUARDED_BY(mu_);
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // The last assigned run this worker refused to start, and why; shown in the
+  // status until another run starts.
+  std::string refused_run_id_ ABSL_GUARDED_BY(mu_);
+  std::string refused_error_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::rollout_worker

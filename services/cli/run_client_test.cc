@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "services/controller/controller_service.h"
 #include "services/controller/fake_service_clients.h"
+#include "services/controller/worker_registry.h"
 
 namespace sluice::cli {
 namespace {
@@ -43,7 +44,7 @@ class RunClientTest : public ::testing::Test {
     controller::ServiceClients clients;
     clients.trainer = trainer_;
     clients.replay_buffer = std::make_shared<fakes::FakeBuffer>();
-    clients.rollout_workers = {worker_};
+    clients.workers = workers_;
     clients.reward_server_address = "reward:1";
     clients.health = std::make_shared<fakes::FakeHealth>();
     registry_ = std::make_unique<controller::RunRegistry>(options, clients);
@@ -54,6 +55,7 @@ class RunClientTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     target_ = absl::StrCat("127.0.0.1:", port);
+    worker_->Attach(workers_);
   }
 
   ~RunClientTest() override {
@@ -94,6 +96,9 @@ class RunClientTest : public ::testing::Test {
   }
 
   std::shared_ptr<fakes::FakeTrainer> trainer_ = std::make_shared<fakes::FakeTrainer>();
+  std::shared_ptr<controller::WorkerRegistry> workers_ =
+      std::make_shared<controller::WorkerRegistry>(
+          controller::WorkerRegistryOptions{.heartbeat_interval = absl::Milliseconds(5)});
   std::shared_ptr<fakes::FakeWorker> worker_ = std::make_shared<fakes::FakeWorker>();
   std::unique_ptr<controller::RunRegistry> registry_;
   std::unique_ptr<controller::ControllerServiceImpl> service_;

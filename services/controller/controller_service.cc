@@ -133,4 +133,30 @@ grpc::Status ControllerServiceImpl::ReportTrainerProgress(
   return grpc::Status::OK;
 }
 
+grpc::Status ControllerServiceImpl::WorkerHeartbeat(grpc::ServerContext*,
+                                                    const v1::WorkerHeartbeatRequest* request,
+                                                    v1::WorkerHeartbeatResponse* response) {
+  absl::StatusOr<v1::WorkerHeartbeatResponse> answer = registry_->WorkerHeartbeat(*request);
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *response = std::move(*answer);
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::ListWorkers(grpc::ServerContext*,
+                                                const v1::ListWorkersRequest*,
+                                                v1::ListWorkersResponse* response) {
+  *response = registry_->ListWorkers();
+  return grpc::Status::OK;
+}
+
+grpc::Status ControllerServiceImpl::ReportServiceFailure(
+    grpc::ServerContext*, const v1::ReportServiceFailureRequest* request,
+    v1::ReportServiceFailureResponse* response) {
+  absl::StatusOr<v1::ReportServiceFailureResponse> answer =
+      registry_->ReportServiceFailure(*request);
+  if (!answer.ok()) return ToGrpcStatus(answer.status());
+  *response = std::move(*answer);
+  return grpc::Status::OK;
+}
+
 }  // namespace sluice::controller

@@ -51,6 +51,14 @@ class ControllerServiceImpl final : public v1::ControllerService::Service {
   grpc::Status ReportTrainerProgress(grpc::ServerContext* context,
                                      const v1::ReportTrainerProgressRequest* request,
                                      v1::ReportTrainerProgressResponse* response) override;
+  grpc::Status WorkerHeartbeat(grpc::ServerContext* context,
+                               const v1::WorkerHeartbeatRequest* request,
+                               v1::WorkerHeartbeatResponse* response) override;
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override;
+  grpc::Status ReportServiceFailure(grpc::ServerContext* context,
+                                    const v1::ReportServiceFailureRequest* request,
+                                    v1::ReportServiceFailureResponse* response) override;
 
  private:
   RunRegistry* const registry_;

@@ -14,6 +14,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "services/controller/fake_service_clients.h"
+#include "services/controller/worker_registry.h"
 
 namespace sluice::controller {
 namespace {
@@ -56,7 +57,7 @@ class ControllerServiceTest : public ::testing::Test {
     ServiceClients clients;
     clients.trainer = trainer_;
     clients.replay_buffer = std::make_shared<testing::FakeBuffer>();
-    clients.rollout_workers = {worker_};
+    clients.workers = workers_;
     clients.reward_server_address = "reward:1";
     clients.health = std::make_shared<testing::FakeHealth>();
     registry_ = std::make_unique<RunRegistry>(options, clients);
@@ -65,6 +66,7 @@ class ControllerServiceTest : public ::testing::Test {
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
     stub_ = v1::ControllerService::NewStub(server_->InProcessChannel(grpc::ChannelArguments()));
+    worker_->Attach(workers_);
   }
 
   ~ControllerServiceTest() override {
@@ -102,6 +104,8 @@ class ControllerServiceTest : public ::testing::Test {
 
   std::string runs_dir_;
   std::shared_ptr<testing::FakeTrainer> trainer_ = std::make_shared<testing::FakeTrainer>();
+  std::shared_ptr<WorkerRegistry> workers_ = std::make_shared<WorkerRegistry>(
+      WorkerRegistryOptions{.heartbeat_interval = absl::Milliseconds(5)});
   std::shared_ptr<testing::FakeWorker> worker_ = std::make_shared<testing::FakeWorker>();
   std::unique_ptr<RunRegistry> registry_;
   std::unique_ptr<ControllerServiceImpl> service_;

@@ -6,7 +6,9 @@
 // an absl::Notification, and answer OK unless told otherwise. Test-only.
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -16,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "services/controller/service_clients.h"
+#include "services/controller/worker_registry.h"
 
 namespace sluice::controller::testing {
 
@@ -39,6 +42,8 @@ inline v1::TrainerStatus IdleTrainer() {
   v1::TrainerStatus status;
   status.set_state(v1::TRAINER_STATE_IDLE);
   status.set_memory_budget_bytes(int64_t{16} << 30);
+  status.set_incarnation(1);
+  status.set_resumed_from_step(-1);
   return status;
 }
 
@@ -52,6 +57,8 @@ class FakeTrainer : public TrainerClient {
     if (start_status_.ok()) {
       status_.set_run_id(request.run_id());
       status_.set_state(v1::TRAINER_STATE_LOADING);
+      status_.set_resumed_from_step(resume_step_);
+      status_.set_steps_redone(steps_redone_);
     }
     if (!started.HasBeenNotified()) started.Notify();
     return start_status_;
@@ -87,6 +94,16 @@ class FakeTrainer : public TrainerClient {
   void FailStatus(absl::Status status) {
     absl::MutexLock lock(&mu_);
     status_error_ = std::move(status);
+  }
+  // As a trainer killed and started again: idle, a new incarnation. The
+  // next StartTraining "resumes" from `resume_step` (-1: from scratch) and
+  // reports `steps_redone`.
+  void Restart(uint64_t incarnation, int64_t resume_step, int64_t steps_redone) {
+    absl::MutexLock lock(&mu_);
+    status_ = IdleTrainer();
+    status_.set_incarnation(incarnation);
+    resume_step_ = resume_step;
+    steps_redone_ = steps_redone;
   }
   int starts() const {
     absl::MutexLock lock(&mu_);
@@ -130,6 +147,8 @@ class FakeTrainer : public TrainerClient {
   mutable absl::Mutex mu_;
   absl::Status start_status_ ABSL_GUARDED_BY(mu_);
   absl::Status status_error_ ABSL_GUARDED_BY(mu_);
+  int64_t resume_step_ ABSL_GUARDED_BY(mu_) = -1;
+  int64_t steps_redone_ ABSL_GUARDED_BY(mu_) = 0;
   v1::TrainerStatus status_ ABSL_GUARDED_BY(mu_) = IdleTrainer();
   int starts_ ABSL_GUARDED_BY(mu_) = 0;
   int stops_ ABSL_GUARDED_BY(mu_) = 0;
@@ -138,62 +157,131 @@ class FakeTrainer : public TrainerClient {
   v1::StopTrainingRequest stop_ ABSL_GUARDED_BY(mu_);
 };
 
-class FakeWorker : public RolloutWorkerClient {
+// A rollout worker that heartbeats to a WorkerRegistry from its own thread
+// (every few milliseconds) and serves what it is assigned: it reports the run
+// in its status from the first heartbeat that lists it until one no longer
+// does (or ForgetRun).
+class FakeWorker {
  public:
-  const std::string& address() const override { return address_; }
-  absl::Status StartRollouts(const v1::StartRolloutsRequest& request) override {
-    absl::MutexLock lock(&mu_);
-    start_ = request;
-    serving_ = request.run_id();
-    if (!started.HasBeenNotified()) started.Notify();
-    return absl::OkStatus();
+  explicit FakeWorker(std::string worker_id = "fake-worker", uint64_t incarnation = 1)
+      : worker_id_(std::move(worker_id)), incarnation_(incarnation) {}
+  ~FakeWorker() { Detach(); }
+
+  // Starts heartbeating to `registry`.
+  void Attach(std::shared_ptr<WorkerRegistry> registry) {
+    Detach();
+    {
+      absl::MutexLock lock(&mu_);
+      registry_ = std::move(registry);
+      quit_ = false;
+    }
+    thread_ = std::thread([this] { Loop(); });
   }
-  absl::Status StopRollouts(const v1::StopRolloutsRequest& request) override {
+  // Stops heartbeating (as a worker that was killed).
+  void Detach() {
+    {
+      absl::MutexLock lock(&mu_);
+      quit_ = true;
+    }
+    if (thread_.joinable()) thread_.join();
+  }
+  // As a restarted worker: a new incarnation that serves nothing yet.
+  void Restart(uint64_t incarnation) {
     absl::MutexLock lock(&mu_);
-    stop_ = request;
+    incarnation_ = incarnation;
     serving_.clear();
-    if (!stopped.HasBeenNotified()) stopped.Notify();
-    return absl::OkStatus();
   }
-  // The run from StartRollouts until StopRollouts (or ForgetRun).
-  absl::StatusOr<v1::RolloutWorkerStatus> GetStatus() override {
+  // As a worker whose run thread failed.
+  void FailRun(const std::string& error) {
     absl::MutexLock lock(&mu_);
-    v1::RolloutWorkerStatus status;
-    status.set_worker_id("fake-worker");
-    status.set_memory_budget_bytes(memory_budget_);
-    status.set_state(serving_.empty() ? v1::ROLLOUT_WORKER_STATE_IDLE
-                                      : v1::ROLLOUT_WORKER_STATE_RUNNING);
-    if (!serving_.empty()) status.add_runs()->set_run_id(serving_);
-    return status;
+    failed_ = error;
   }
-  // As a restarted worker: it no longer serves its run.
+  // It no longer reports its run (stopped by another client).
   void ForgetRun() {
     absl::MutexLock lock(&mu_);
     serving_.clear();
+    forgotten_ = true;
   }
   void SetMemoryBudget(int64_t bytes) {
     absl::MutexLock lock(&mu_);
     memory_budget_ = bytes;
   }
-  v1::StartRolloutsRequest start_request() const {
+  v1::RolloutAssignment start_request() const {
     absl::MutexLock lock(&mu_);
     return start_;
   }
-  v1::StopRolloutsRequest stop_request() const {
+  int heartbeats() const {
     absl::MutexLock lock(&mu_);
-    return stop_;
+    return heartbeats_;
+  }
+  // True once `n` more heartbeats were answered, false after `timeout`.
+  bool AwaitMoreHeartbeats(int n, absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    const int target = heartbeats_ + n;
+    const auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeats_ >= target; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
   }
 
-  absl::Notification started;
-  absl::Notification stopped;
+  absl::Notification started;  // First assignment seen.
+  absl::Notification stopped;  // The assignment went away after that.
 
  private:
+  v1::RolloutWorkerStatus StatusLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    v1::RolloutWorkerStatus status;
+    status.set_worker_id(worker_id_);
+    status.set_incarnation(incarnation_);
+    status.set_memory_budget_bytes(memory_budget_);
+    status.set_state(!failed_.empty()    ? v1::ROLLOUT_WORKER_STATE_FAILED
+                     : serving_.empty() ? v1::ROLLOUT_WORKER_STATE_IDLE
+                                        : v1::ROLLOUT_WORKER_STATE_RUNNING);
+    status.set_last_error(failed_);
+    if (!serving_.empty()) status.add_runs()->set_run_id(serving_);
+    return status;
+  }
+
+  void Loop() {
+    while (true) {
+      v1::WorkerHeartbeatRequest request;
+      std::shared_ptr<WorkerRegistry> registry;
+      {
+        absl::MutexLock lock(&mu_);
+        if (mu_.AwaitWithTimeout(absl::Condition(&quit_), absl::Milliseconds(5))) return;
+        registry = registry_;
+        request.set_worker_id(worker_id_);
+        request.set_incarnation(incarnation_);
+        request.set_address(address_);
+        *request.mutable_status() = StatusLocked();
+      }
+      absl::StatusOr<v1::WorkerHeartbeatResponse> response = registry->Heartbeat(request);
+      absl::MutexLock lock(&mu_);
+      ++heartbeats_;
+      if (!response.ok()) continue;
+      if (response->assignments_size() > 0) {
+        if (!forgotten_) serving_ = response->assignments(0).run_id();
+        if (!started.HasBeenNotified()) {
+          start_ = response->assignments(0);
+          started.Notify();
+        }
+      } else if (started.HasBeenNotified()) {
+        serving_.clear();
+        if (!stopped.HasBeenNotified()) stopped.Notify();
+      }
+    }
+  }
+
+  const std::string worker_id_;
   const std::string address_ = "worker:1";
   mutable absl::Mutex mu_;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<WorkerRegistry> registry_ ABSL_GUARDED_BY(mu_);
+  bool quit_ ABSL_GUARDED_BY(mu_) = false;
   std::string serving_ ABSL_GUARDED_BY(mu_);
+  bool forgotten_ ABSL_GUARDED_BY(mu_) = false;
+  std::string failed_ ABSL_GUARDED_BY(mu_);
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t memory_budget_ ABSL_GUARDED_BY(mu_) = int64_t{16} << 30;
-  v1::StartRolloutsRequest start_ ABSL_GUARDED_BY(mu_);
-  v1::StopRolloutsRequest stop_ ABSL_GUARDED_BY(mu_);
+  v1::RolloutAssignment start_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
 };
 
 class FakeBuffer : public ReplayBufferClient {
@@ -204,8 +292,12 @@ class FakeBuffer : public ReplayBufferClient {
     configure_ = request;
     return absl::OkStatus();
   }
-  absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) override {
-    v1::BufferStats stats;
+  absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& run_id) override {
+    absl::MutexLock lock(&mu_);
+    if (!stats_error_.ok()) return stats_error_;
+    v1::GetStatsResponse response;
+    response.set_incarnation(incarnation_);
+    v1::BufferStats& stats = *response.mutable_stats();
     stats.set_run_id(run_id);
     v1::EvictionCount* stale = stats.add_evictions();
     stale->set_reason(v1::EVICTION_REASON_STALE);
@@ -213,7 +305,28 @@ class FakeBuffer : public ReplayBufferClient {
     v1::EvictionCount* sampled = stats.add_evictions();
     sampled->set_reason(v1::EVICTION_REASON_MAX_TIMES_SAMPLED);
     sampled->set_groups(6);
-    return stats;
+    return response;
+  }
+  absl::Status ReleaseWorkerSlots(const std::string& run_id,
+                                  const std::string& worker_id) override {
+    absl::MutexLock lock(&mu_);
+    released_.push_back(run_id + "/" + worker_id);
+    return absl::OkStatus();
+  }
+  // As a restarted buffer.
+  void SetIncarnation(uint64_t incarnation) {
+    absl::MutexLock lock(&mu_);
+    incarnation_ = incarnation;
+  }
+  // GetStats answers this error (e.g. NOT_FOUND: a buffer that lost the run).
+  void FailStats(absl::Status status) {
+    absl::MutexLock lock(&mu_);
+    stats_error_ = std::move(status);
+  }
+  // "<run_id>/<worker_id>" of every ReleaseWorkerSlots call.
+  std::vector<std::string> released() const {
+    absl::MutexLock lock(&mu_);
+    return released_;
   }
   absl::StatusOr<v1::GetStatsResponse> GetServerStats() override {
     absl::MutexLock lock(&mu_);
@@ -235,6 +348,9 @@ class FakeBuffer : public ReplayBufferClient {
   mutable absl::Mutex mu_;
   int64_t memory_budget_ ABSL_GUARDED_BY(mu_) = int64_t{8} << 30;
   v1::ConfigureRunRequest configure_ ABSL_GUARDED_BY(mu_);
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Status stats_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
 };
 
 // Offers the builtin verifiers unless told otherwise.
@@ -245,6 +361,15 @@ class FakeRewardServer : public RewardServerClient {
     absl::MutexLock lock(&mu_);
     if (!error_.ok()) return error_;
     return names_;
+  }
+  absl::StatusOr<uint64_t> Incarnation() override {
+    absl::MutexLock lock(&mu_);
+    if (!error_.ok()) return error_;
+    return incarnation_;
+  }
+  void SetIncarnation(uint64_t incarnation) {
+    absl::MutexLock lock(&mu_);
+    incarnation_ = incarnation;
   }
   void SetVerifiers(std::vector<std::string> names) {
     absl::MutexLock lock(&mu_);
@@ -261,6 +386,7 @@ class FakeRewardServer : public RewardServerClient {
   std::vector<std::string> names_ ABSL_GUARDED_BY(mu_) = {"code", "exact_match", "format",
                                                           "length", "math"};
   absl::Status error_ ABSL_GUARDED_BY(mu_);
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 // Healthy unless told otherwise; counts checks per address.

@@ -65,41 +65,6 @@ class GrpcTrainerClient final : public TrainerClient {
   const std::unique_ptr<v1::TrainerService::Stub> stub_;
 };
 
-class GrpcRolloutWorkerClient final : public RolloutWorkerClient {
- public:
-  GrpcRolloutWorkerClient(std::string address, absl::Duration timeout)
-      : address_(std::move(address)),
-        timeout_(timeout),
-        stub_(v1::RolloutWorkerService::NewStub(Channel(address_))) {}
-  const std::string& address() const override { return address_; }
-  absl::Status StartRollouts(const v1::StartRolloutsRequest& request) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::StartRolloutsResponse response;
-    return runtime::FromGrpcStatus(stub_->StartRollouts(&context, request, &response));
-  }
-  absl::Status StopRollouts(const v1::StopRolloutsRequest& request) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_ + absl::Milliseconds(request.timeout_ms()));
-    v1::StopRolloutsResponse response;
-    return runtime::FromGrpcStatus(stub_->StopRollouts(&context, request, &response));
-  }
-  absl::StatusOr<v1::RolloutWorkerStatus> GetStatus() override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::GetWorkerStatusResponse response;
-    const grpc::Status status =
-        stub_->GetWorkerStatus(&context, v1::GetWorkerStatusRequest(), &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
-    return std::move(*response.mutable_status());
-  }
-
- private:
-  const std::string address_;
-  const absl::Duration timeout_;
-  const std::unique_ptr<v1::RolloutWorkerService::Stub> stub_;
-};
-
 class GrpcReplayBufferClient final : public ReplayBufferClient {
  public:
   GrpcReplayBufferClient(std::string address, absl::Duration timeout)
@@ -113,7 +78,7 @@ class GrpcReplayBufferClient final : public ReplayBufferClient {
     v1::ConfigureRunResponse response;
     return runtime::FromGrpcStatus(stub_->ConfigureRun(&context, request, &response));
   }
-  absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) override {
+  absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& run_id) override {
     grpc::ClientContext context;
     SetDeadline(context, timeout_);
     v1::GetStatsRequest request;
@@ -121,7 +86,18 @@ class GrpcReplayBufferClient final : public ReplayBufferClient {
     v1::GetStatsResponse response;
     const grpc::Status status = stub_->GetStats(&context, request, &response);
     if (!status.ok()) return runtime::FromGrpcStatus(status);
-    return std::move(*response.mutable_stats());
+    return response;
+  }
+  absl::Status ReleaseWorkerSlots(const std::string& run_id,
+                                  const std::string& worker_id) override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::ReleaseGenerationSlotsRequest request;
+    request.set_run_id(run_id);
+    request.set_worker_id(worker_id);
+    request.set_release_all(true);
+    v1::ReleaseGenerationSlotsResponse response;
+    return runtime::FromGrpcStatus(stub_->ReleaseGenerationSlots(&context, request, &response));
   }
   absl::StatusOr<v1::GetStatsResponse> GetServerStats() override {
     grpc::ClientContext context;
@@ -155,6 +131,15 @@ class GrpcRewardServerClient final : public RewardServerClient {
     std::vector<std::string> names;
     for (const v1::VerifierInfo& verifier : response.verifiers()) names.push_back(verifier.name());
     return names;
+  }
+  absl::StatusOr<uint64_t> Incarnation() override {
+    grpc::ClientContext context;
+    SetDeadline(context, timeout_);
+    v1::ListVerifiersResponse response;
+    const grpc::Status status =
+        stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response);
+    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    return response.incarnation();
   }
 
  private:
@@ -210,11 +195,6 @@ ServiceClients MakeGrpcServiceClients(const ServiceAddresses& addresses,
   if (!addresses.replay_buffer.empty()) {
     clients.replay_buffer =
         std::make_shared<GrpcReplayBufferClient>(addresses.replay_buffer, call_timeout);
-  }
-  for (const std::string& address : addresses.rollout_workers) {
-    if (address.empty()) continue;
-    clients.rollout_workers.push_back(
-        std::make_shared<GrpcRolloutWorkerClient>(address, call_timeout));
   }
   clients.reward_server_address = addresses.reward_server;
   if (!addresses.reward_server.empty()) {

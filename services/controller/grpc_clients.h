@@ -15,7 +15,6 @@ struct ServiceAddresses {
   std::string trainer;
   std::string replay_buffer;
   std::string reward_server;
-  std::vector<std::string> rollout_workers;
 };
 
 // The gRPC implementations of service_clients.h: one channel per address,

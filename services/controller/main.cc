@@ -12,25 +12,9 @@
 #include "services/controller/controller_service.h"
 #include "services/controller/grpc_clients.h"
 #include "services/controller/run_registry.h"
+#include "services/controller/worker_registry.h"
 #include "services/runtime/server_options.h"
 #include "services/runtime/service_main.h"
-
-namespace {
-
-// How the other services reach a controller listening on `listen_address`
-// and bound to `port`: loopback for wildcard and loopback hosts, else the
-// host itself.
-std::string DefaultAdvertiseAddress(const std::string& listen_address, int port) {
-  absl::StatusOr<sluice::runtime::HostPort> listen =
-      sluice::runtime::ParseHostPort(listen_address, "listen_address");
-  const std::string host = listen.ok() ? listen->host : "0.0.0.0";
-  if (host == "0.0.0.0" || host == "[::]" || host == "localhost" || host == "127.0.0.1") {
-    return absl::StrCat("127.0.0.1:", port);
-  }
-  return absl::StrCat(host, ":", port);
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   using sluice::runtime::ServiceContext;
@@ -58,10 +42,31 @@ int main(int argc, char** argv) {
       ->type_name("HOST:PORT");
   app.add_option("--reward-server-address", addresses.reward_server, "reward server HOST:PORT")
       ->type_name("HOST:PORT");
-  app.add_option("--rollout-worker-addresses", addresses.rollout_workers,
-                 "rollout workers, comma-separated HOST:PORT list")
-      ->delimiter(',')
-      ->type_name("HOST:PORT,...");
+  controller::WorkerRegistryOptions worker_options;
+  int64_t heartbeat_interval_ms = absl::ToInt64Milliseconds(worker_options.heartbeat_interval);
+  app.add_option("--worker-heartbeat-interval-ms", heartbeat_interval_ms,
+                 "how often rollout workers heartbeat (they register themselves: start them "
+                 "with --controller-address pointing here)")
+      ->check(CLI::Range(int64_t{10}, int64_t{60000}))
+      ->capture_default_str();
+  int64_t worker_ttl_ms = absl::ToInt64Milliseconds(worker_options.worker_ttl);
+  app.add_option("--worker-ttl-ms", worker_ttl_ms,
+                 "a rollout worker silent this long is lost: its prompt leases and generation "
+                 "slots go to the others")
+      ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
+      ->capture_default_str();
+  int64_t worker_grace_ms = absl::ToInt64Milliseconds(registry_options.driver.worker_grace);
+  app.add_option("--worker-grace-ms", worker_grace_ms,
+                 "fail a run served by fewer than rollout.min_workers workers for this long")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
+  int64_t unreachable_timeout_ms =
+      absl::ToInt64Milliseconds(registry_options.driver.service_unreachable_timeout);
+  app.add_option("--service-unreachable-timeout-ms", unreachable_timeout_ms,
+                 "fail a run whose trainer, replay buffer or reward server has been unreachable "
+                 "this long; shorter outages (a restart) are waited out")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   int64_t stall_timeout_ms = absl::ToInt64Milliseconds(registry_options.driver.stall_timeout);
   app.add_option("--stall-timeout-ms", stall_timeout_ms,
                  "fail an active run that made no progress (no step, evaluation, new version or "
@@ -80,15 +85,28 @@ int main(int argc, char** argv) {
   std::shared_ptr<controller::ControllerServiceImpl> service;
   const int code = main.Run(argc, argv, [&](ServiceContext& context) {
     registry_options.driver.stall_timeout = absl::Milliseconds(stall_timeout_ms);
+    registry_options.driver.worker_grace = absl::Milliseconds(worker_grace_ms);
+    registry_options.driver.service_unreachable_timeout =
+        absl::Milliseconds(unreachable_timeout_ms);
+    if (worker_ttl_ms <= 2 * heartbeat_interval_ms) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--worker-ttl-ms (", worker_ttl_ms, ") must be more than twice "
+          "--worker-heartbeat-interval-ms (", heartbeat_interval_ms,
+          "), or one late heartbeat loses a healthy worker"));
+    }
+    worker_options.heartbeat_interval = absl::Milliseconds(heartbeat_interval_ms);
+    worker_options.worker_ttl = absl::Milliseconds(worker_ttl_ms);
     metrics = std::make_unique<controller::ControllerMetrics>(context.metrics_registry());
-    registry = std::make_unique<controller::RunRegistry>(
-        registry_options, controller::MakeGrpcServiceClients(addresses), metrics.get());
+    controller::ServiceClients clients = controller::MakeGrpcServiceClients(addresses);
+    clients.workers = std::make_shared<controller::WorkerRegistry>(worker_options);
+    registry = std::make_unique<controller::RunRegistry>(registry_options, std::move(clients),
+                                                         metrics.get());
     service = std::make_shared<controller::ControllerServiceImpl>(registry.get());
     context.AddService(service, sluice::v1::ControllerService::service_full_name());
     const std::string listen_address = context.options().listen_address;
     context.OnStarted([&, listen_address](int port) {
       const std::string address = advertise_address.empty()
-                                      ? DefaultAdvertiseAddress(listen_address, port)
+                                      ? sluice::runtime::DefaultAdvertiseAddress(listen_address, port)
                                       : advertise_address;
       registry->SetControllerAddress(address);
       sluice::log::Info(
@@ -97,8 +115,7 @@ int main(int argc, char** argv) {
            {"runs_dir", registry_options.runs_dir},
            {"trainer", addresses.trainer.empty() ? "-" : addresses.trainer},
            {"replay_buffer", addresses.replay_buffer.empty() ? "-" : addresses.replay_buffer},
-           {"reward_server", addresses.reward_server.empty() ? "-" : addresses.reward_server},
-           {"rollout_workers", static_cast<int64_t>(addresses.rollout_workers.size())}});
+           {"reward_server", addresses.reward_server.empty() ? "-" : addresses.reward_server}});
     });
     // Fail the active runs (their watchers end with that snapshot), then let
     // their threads stop the trainer and workers before the server drains:

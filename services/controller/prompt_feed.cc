@@ -139,6 +139,17 @@ void PromptFeed::ObserveWorker(const std::string& worker_id, uint64_t worker_inc
   for (const std::string& lease_id : stale) GiveBack(lease_id);
 }
 
+int PromptFeed::GiveBackWorker(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> held;
+  for (const auto& [lease_id, lease] : leases_) {
+    if (lease.worker_id == worker_id) held.push_back(lease_id);
+  }
+  const size_t waiting = reissue_.size();
+  for (const std::string& lease_id : held) GiveBack(lease_id);
+  return static_cast<int>(reissue_.size() - waiting);
+}
+
 void PromptFeed::ExpireLeases(absl::Time now) {
   std::vector<std::string> expired;
   for (const auto& [lease_id, lease] : leases_) {

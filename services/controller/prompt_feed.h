@@ -87,6 +87,11 @@ class PromptFeed {
   void ObserveWorker(const std::string& worker_id, uint64_t worker_incarnation)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The worker is lost (no heartbeat): every lease it holds, of any
+  // incarnation, is given back at once rather than at its expiry. Returns
+  // the prompts given back. A late completion still counts.
+  int GiveBackWorker(const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+
   // The run needs no more prompts: Lease() returns nothing from now on.
   void MarkDone() ABSL_LOCKS_EXCLUDED(mu_);
   bool done() const ABSL_LOCKS_EXCLUDED(mu_);

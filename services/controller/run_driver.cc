@@ -1,14 +1,17 @@
 #include "services/controller/run_driver.h"
 
 #include <algorithm>
+#include <future>
 #include <numeric>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/run/run_model.h"
 #include "services/controller/run_spec.h"
+#include "services/controller/worker_registry.h"
 
 namespace sluice::controller {
 namespace {
@@ -61,10 +64,6 @@ RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
       sizes_(sizes),
       options_(std::move(options)),
       observer_(observer) {
-  const size_t wanted = static_cast<size_t>(std::max(1, spec_.rollout().num_workers()));
-  for (size_t i = 0; i < clients_.rollout_workers.size() && i < wanted; ++i) {
-    workers_.push_back(clients_.rollout_workers[i]);
-  }
   if (clients_.trainer) health_targets_.push_back({"trainer", clients_.trainer->address()});
   if (clients_.replay_buffer) {
     health_targets_.push_back({"replay_buffer", clients_.replay_buffer->address()});
@@ -72,10 +71,6 @@ RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
   if (!clients_.reward_server_address.empty()) {
     health_targets_.push_back({"reward_server", clients_.reward_server_address});
   }
-  for (const auto& worker : workers_) {
-    health_targets_.push_back({"rollout_worker", worker->address()});
-  }
-  worker_mismatches_.assign(workers_.size(), 0);
 
   absl::MutexLock lock(&mu_);
   last_progress_at_ = absl::Now();
@@ -171,13 +166,13 @@ bool RunDriver::AwaitServicesFree() {
                             trainer->run_id(), " (", v1::TrainerState_Name(state), ")");
       }
     }
-    for (size_t i = 0; busy.empty() && i < workers_.size(); ++i) {
-      absl::StatusOr<v1::RolloutWorkerStatus> worker = workers_[i]->GetStatus();
-      if (!worker.ok()) continue;
-      for (const v1::RolloutRunStatus& other : worker->runs()) {
-        if (other.run_id() != run_id_ && other.groups_in_flight() > 0) {
-          busy = absl::StrCat("rollout worker (", workers_[i]->address(), ") with run ",
-                              other.run_id());
+    if (clients_.workers != nullptr) {
+      for (const RunWorker& worker : clients_.workers->LiveWorkers()) {
+        for (const v1::RolloutRunStatus& other : worker.status.runs()) {
+          if (busy.empty() && other.run_id() != run_id_ && other.groups_in_flight() > 0) {
+            busy = absl::StrCat("rollout worker ", worker.worker_id, " (", worker.address,
+                                ") with run ", other.run_id());
+          }
         }
       }
     }
@@ -252,29 +247,27 @@ bool RunDriver::StartServices() {
   }
 
   if (Terminal()) return false;
-  v1::StartTrainingRequest start_training;
-  start_training.set_run_id(run_id_);
-  *start_training.mutable_spec() = spec_;
-  *start_training.mutable_endpoints() = endpoints_;
-  start_training.set_max_prompt_tokens(sizes_.max_prompt_tokens);
+  start_training_.set_run_id(run_id_);
+  *start_training_.mutable_spec() = spec_;
+  *start_training_.mutable_endpoints() = endpoints_;
+  start_training_.set_max_prompt_tokens(sizes_.max_prompt_tokens);
   trainer_started_ = true;  // Even a failed call may have started it.
-  if (absl::Status status = clients_.trainer->StartTraining(start_training); !status.ok()) {
+  if (absl::Status status = clients_.trainer->StartTraining(start_training_); !status.ok()) {
     Fail(CallFailure("trainer", clients_.trainer->address(), "StartTraining", status));
     return false;
   }
 
-  v1::StartRolloutsRequest start_rollouts;
-  start_rollouts.set_run_id(run_id_);
-  *start_rollouts.mutable_spec() = spec_;
-  *start_rollouts.mutable_endpoints() = endpoints_;
-  start_rollouts.set_max_prompt_tokens(sizes_.max_prompt_tokens);
-  for (const auto& worker : workers_) {
-    if (Terminal()) return false;
-    ++workers_started_;
-    if (absl::Status status = worker->StartRollouts(start_rollouts); !status.ok()) {
-      Fail(CallFailure("rollout_worker", worker->address(), "StartRollouts", status));
-      return false;
-    }
+  // Workers pull the run with their next heartbeat; the controller calls
+  // none of them.
+  if (Terminal()) return false;
+  if (clients_.workers != nullptr) {
+    v1::RolloutAssignment assignment;
+    assignment.set_run_id(run_id_);
+    *assignment.mutable_spec() = spec_;
+    *assignment.mutable_endpoints() = endpoints_;
+    assignment.set_max_prompt_tokens(sizes_.max_prompt_tokens);
+    clients_.workers->Offer(assignment, spec_.rollout().num_workers());
+    workers_offered_ = true;
   }
   absl::MutexLock lock(&mu_);
   if (run_.state() == v1::RUN_STATE_PENDING && run_.progress().phase() == "starting services") {
@@ -302,7 +295,8 @@ void RunDriver::Watch() {
     }
     if (absl::Now() >= next_check) {
       CheckHealth();
-      Reconcile();
+      ReconcileTrainer();
+      ReconcileWorkers();
       RefreshBufferStats();
       CheckStall();
       next_check = absl::Now() + options_.health_check_interval;
@@ -311,87 +305,258 @@ void RunDriver::Watch() {
 }
 
 void RunDriver::CheckHealth() {
-  if (!clients_.health) return;
-  for (HealthTarget& target : health_targets_) {
-    if (Terminal()) return;
-    const absl::Status status = clients_.health->Check(target.address);
+  if (!clients_.health || Terminal()) return;
+  // Concurrently: one slow or unreachable service must not delay the others'
+  // checks (nor the workers', which heartbeat instead).
+  std::vector<std::future<absl::Status>> checks;
+  for (const HealthTarget& target : health_targets_) {
+    checks.push_back(std::async(std::launch::async, [this, address = target.address] {
+      return clients_.health->Check(address);
+    }));
+  }
+  const absl::Time now = absl::Now();
+  for (size_t i = 0; i < health_targets_.size(); ++i) {
+    HealthTarget& target = health_targets_[i];
+    const absl::Status status = checks[i].get();
     if (status.ok()) {
-      target.consecutive_failures = 0;
+      if (target.failing_since != absl::InfiniteFuture()) {
+        log::Info("service reachable again",
+                  {{"run_id", run_id_},
+                   {"service", target.name},
+                   {"address", target.address},
+                   {"outage_ms", absl::ToInt64Milliseconds(now - target.failing_since)}});
+      }
+      target.failing_since = absl::InfiniteFuture();
       continue;
     }
-    ++target.consecutive_failures;
-    log::Warning("health check failed", {{"run_id", run_id_},
-                                         {"service", target.name},
-                                         {"address", target.address},
-                                         {"consecutive_failures", target.consecutive_failures},
-                                         {"error", std::string(status.message())}});
-    if (target.consecutive_failures >= options_.health_check_failures) {
-      Fail(absl::StrCat(target.name, " (", target.address, ") is unreachable: ", status.message()));
+    if (target.failing_since == absl::InfiniteFuture()) {
+      target.failing_since = now;
+      log::Warning("health check failed; waiting for the service to come back",
+                   {{"run_id", run_id_},
+                    {"service", target.name},
+                    {"address", target.address},
+                    {"gives_up_after_ms",
+                     absl::ToInt64Milliseconds(options_.service_unreachable_timeout)},
+                    {"error", std::string(status.message())}});
+    }
+    if (now - target.failing_since >= options_.service_unreachable_timeout) {
+      Fail(absl::StrCat(target.name, " (", target.address, ") is unreachable: ", status.message(),
+                        " (for ", absl::FormatDuration(absl::Trunc(now - target.failing_since,
+                                                                   absl::Seconds(1))),
+                        ")"));
       return;
     }
   }
 }
 
-void RunDriver::Reconcile() {
+void RunDriver::AddRestartLocked(const std::string& service) {
+  v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+  ++(*recovery.mutable_restarts())[service];
+  TouchLocked();
+}
+
+void RunDriver::NoteIncarnation(const std::string& service, uint64_t incarnation,
+                                uint64_t* known) {
+  if (incarnation == 0 || incarnation == *known) return;
+  const bool restarted = *known != 0;
+  *known = incarnation;
+  if (!restarted) return;
+  log::Warning("service restarted", {{"run_id", run_id_}, {"service", service}});
+  absl::MutexLock lock(&mu_);
+  AddRestartLocked(service);
+}
+
+void RunDriver::ReconcileTrainer() {
   if (Terminal()) return;
-  if (absl::StatusOr<v1::TrainerStatus> trainer = clients_.trainer->GetStatus(); trainer.ok()) {
-    last_trainer_status_ = *trainer;
-    const bool ours = trainer->run_id() == run_id_;
-    const v1::TrainerState state = trainer->state();
-    if (ours && state == v1::TRAINER_STATE_FAILED) {
-      // Its own report of the failure may have been lost.
-      Fail(absl::StrCat("trainer: ", trainer->last_error().empty() ? "failed without an error message"
-                                                                   : trainer->last_error()));
-      return;
-    }
-    if (ours && state == v1::TRAINER_STATE_FINISHED) {
+  absl::StatusOr<v1::TrainerStatus> trainer = clients_.trainer->GetStatus();
+  if (!trainer.ok()) return;  // Reachability is the health check's.
+  last_trainer_status_ = *trainer;
+  const uint64_t incarnation = trainer->incarnation();
+  const bool restarted = incarnation != 0 && trainer_incarnation_ != 0 &&
+                         incarnation != trainer_incarnation_;
+  if (incarnation != 0 && incarnation != trainer_incarnation_) {
+    trainer_incarnation_ = incarnation;
+    if (restarted) {
+      log::Warning("trainer restarted; asking it to resume the run",
+                   {{"run_id", run_id_}, {"address", clients_.trainer->address()}});
       absl::MutexLock lock(&mu_);
-      finish_requested_ = true;  // As if its FINISHED report had arrived.
+      AddRestartLocked("trainer");
     }
-    if (!ours || state == v1::TRAINER_STATE_IDLE) {
-      if (++trainer_mismatches_ >= options_.health_check_failures) {
-        Fail(absl::StrCat("trainer (", clients_.trainer->address(),
-                          ") is no longer training this run: it reports ",
-                          trainer->run_id().empty() ? std::string("no run")
-                                                    : absl::StrCat("run ", trainer->run_id()),
-                          " in state ", v1::TrainerState_Name(state),
-                          " (stopped by another client, or restarted)"));
+  }
+  const bool ours = trainer->run_id() == run_id_;
+  const v1::TrainerState state = trainer->state();
+  if (restarted && (trainer->run_id().empty() || state == v1::TRAINER_STATE_IDLE)) {
+    // A new incarnation knows nothing of the run: it resumes from the run's
+    // latest checkpoint, or refuses (FAILED_PRECONDITION) when it cannot.
+    if (absl::Status status = clients_.trainer->StartTraining(start_training_); !status.ok()) {
+      if (status.code() == absl::StatusCode::kUnavailable ||
+          status.code() == absl::StatusCode::kDeadlineExceeded) {
+        trainer_incarnation_ = 0;  // Not told yet: ask again next time.
         return;
       }
-    } else {
-      trainer_mismatches_ = 0;
+      Fail(CallFailure("trainer", clients_.trainer->address(),
+                       "StartTraining (resuming after its restart)", status));
+    }
+    trainer_mismatches_ = 0;
+    return;
+  }
+  if (ours && trainer->resumed_from_step() >= 0) {
+    // Each incarnation that resumed says how many steps it redid so far.
+    steps_redone_[incarnation] = trainer->steps_redone();
+    int64_t redone = 0;
+    for (const auto& [unused, steps] : steps_redone_) redone += steps;
+    const int64_t resumes = static_cast<int64_t>(steps_redone_.size());
+    absl::MutexLock lock(&mu_);
+    v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+    if (recovery.trainer_steps_redone() != redone || recovery.trainer_resumes() != resumes) {
+      recovery.set_trainer_steps_redone(redone);
+      recovery.set_trainer_resumes(resumes);
+      TouchLocked();
     }
   }
+  if (ours && state == v1::TRAINER_STATE_FAILED) {
+    // Its own report of the failure may have been lost.
+    Fail(absl::StrCat("trainer: ", trainer->last_error().empty() ? "failed without an error message"
+                                                                 : trainer->last_error()));
+    return;
+  }
+  if (ours && state == v1::TRAINER_STATE_FINISHED) {
+    absl::MutexLock lock(&mu_);
+    finish_requested_ = true;  // As if its FINISHED report had arrived.
+  }
+  if (!ours || state == v1::TRAINER_STATE_IDLE) {
+    if (++trainer_mismatches_ >= options_.health_check_failures) {
+      Fail(absl::StrCat("trainer (", clients_.trainer->address(),
+                        ") is no longer training this run: it reports ",
+                        trainer->run_id().empty() ? std::string("no run")
+                                                  : absl::StrCat("run ", trainer->run_id()),
+                        " in state ", v1::TrainerState_Name(state),
+                        " (stopped by another client)"));
+      return;
+    }
+  } else {
+    trainer_mismatches_ = 0;
+  }
+}
+
+void RunDriver::ReconcileWorkers() {
+  if (Terminal() || clients_.workers == nullptr || !workers_offered_) return;
+  std::shared_ptr<PromptFeed> feed;
   {
     absl::MutexLock lock(&mu_);
-    // Once the prompts are done, workers may end the run on their own.
-    if (feed_ != nullptr && feed_->done()) return;
+    feed = feed_;
   }
-  for (size_t i = 0; i < workers_started_ && i < workers_.size(); ++i) {
-    absl::StatusOr<v1::RolloutWorkerStatus> worker = workers_[i]->GetStatus();
-    if (!worker.ok()) continue;  // Reachability is the health check's.
-    const bool serving = std::any_of(worker->runs().begin(), worker->runs().end(),
+  for (const WorkerEvent& event : clients_.workers->TakeEvents(run_id_)) {
+    switch (event.kind) {
+      case WorkerEvent::Kind::kJoined: {
+        // A newer incarnation gives back what the older one leased.
+        if (feed) feed->ObserveWorker(event.worker_id, event.incarnation);
+        absl::MutexLock lock(&mu_);
+        v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+        recovery.set_workers_joined(recovery.workers_joined() + 1);
+        TouchLocked();
+        break;
+      }
+      case WorkerEvent::Kind::kRestarted: {
+        absl::MutexLock lock(&mu_);
+        AddRestartLocked("rollout_worker");
+        break;
+      }
+      case WorkerEvent::Kind::kLost: {
+        log::Warning("rollout worker lost; its prompts and generation slots go to others",
+                     {{"run_id", run_id_},
+                      {"worker_id", event.worker_id},
+                      {"silent_ms", absl::ToInt64Milliseconds(event.silent_for)}});
+        int given_back = 0;
+        if (feed) given_back = feed->GiveBackWorker(event.worker_id);
+        if (absl::Status released =
+                clients_.replay_buffer->ReleaseWorkerSlots(run_id_, event.worker_id);
+            !released.ok()) {
+          // Not fatal: the buffer's slot leases expire by themselves.
+          log::Warning("cannot release a lost worker's generation slots",
+                       {{"run_id", run_id_},
+                        {"worker_id", event.worker_id},
+                        {"error", std::string(released.message())}});
+        }
+        log::Info("lost worker's prompts given back", {{"run_id", run_id_},
+                                                       {"worker_id", event.worker_id},
+                                                       {"prompts", given_back}});
+        absl::MutexLock lock(&mu_);
+        v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+        recovery.set_workers_lost(recovery.workers_lost() + 1);
+        TouchLocked();
+        break;
+      }
+    }
+  }
+
+  if (feed) {
+    const PromptFeedStats feed_stats = feed->stats();
+    absl::MutexLock lock(&mu_);
+    v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+    if (recovery.prompts_reissued() != feed_stats.reissued) {
+      recovery.set_prompts_reissued(feed_stats.reissued);
+      TouchLocked();
+    }
+  }
+  const std::vector<RunWorker> workers = clients_.workers->RunWorkers(run_id_);
+  for (const RunWorker& worker : workers) {
+    const bool serving = std::any_of(worker.status.runs().begin(), worker.status.runs().end(),
                                      [&](const v1::RolloutRunStatus& r) {
                                        return r.run_id() == run_id_;
                                      });
-    if (serving && worker->state() == v1::ROLLOUT_WORKER_STATE_FAILED) {
-      Fail(absl::StrCat("rollout worker (", workers_[i]->address(), ") failed: ",
-                        worker->last_error().empty() ? "no error message" : worker->last_error()));
-      return;
-    }
-    if (serving) {
-      worker_mismatches_[i] = 0;
-      continue;
-    }
-    if (++worker_mismatches_[i] >= options_.health_check_failures) {
-      Fail(absl::StrCat("rollout worker (", workers_[i]->address(),
-                        ") no longer serves this run: it reports state ",
-                        v1::RolloutWorkerState_Name(worker->state()), " and ",
-                        worker->runs().empty() ? "no run" : "other runs",
-                        " (stopped by another client, or restarted)"));
+    if (serving && worker.status.state() == v1::ROLLOUT_WORKER_STATE_FAILED) {
+      Fail(absl::StrCat("rollout worker ", worker.worker_id, " (", worker.address, ") failed: ",
+                        worker.status.last_error().empty() ? "no error message"
+                                                           : worker.status.last_error()));
       return;
     }
   }
+  const int live = static_cast<int>(workers.size());
+  const int min_workers = std::max(1, spec_.rollout().min_workers());
+  {
+    absl::MutexLock lock(&mu_);
+    if (run_.progress().workers_live() != live) {
+      run_.mutable_progress()->set_workers_live(live);
+      TouchLocked();
+    }
+  }
+  const absl::Time now = absl::Now();
+  if (live >= min_workers) {
+    workers_short_since_ = absl::InfiniteFuture();
+    return;
+  }
+  if (workers_short_since_ == absl::InfiniteFuture()) workers_short_since_ = now;
+  const std::map<std::string, std::string> given_up = clients_.workers->GivenUp();
+  if (given_up.empty() && now - workers_short_since_ < options_.worker_grace) return;
+  std::string message = absl::StrCat(
+      live == 0 ? std::string("no rollout worker serves the run")
+                : absl::StrCat("only ", live, " rollout worker(s) serve the run"),
+      " (rollout.min_workers = ", min_workers, ")");
+  if (!given_up.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [worker_id, why] : given_up) parts.push_back(worker_id + ": " + why);
+    absl::StrAppend(&message, "; given up by their supervisor: ", absl::StrJoin(parts, "; "));
+  } else {
+    absl::StrAppend(&message, " for ",
+                    absl::FormatDuration(absl::Trunc(now - workers_short_since_,
+                                                     absl::Milliseconds(1))),
+                    " (grace ", absl::FormatDuration(options_.worker_grace),
+                    "); start workers with --controller-address pointing at this controller");
+  }
+  Fail(message);
+}
+
+bool RunDriver::OnServiceFailure(const std::string& service, const std::string& description,
+                                 const std::string& worker_id) {
+  if (Terminal()) return false;
+  if (service == "rollout_worker") {
+    // ReconcileWorkers decides, counting the workers still live.
+    ReconcileWorkers();
+    return Terminal();
+  }
+  Fail(absl::StrCat(service, " ", description));
+  return true;
 }
 
 void RunDriver::CheckStall() {
@@ -430,8 +595,24 @@ void RunDriver::RefreshBufferStats() {
     absl::MutexLock lock(&mu_);
     if (run_.state() != v1::RUN_STATE_TRAINING && run_.state() != v1::RUN_STATE_EVALUATING) return;
   }
-  absl::StatusOr<v1::BufferStats> stats = clients_.replay_buffer->GetStats(run_id_);
-  if (!stats.ok()) return;  // Not fatal; the health check judges reachability.
+  absl::StatusOr<v1::GetStatsResponse> response = clients_.replay_buffer->GetStats(run_id_);
+  if (!response.ok()) {
+    if (response.status().code() == absl::StatusCode::kNotFound) {
+      // The buffer answers but lost the run's table: it restarted without
+      // its --data-dir. What was acknowledged is gone; the run cannot go on.
+      Fail(absl::StrCat("replay_buffer (", clients_.replay_buffer->address(),
+                        ") no longer knows the run (restarted without a durable --data-dir?): ",
+                        response.status().message()));
+    }
+    return;  // Not fatal; the health check judges reachability.
+  }
+  NoteIncarnation("replay_buffer", response->incarnation(), &buffer_incarnation_);
+  if (clients_.reward_server != nullptr) {
+    if (absl::StatusOr<uint64_t> reward = clients_.reward_server->Incarnation(); reward.ok()) {
+      NoteIncarnation("reward_server", *reward, &reward_incarnation_);
+    }
+  }
+  const v1::BufferStats* stats = &response->stats();
   last_buffer_stats_ = *stats;
   int64_t evicted = 0;
   for (const v1::EvictionCount& count : stats->evictions()) {
@@ -453,21 +634,16 @@ void RunDriver::Finish() {
     feed = feed_;
   }
   if (feed) feed->MarkDone();
-  v1::StopRolloutsRequest stop;
-  stop.set_run_id(run_id_);
-  stop.set_mode(v1::STOP_MODE_ABORT);
-  for (const auto& worker : workers_) {
-    if (absl::Status status = worker->StopRollouts(stop); !status.ok()) {
-      log::Warning(
-          "cannot stop rollouts",
-          {{"run_id", run_id_}, {"address", worker->address()}, {"error", status.ToString()}});
-    }
-  }
-  absl::StatusOr<v1::BufferStats> stats = clients_.replay_buffer->GetStats(run_id_);
-  if (!stats.ok()) {
+  // Workers drop the run with their next heartbeat (and LeasePrompts says
+  // run_done); the next run waits until they have.
+  if (workers_offered_) clients_.workers->Withdraw(run_id_);
+  absl::StatusOr<v1::GetStatsResponse> response = clients_.replay_buffer->GetStats(run_id_);
+  if (!response.ok()) {
     log::Warning("cannot read replay buffer statistics",
-                 {{"run_id", run_id_}, {"error", stats.status().ToString()}});
+                 {{"run_id", run_id_}, {"error", response.status().ToString()}});
   }
+  const absl::StatusOr<v1::BufferStats> stats =
+      response.ok() ? absl::StatusOr<v1::BufferStats>(response->stats()) : response.status();
   absl::MutexLock lock(&mu_);
   if (stats.ok()) {
     int64_t stale = 0;
@@ -486,16 +662,7 @@ void RunDriver::Finish() {
 }
 
 void RunDriver::StopServices() {
-  v1::StopRolloutsRequest stop_rollouts;
-  stop_rollouts.set_run_id(run_id_);
-  stop_rollouts.set_mode(v1::STOP_MODE_ABORT);
-  for (size_t i = 0; i < workers_started_ && i < workers_.size(); ++i) {
-    if (absl::Status status = workers_[i]->StopRollouts(stop_rollouts); !status.ok()) {
-      log::Warning(
-          "cannot stop rollouts",
-          {{"run_id", run_id_}, {"address", workers_[i]->address()}, {"error", status.ToString()}});
-    }
-  }
+  if (workers_offered_) clients_.workers->Withdraw(run_id_);
   if (trainer_started_) {
     v1::StopTrainingRequest stop_training;
     stop_training.set_run_id(run_id_);
@@ -702,6 +869,11 @@ v1::ReportRolloutProgressResponse RunDriver::ReportRolloutProgress(
     response.set_lease_ttl_ms(absl::ToInt64Milliseconds(feed_->lease_ttl()));
     response.set_run_done(feed_->done());
   }
+  if (request.late_groups_refused() > 0) {
+    v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+    recovery.set_late_groups_refused(recovery.late_groups_refused() + request.late_groups_refused());
+    TouchLocked();
+  }
   const int64_t tokens = std::max<int64_t>(0, request.tokens_generated());
   const int64_t groups = std::max<int64_t>(0, request.groups_inserted());
   if (tokens > 0 || groups > 0) {
@@ -731,6 +903,11 @@ void RunDriver::NotePolicyVersionLocked(int64_t version) {
 }
 
 void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
+  // A trainer that resumed from a checkpoint evaluates again at the steps it
+  // redoes: keep the first report of each.
+  for (const v1::EvalResult& seen : run_.summary().evals()) {
+    if (seen.phase() == eval.phase() && seen.step() == eval.step()) return;
+  }
   ProgressLocked();
   v1::RunSummary& summary = *run_.mutable_summary();
   v1::RunProgress& progress = *run_.mutable_progress();

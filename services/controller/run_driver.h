@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -29,12 +30,19 @@ struct RunDriverOptions {
   absl::Duration lease_ttl = PromptFeed::kDefaultLeaseTtl;
   // LeasePrompts before the run is TRAINING answers "retry after this".
   absl::Duration lease_retry_after = absl::Milliseconds(200);
-  // Health of every service of an active run is checked this often, and
-  // what the trainer and workers say they do is compared with the run...
+  // Health of the trainer, buffer and reward server of an active run is
+  // checked this often (concurrently), and what the trainer and the workers
+  // say they do is compared with the run...
   absl::Duration health_check_interval = absl::Seconds(1);
-  // ...and this many consecutive failures of one service (unreachable, or
-  // no longer serving the run) fail the run.
+  // ...and this many consecutive checks in which the trainer serves another
+  // run, or was stopped by another client, fail the run.
   int health_check_failures = 3;
+  // A service unreachable this long fails the run. Shorter outages (a
+  // restart by its supervisor) are waited out: the other services retry.
+  absl::Duration service_unreachable_timeout = absl::Minutes(10);
+  // The run fails when fewer than rollout.min_workers live workers serve it
+  // for this long (workers are being started, or restarted).
+  absl::Duration worker_grace = absl::Minutes(2);
   // An active run with no progress this long (no step, warm-start step,
   // evaluation, new policy version, generated tokens or state change) is
   // failed with what each service reported. Zero = never.
@@ -166,11 +174,18 @@ class RunDriver {
   v1::ReportTrainerProgressResponse ReportTrainerProgress(
       const v1::ReportTrainerProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A supervisor gave up restarting a service (ReportServiceFailure): a
+  // singleton fails the run; a rollout worker fails it only when fewer than
+  // rollout.min_workers remain. Returns true when the run failed.
+  bool OnServiceFailure(const std::string& service, const std::string& description,
+                        const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct HealthTarget {
-    std::string name;  // "trainer", "replay_buffer", "reward_server", "rollout_worker"
+    std::string name;  // "trainer", "replay_buffer", "reward_server"
     std::string address;
-    int consecutive_failures = 0;
+    // When the current outage began; InfiniteFuture while healthy.
+    absl::Time failing_since = absl::InfiniteFuture();
   };
 
   void Main();
@@ -182,8 +197,16 @@ class RunDriver {
   // Health checks until the run is terminal or the trainer finished.
   void Watch();
   void CheckHealth();
-  // Compares what the trainer and the workers say they do with the run.
-  void Reconcile();
+  // Compares what the trainer says it does with the run; re-sends
+  // StartTraining to a trainer that restarted (it resumes from checkpoint).
+  void ReconcileTrainer();
+  // Workers: joins, restarts and losses (their leases and slots are given
+  // back), failures, and the rollout.min_workers floor.
+  void ReconcileWorkers();
+  // Counts restarts of the buffer and the reward server (incarnations).
+  void NoteIncarnation(const std::string& service, uint64_t incarnation, uint64_t* known);
+  // Adds to RunSummary.recovery under the lock.
+  void AddRestartLocked(const std::string& service) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the run when it made no progress for options_.stall_timeout.
   void CheckStall();
   void RefreshBufferStats();
@@ -221,14 +244,20 @@ class RunDriver {
   const RunSizes sizes_;
   const RunDriverOptions options_;
   RunObserver* const observer_;
-  // The rollout workers this run uses (the first rollout.num_workers).
-  std::vector<std::shared_ptr<RolloutWorkerClient>> workers_;
   // Only the driver thread touches these.
   std::vector<HealthTarget> health_targets_;
   bool trainer_started_ = false;
-  size_t workers_started_ = 0;
+  bool workers_offered_ = false;
   int trainer_mismatches_ = 0;
-  std::vector<int> worker_mismatches_;
+  // What StartTraining carried, re-sent to a restarted trainer.
+  v1::StartTrainingRequest start_training_;
+  uint64_t trainer_incarnation_ = 0;
+  // Per trainer incarnation: steps it redid after resuming.
+  std::map<uint64_t, int64_t> steps_redone_;
+  uint64_t buffer_incarnation_ = 0;
+  uint64_t reward_incarnation_ = 0;
+  // Since when fewer than rollout.min_workers workers serve the run.
+  absl::Time workers_short_since_ = absl::InfiniteFuture();
   std::optional<v1::TrainerStatus> last_trainer_status_;
   std::optional<v1::BufferStats> last_buffer_stats_;
   std::function<void()> on_stopped_;

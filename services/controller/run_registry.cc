@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -10,6 +11,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "services/controller/run_spec.h"
+#include "services/controller/worker_registry.h"
 
 namespace sluice::controller {
 namespace {
@@ -37,21 +39,13 @@ absl::Status RunRegistry::CheckServicesConfigured(const v1::RunSpec& spec) const
   if (clients_.trainer == nullptr) missing.push_back("--trainer-address");
   if (clients_.replay_buffer == nullptr) missing.push_back("--replay-buffer-address");
   if (clients_.reward_server_address.empty()) missing.push_back("--reward-server-address");
-  if (clients_.rollout_workers.empty()) missing.push_back("--rollout-worker-addresses");
   if (!missing.empty()) {
     return absl::FailedPreconditionError(
         absl::StrCat("the controller cannot run anything yet: it was started without ",
                      absl::StrJoin(missing, ", "),
                      " (restart sluice-controller with the missing flag(s), or use `sluice up`)"));
   }
-  const size_t wanted = static_cast<size_t>(spec.rollout().num_workers());
-  if (wanted > clients_.rollout_workers.size()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("rollout.num_workers: the run asks for ", wanted,
-                     " rollout workers but the controller "
-                     "knows ",
-                     clients_.rollout_workers.size(), " (--rollout-worker-addresses)"));
-  }
+  (void)spec;  // Workers come and go: the run waits for rollout.min_workers.
   return absl::OkStatus();
 }
 
@@ -90,15 +84,16 @@ absl::StatusOr<RunSizes> RunRegistry::CheckAgainstServices(const v1::RunSpec& sp
                          absl::StrCat("the trainer at ", clients_.trainer->address())};
     }
   }
-  const size_t wanted = static_cast<size_t>(std::max(1, spec.rollout().num_workers()));
-  for (size_t i = 0; i < clients_.rollout_workers.size() && i < wanted; ++i) {
-    const auto& worker = clients_.rollout_workers[i];
-    absl::StatusOr<v1::RolloutWorkerStatus> status = worker->GetStatus();
-    if (!status.ok() || status->memory_budget_bytes() <= 0) continue;
-    if (budgets.rollout_worker.bytes <= 0 ||
-        status->memory_budget_bytes() < budgets.rollout_worker.bytes) {
-      budgets.rollout_worker = {status->memory_budget_bytes(),
-                                absl::StrCat("the rollout worker at ", worker->address())};
+  // The smallest budget among the workers registered now (a worker that
+  // joins later checks the run itself and fails it if it does not fit).
+  if (clients_.workers != nullptr) {
+    for (const RunWorker& worker : clients_.workers->LiveWorkers()) {
+      const int64_t budget = worker.status.memory_budget_bytes();
+      if (budget <= 0) continue;
+      if (budgets.rollout_worker.bytes <= 0 || budget < budgets.rollout_worker.bytes) {
+        budgets.rollout_worker = {budget, absl::StrCat("the rollout worker ", worker.worker_id,
+                                                       " at ", worker.address)};
+      }
     }
   }
   if (clients_.replay_buffer != nullptr) {
@@ -323,6 +318,52 @@ void RunRegistry::BeginShutdown() {
     runs = runs_;
   }
   for (const auto& driver : runs) driver->BeginShutdown(kShutdownReason);
+}
+
+absl::StatusOr<v1::WorkerHeartbeatResponse> RunRegistry::WorkerHeartbeat(
+    const v1::WorkerHeartbeatRequest& request) {
+  if (clients_.workers == nullptr) {
+    return absl::UnavailableError("this controller takes no rollout workers");
+  }
+  return clients_.workers->Heartbeat(request);
+}
+
+v1::ListWorkersResponse RunRegistry::ListWorkers() {
+  if (clients_.workers == nullptr) return {};
+  return clients_.workers->List();
+}
+
+absl::StatusOr<v1::ReportServiceFailureResponse> RunRegistry::ReportServiceFailure(
+    const v1::ReportServiceFailureRequest& request) {
+  static const auto* kServices = new std::set<std::string>{"trainer", "replay_buffer",
+                                                          "reward_server", "rollout_worker"};
+  if (kServices->count(request.service()) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "service: must be one of trainer, replay_buffer, reward_server, rollout_worker; got \"",
+        request.service(), "\""));
+  }
+  if (request.service() == "rollout_worker") {
+    if (request.worker_id().empty()) {
+      return absl::InvalidArgumentError("worker_id: required for a rollout_worker");
+    }
+    if (clients_.workers != nullptr) {
+      clients_.workers->GiveUp(request.worker_id(), request.description());
+    }
+  }
+  log::Error("a supervisor gave up on a service", {{"service", request.service()},
+                                                   {"worker_id", request.worker_id()},
+                                                   {"description", request.description()}});
+  std::shared_ptr<RunDriver> active;
+  {
+    absl::MutexLock lock(&mu_);
+    active = active_;
+  }
+  v1::ReportServiceFailureResponse response;
+  if (active != nullptr &&
+      active->OnServiceFailure(request.service(), request.description(), request.worker_id())) {
+    response.add_failed_run_ids(active->run_id());
+  }
+  return response;
 }
 
 void RunRegistry::Shutdown() {

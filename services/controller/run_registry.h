@@ -82,6 +82,17 @@ class RunRegistry {
   absl::StatusOr<v1::ReportTrainerProgressResponse> ReportTrainerProgress(
       const v1::ReportTrainerProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A rollout worker's heartbeat: registers it and answers with its runs.
+  // INVALID_ARGUMENT without worker_id / incarnation; UNAVAILABLE when the
+  // controller was built without a worker registry.
+  absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerHeartbeat(
+      const v1::WorkerHeartbeatRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ListWorkersResponse ListWorkers() ABSL_LOCKS_EXCLUDED(mu_);
+  // A supervisor gave up on a service: the active run decides (see
+  // RunDriver::OnServiceFailure). INVALID_ARGUMENT for an unknown service.
+  absl::StatusOr<v1::ReportServiceFailureResponse> ReportServiceFailure(
+      const v1::ReportServiceFailureRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Fails every active run ("the controller shut down ..."), which wakes
   // their watchers, and joins the driver threads after they have stopped
   // their services. Later Submit calls fail with UNAVAILABLE. Idempotent.

@@ -94,7 +94,7 @@ class RunRegistryTest : public ::testing::Test {
     if (with_services) {
       clients.trainer = trainer_;
       clients.replay_buffer = buffer_;
-      clients.rollout_workers = {worker_};
+      clients.workers = workers_;
       clients.reward_server_address = "reward:1";
       clients.reward_server = reward_;
       clients.health = health_;
@@ -102,6 +102,15 @@ class RunRegistryTest : public ::testing::Test {
     if (adjust) adjust(options);
     registry_ = std::make_unique<RunRegistry>(options, clients);
     registry_->SetControllerAddress("controller:1");
+    if (with_services) {
+      worker_->Attach(workers_);
+      AwaitHeartbeats(*worker_, 1);
+    }
+  }
+
+  // Waits until `worker` sent `n` more heartbeats.
+  static void AwaitHeartbeats(const FakeWorker& worker, int n) {
+    ASSERT_TRUE(worker.AwaitMoreHeartbeats(n, kWait));
   }
 
   std::string Submit(const v1::RunSpec& spec) {
@@ -118,12 +127,16 @@ class RunRegistryTest : public ::testing::Test {
     std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
     const absl::Time deadline = absl::Now() + kWait;
     RunDriver::Snapshot snapshot = driver->Get();
-    while (snapshot.run.progress().phase() != "loading model" && absl::Now() < deadline) {
+    // ... and the worker's joining was counted.
+    while ((snapshot.run.progress().phase() != "loading model" ||
+            snapshot.run.progress().workers_live() != 1) &&
+           absl::Now() < deadline) {
       driver->AwaitUpdate(snapshot.generation, snapshot.run.state(), absl::InfinitePast(),
                           deadline);
       snapshot = driver->Get();
     }
     ASSERT_EQ(snapshot.run.progress().phase(), "loading model");
+    ASSERT_EQ(snapshot.run.progress().workers_live(), 1);
   }
 
   // Waits until the trainer was started `n` times.
@@ -157,6 +170,20 @@ class RunRegistryTest : public ::testing::Test {
     }
     EXPECT_EQ(v1::RunState_Name(snapshot.run.state()), v1::RunState_Name(state))
         << snapshot.run.error_message();
+    return snapshot.run;
+  }
+
+  // Waits until `done(run)` holds; returns the run then (or at the deadline).
+  v1::Run AwaitRun(const std::string& run_id, std::function<bool(const v1::Run&)> done) {
+    std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+    const absl::Time deadline = absl::Now() + kWait;
+    RunDriver::Snapshot snapshot = driver->Get();
+    while (!done(snapshot.run) && absl::Now() < deadline) {
+      driver->AwaitUpdate(snapshot.generation, snapshot.run.state(), absl::InfinitePast(),
+                          deadline);
+      snapshot = driver->Get();
+    }
+    EXPECT_TRUE(done(snapshot.run)) << snapshot.run.DebugString();
     return snapshot.run;
   }
 
@@ -197,6 +224,9 @@ class RunRegistryTest : public ::testing::Test {
   std::string runs_dir_;
   FakeClock clock_;
   std::shared_ptr<FakeTrainer> trainer_ = std::make_shared<FakeTrainer>();
+  std::shared_ptr<WorkerRegistry> workers_ = std::make_shared<WorkerRegistry>(
+      WorkerRegistryOptions{.heartbeat_interval = absl::Milliseconds(5),
+                            .worker_ttl = absl::Milliseconds(200)});
   std::shared_ptr<FakeWorker> worker_ = std::make_shared<FakeWorker>();
   std::shared_ptr<FakeBuffer> buffer_ = std::make_shared<FakeBuffer>();
   std::shared_ptr<FakeHealth> health_ = std::make_shared<FakeHealth>();
@@ -287,7 +317,6 @@ TEST_F(RunRegistryTest, WarmStartTrainingFinishedWritesSummaryAndMetrics) {
   const v1::Run done = AwaitState(run_id, v1::RUN_STATE_SUCCEEDED);
 
   ASSERT_TRUE(worker_->stopped.WaitForNotificationWithTimeout(kWait));
-  EXPECT_EQ(worker_->stop_request().mode(), v1::STOP_MODE_ABORT);
   ASSERT_TRUE((*registry_->Find(run_id))->WaitUntilStopped(kWait));
   EXPECT_FALSE(trainer_->stopped.HasBeenNotified());  // It finished by itself.
   EXPECT_TRUE(done.has_finished_at());
@@ -354,7 +383,6 @@ TEST_F(RunRegistryTest, TrainerFailureFailsTheRunWithItsMessage) {
   const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
   EXPECT_EQ(run.error_message(), "trainer: reward server refused ScoreBatch: UNAVAILABLE");
   ASSERT_TRUE(worker_->stopped.WaitForNotificationWithTimeout(kWait));
-  EXPECT_EQ(worker_->stop_request().mode(), v1::STOP_MODE_ABORT);
   ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
   const nlohmann::json summary =
       nlohmann::json::parse(ReadFile(runs_dir_ + "/" + run_id + "/summary.json"));
@@ -363,20 +391,27 @@ TEST_F(RunRegistryTest, TrainerFailureFailsTheRunWithItsMessage) {
 }
 
 TEST_F(RunRegistryTest, UnreachableServiceFailsTheRunNamingIt) {
-  MakeRegistry();
+  MakeRegistry(true, [](RunRegistryOptions& o) {
+    o.driver.service_unreachable_timeout = absl::Milliseconds(100);
+  });
   health_->Fail("reward:1", -1, absl::UnavailableError("connection refused"));
   const std::string run_id = Submit(SmallSpec());
   const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
-  EXPECT_EQ(run.error_message(), "reward_server (reward:1) is unreachable: connection refused");
+  EXPECT_THAT(run.error_message(),
+              ::testing::StartsWith("reward_server (reward:1) is unreachable: connection refused "
+                                    "(for "));
   EXPECT_TRUE(health_->AwaitCalls("reward:1", 3, absl::ZeroDuration()));
   ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
 }
 
-TEST_F(RunRegistryTest, FewerThanThreeConsecutiveHealthFailuresAreForgiven) {
-  MakeRegistry();
-  health_->Fail("trainer:1", 2, absl::UnavailableError("blip"));
+// A service restarted by its supervisor is away for seconds: the run waits.
+TEST_F(RunRegistryTest, OutagesShorterThanTheTimeoutAreWaitedOut) {
+  MakeRegistry(true, [](RunRegistryOptions& o) {
+    o.driver.service_unreachable_timeout = absl::Seconds(60);
+  });
+  health_->Fail("trainer:1", 50, absl::UnavailableError("connection refused"));
   const std::string run_id = Submit(SmallSpec());
-  ASSERT_TRUE(health_->AwaitCalls("trainer:1", 6, kWait));
+  ASSERT_TRUE(health_->AwaitCalls("trainer:1", 60, kWait));
   EXPECT_EQ(registry_->Get(run_id)->state(), v1::RUN_STATE_PENDING);
 }
 
@@ -400,7 +435,6 @@ TEST_F(RunRegistryTest, CancelStopsTrainerAndWorkersAndWritesTheSummary) {
   ASSERT_TRUE(trainer_->stopped.WaitForNotificationWithTimeout(kWait));
   EXPECT_EQ(trainer_->stop_request().run_id(), run_id);
   ASSERT_TRUE(worker_->stopped.WaitForNotificationWithTimeout(kWait));
-  EXPECT_EQ(worker_->stop_request().mode(), v1::STOP_MODE_ABORT);
   const nlohmann::json summary =
       nlohmann::json::parse(ReadFile(runs_dir_ + "/" + run_id + "/summary.json"));
   EXPECT_EQ(summary["state"], "RUN_STATE_CANCELLED");
@@ -457,20 +491,27 @@ TEST_F(RunRegistryTest, SubmitWithoutServicesNamesTheMissingFlags) {
   ASSERT_FALSE(run.ok());
   EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(run.status().message()), HasSubstr("--trainer-address"));
-  EXPECT_THAT(std::string(run.status().message()), HasSubstr("--rollout-worker-addresses"));
   // Validation still works without services.
   request.set_validate_only(true);
   EXPECT_TRUE(registry_->Submit(request).ok());
 }
 
-TEST_F(RunRegistryTest, MoreWorkersThanConfiguredIsAPreconditionFailure) {
+// Workers come and go: a run asking for more workers than are registered
+// now is accepted and served by those that come (at most num_workers).
+TEST_F(RunRegistryTest, NumWorkersCapsTheWorkersServingTheRun) {
   MakeRegistry();
-  v1::SubmitRunRequest request;
-  *request.mutable_spec() = SmallSpec();
-  request.mutable_spec()->mutable_rollout()->set_num_workers(2);
-  absl::StatusOr<v1::Run> run = registry_->Submit(request);
-  EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(run.status().message()), HasSubstr("rollout.num_workers"));
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_rollout()->set_num_workers(2);
+  const std::string run_id = Submit(spec);
+  AwaitServicesStarted(run_id);
+  FakeWorker second("second");
+  FakeWorker third("third");
+  second.Attach(workers_);
+  third.Attach(workers_);
+  AwaitHeartbeats(second, 3);
+  AwaitHeartbeats(third, 3);
+  EXPECT_EQ(workers_->RunWorkers(run_id).size(), 2u);
+  EXPECT_NE(second.started.HasBeenNotified(), third.started.HasBeenNotified());
 }
 
 TEST_F(RunRegistryTest, RequestIdMakesSubmitIdempotent) {
@@ -588,7 +629,7 @@ TEST_F(RunRegistryTest, TrainerStoppedFromOutsideFailsTheRun) {
   const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
   EXPECT_EQ(run.error_message(),
             "trainer (trainer:1) is no longer training this run: it reports no run in state "
-            "TRAINER_STATE_IDLE (stopped by another client, or restarted)");
+            "TRAINER_STATE_IDLE (stopped by another client)");
 }
 
 TEST_F(RunRegistryTest, TrainerFailureSeenOnlyInItsStatusFailsTheRun) {
@@ -603,14 +644,14 @@ TEST_F(RunRegistryTest, TrainerFailureSeenOnlyInItsStatusFailsTheRun) {
   EXPECT_EQ(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(), "trainer: loss is NaN");
 }
 
-TEST_F(RunRegistryTest, WorkerThatNoLongerServesTheRunFailsIt) {
+TEST_F(RunRegistryTest, WorkerWhoseRunFailedFailsIt) {
   MakeRegistry();
   const std::string run_id = Submit(SmallSpec());
   AwaitServicesStarted(run_id);
-  worker_->ForgetRun();
-  EXPECT_THAT(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(),
-              HasSubstr("rollout worker (worker:1) no longer serves this run: it reports state "
-                        "ROLLOUT_WORKER_STATE_IDLE and no run"));
+  worker_->FailRun("generation batch does not fit the memory budget");
+  EXPECT_EQ(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(),
+            "rollout worker fake-worker (worker:1) failed: generation batch does not fit the "
+            "memory budget");
 }
 
 TEST_F(RunRegistryTest, RunWithoutProgressFailsWithWhatTheServicesReport) {
@@ -698,6 +739,7 @@ TEST_F(RunRegistryTest, UnknownVerifierIsRefusedAtSubmitWithTheServersList) {
 TEST_F(RunRegistryTest, RunThatDoesNotFitAServicesMemoryBudgetIsRefused) {
   MakeRegistry();
   worker_->SetMemoryBudget(64 << 10);
+  AwaitHeartbeats(*worker_, 2);
   buffer_->SetMemoryBudget(1 << 10);
   v1::SubmitRunRequest request;
   *request.mutable_spec() = SmallSpec();
@@ -705,13 +747,15 @@ TEST_F(RunRegistryTest, RunThatDoesNotFitAServicesMemoryBudgetIsRefused) {
   EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
   const std::string message(run.status().message());
   EXPECT_THAT(message, HasSubstr("rollout worker: the run needs about"));
-  EXPECT_THAT(message, HasSubstr("more than the 64.0 KiB budget of the rollout worker at worker:1"));
+  EXPECT_THAT(message, HasSubstr("more than the 64.0 KiB budget of the rollout worker "
+                                 "fake-worker at worker:1"));
   EXPECT_THAT(message, HasSubstr("replay buffer: the run needs about"));
   EXPECT_THAT(message, Not(HasSubstr("trainer:")));
   EXPECT_EQ(trainer_->starts(), 0);
   request.set_validate_only(true);  // Validation asks the services too.
   EXPECT_EQ(registry_->Submit(request).status().code(), absl::StatusCode::kInvalidArgument);
   worker_->SetMemoryBudget(int64_t{1} << 30);
+  AwaitHeartbeats(*worker_, 2);
   buffer_->SetMemoryBudget(int64_t{1} << 30);
   request.set_validate_only(false);
   EXPECT_TRUE(registry_->Submit(request).ok());
@@ -732,6 +776,203 @@ TEST_F(RunRegistryTest, TheServicesAreGivenTheRunsMeasuredPromptAndSequenceLengt
   EXPECT_EQ(trainer_->start_request().max_prompt_tokens(), estimate->max_prompt_tokens);
   EXPECT_EQ(worker_->start_request().max_prompt_tokens(), estimate->max_prompt_tokens);
   EXPECT_EQ(buffer_->configure_request().max_sequence_tokens(), estimate->sequence_tokens);
+}
+
+// Issue 14: what the run survives.
+
+TEST_F(RunRegistryTest, ALostWorkersPromptsAndSlotsGoToTheOthers) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  v1::LeasePromptsRequest lease;
+  lease.set_run_id(run_id);
+  lease.set_worker_id("fake-worker");
+  lease.set_worker_incarnation(1);
+  lease.set_max_prompts(3);
+  const v1::LeasePromptsResponse held = *registry_->LeasePrompts(lease);
+  ASSERT_EQ(held.prompts_size(), 3);
+
+  worker_->Detach();  // kill -9: no more heartbeats.
+  FakeWorker other("other");
+  other.Attach(workers_);
+  const v1::Run run = AwaitRun(run_id, [](const v1::Run& r) {
+    return r.summary().recovery().workers_lost() == 1 && r.progress().workers_live() == 1 &&
+           r.summary().recovery().workers_joined() == 2;
+  });
+  EXPECT_EQ(run.state(), v1::RUN_STATE_TRAINING);  // One worker is enough.
+  EXPECT_EQ(run.summary().recovery().workers_joined(), 2);
+  EXPECT_THAT(buffer_->released(), ::testing::ElementsAre(run_id + "/fake-worker"));
+  // Its prompts go out again at once, before their lease would expire.
+  lease.set_worker_id("other");
+  const v1::LeasePromptsResponse reissued = *registry_->LeasePrompts(lease);
+  ASSERT_EQ(reissued.prompts_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(reissued.prompts(i).prompt_id(), held.prompts(i).prompt_id());
+  }
+  EXPECT_EQ(AwaitRun(run_id, [](const v1::Run& r) {
+              return r.summary().recovery().prompts_reissued() == 3;
+            }).summary().recovery().prompts_reissued(),
+            3);
+}
+
+TEST_F(RunRegistryTest, ARestartedWorkerIsReadmittedAndCounted) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  worker_->Restart(/*incarnation=*/2);
+  const v1::Run run = AwaitRun(run_id, [](const v1::Run& r) {
+    return r.summary().recovery().restarts().count("rollout_worker") > 0 &&
+           r.summary().recovery().workers_joined() == 2;
+  });
+  EXPECT_EQ(run.summary().recovery().restarts().at("rollout_worker"), 1);
+  EXPECT_EQ(run.progress().workers_live(), 1);
+  EXPECT_EQ(run.state(), v1::RUN_STATE_PENDING);
+}
+
+TEST_F(RunRegistryTest, TooFewWorkersForTooLongFailsTheRun) {
+  MakeRegistry(true, [](RunRegistryOptions& o) { o.driver.worker_grace = absl::Milliseconds(300); });
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  worker_->Detach();
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_THAT(run.error_message(),
+              ::testing::AllOf(HasSubstr("no rollout worker serves the run (rollout.min_workers = "
+                                         "1) for"),
+                               HasSubstr("start workers with --controller-address")));
+}
+
+TEST_F(RunRegistryTest, AWorkerGivenUpBySupervisorFailsTheRunOnlyBelowMinWorkers) {
+  MakeRegistry();
+  FakeWorker second("second");
+  second.Attach(workers_);
+  const std::string run_id = Submit(SmallSpec());
+  AwaitRun(run_id, [](const v1::Run& r) { return r.progress().workers_live() == 2; });
+
+  second.Detach();
+  v1::ReportServiceFailureRequest failure;
+  failure.set_service("rollout_worker");
+  failure.set_worker_id("second");
+  failure.set_description("killed by signal 9 (SIGKILL); gave up after 5 restarts in 2m");
+  EXPECT_THAT(registry_->ReportServiceFailure(failure)->failed_run_ids(), ::testing::IsEmpty());
+  EXPECT_EQ(registry_->Get(run_id)->state(), v1::RUN_STATE_PENDING);
+
+  worker_->Detach();
+  failure.set_worker_id("fake-worker");
+  // Once the last worker is lost, the next reconcile fails the run, naming
+  // what the supervisor said.
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_THAT(run.error_message(),
+              HasSubstr("given up by their supervisor: second: killed by signal 9 (SIGKILL); "
+                        "gave up after 5 restarts in 2m"));
+}
+
+TEST_F(RunRegistryTest, ASingletonGivenUpBySupervisorFailsTheRunSayingHowItDied) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  v1::ReportServiceFailureRequest failure;
+  failure.set_service("trainer");
+  failure.set_description("(pid 42) was killed by signal 9 (SIGKILL); gave up after 5 restarts");
+  EXPECT_THAT(registry_->ReportServiceFailure(failure)->failed_run_ids(),
+              ::testing::ElementsAre(run_id));
+  const v1::Run run = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_EQ(run.error_message(),
+            "trainer (pid 42) was killed by signal 9 (SIGKILL); gave up after 5 restarts");
+  const nlohmann::json summary =
+      nlohmann::json::parse(ReadFile(runs_dir_ + "/" + run_id + "/summary.json"));
+  EXPECT_EQ(summary["error_message"], run.error_message());
+  failure.set_service("nope");
+  EXPECT_EQ(registry_->ReportServiceFailure(failure).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(RunRegistryTest, ARestartedTrainerIsAskedToResumeAndItsRedoneStepsCounted) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_TRAINING, [](auto& r) {
+    r.mutable_step()->set_step(1);
+    r.mutable_step()->set_policy_version(1);
+    r.mutable_step()->set_groups(2);
+  });
+  trainer_->Restart(/*incarnation=*/2, /*resume_step=*/0, /*steps_redone=*/1);
+  AwaitTrainerStarts(2);
+  EXPECT_EQ(trainer_->start_request().run_id(), run_id);
+  const v1::Run run = AwaitRun(run_id, [](const v1::Run& r) {
+    return r.summary().recovery().trainer_resumes() == 1;
+  });
+  EXPECT_EQ(run.summary().recovery().restarts().at("trainer"), 1);
+  EXPECT_EQ(run.summary().recovery().trainer_steps_redone(), 1);
+  // Its reports of the redone step are not counted twice.
+  Report(run_id, v1::TRAINER_STATE_TRAINING, [](auto& r) {
+    r.mutable_step()->set_step(1);
+    r.mutable_step()->set_policy_version(1);
+    r.mutable_step()->set_groups(2);
+  });
+  EXPECT_EQ(registry_->Get(run_id)->summary().groups_trained(), 2);
+  EXPECT_EQ(registry_->Get(run_id)->state(), v1::RUN_STATE_TRAINING);
+}
+
+TEST_F(RunRegistryTest, ATrainerThatCannotResumeFailsTheRunSayingWhy) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  trainer_->FailStart(absl::FailedPreconditionError("no checkpoint of the run"));
+  trainer_->Restart(2, -1, 0);
+  EXPECT_THAT(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(),
+              HasSubstr("no checkpoint of the run"));
+}
+
+TEST_F(RunRegistryTest, BufferAndRewardServerRestartsAreCounted) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  ASSERT_TRUE(trainer_->AwaitStatusCalls(trainer_->starts() + 5, kWait));
+  buffer_->SetIncarnation(7);
+  reward_->SetIncarnation(9);
+  const v1::Run run = AwaitRun(run_id, [](const v1::Run& r) {
+    return r.summary().recovery().restarts().count("replay_buffer") > 0 &&
+           r.summary().recovery().restarts().count("reward_server") > 0;
+  });
+  EXPECT_EQ(run.summary().recovery().restarts().at("replay_buffer"), 1);
+  EXPECT_EQ(run.summary().recovery().restarts().at("reward_server"), 1);
+  EXPECT_EQ(run.state(), v1::RUN_STATE_TRAINING);
+}
+
+TEST_F(RunRegistryTest, ABufferThatLostTheRunFailsIt) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  buffer_->FailStats(absl::NotFoundError("no run " + run_id));
+  EXPECT_THAT(AwaitState(run_id, v1::RUN_STATE_FAILED).error_message(),
+              HasSubstr("replay_buffer (buffer:1) no longer knows the run"));
+}
+
+TEST_F(RunRegistryTest, LateGroupsRefusedAreCounted) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  v1::ReportRolloutProgressRequest report;
+  report.set_run_id(run_id);
+  report.set_worker_id("fake-worker");
+  report.set_worker_incarnation(1);
+  report.set_late_groups_refused(2);
+  ASSERT_TRUE(registry_->ReportRolloutProgress(report).ok());
+  ASSERT_TRUE(registry_->ReportRolloutProgress(report).ok());
+  EXPECT_EQ(registry_->Get(run_id)->summary().recovery().late_groups_refused(), 4);
+}
+
+TEST_F(RunRegistryTest, ListWorkersShowsRegisteredWorkers) {
+  MakeRegistry();
+  const v1::ListWorkersResponse workers = registry_->ListWorkers();
+  ASSERT_EQ(workers.workers_size(), 1);
+  EXPECT_EQ(workers.workers(0).worker_id(), "fake-worker");
+  EXPECT_TRUE(workers.workers(0).live());
 }
 
 }  // namespace

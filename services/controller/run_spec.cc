@@ -341,10 +341,19 @@ void ValidateWarmStart(const RunSpec& spec, Problems& problems) {
 void ValidateRollout(const RunSpec& spec, Problems& problems) {
   const v1::RolloutConfig& r = spec.rollout();
   ValidateSampling(r.sampling(), "rollout.sampling", problems);
-  if (r.num_workers() < 1) {
-    problems.Add("rollout.num_workers", "must be >= 1, got ", r.num_workers());
+  if (r.num_workers() < 0) {
+    problems.Add("rollout.num_workers", "must be >= 0 (0 = every registered worker), got ",
+                 r.num_workers());
   }
   AtMost(problems, "rollout.num_workers", r.num_workers(), kMaxWorkers);
+  if (r.min_workers() < 1) {
+    problems.Add("rollout.min_workers", "must be >= 1, got ", r.min_workers());
+  }
+  AtMost(problems, "rollout.min_workers", r.min_workers(), kMaxWorkers);
+  if (r.num_workers() > 0 && r.min_workers() > r.num_workers()) {
+    problems.Add("rollout.min_workers", "must be <= rollout.num_workers (", r.num_workers(),
+                 "), got ", r.min_workers());
+  }
   if (r.max_concurrent_groups_per_worker() < 0) {
     problems.Add("rollout.max_concurrent_groups_per_worker",
                  "must be >= 0 (0 = the worker decides), got ",
@@ -509,7 +518,7 @@ RunSpec ResolveDefaults(RunSpec spec) {
 
   v1::RolloutConfig& rollout = *spec.mutable_rollout();
   ResolveSampling(rollout.mutable_sampling(), 1.0f);
-  if (rollout.num_workers() == 0) rollout.set_num_workers(1);
+  if (rollout.min_workers() == 0) rollout.set_min_workers(1);
 
   v1::RewardConfig& reward = *spec.mutable_reward();
   if (reward.verifiers().empty()) {

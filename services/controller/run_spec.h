@@ -27,7 +27,8 @@ namespace sluice::controller {
 //   grad_clip_norm 1.0; normalize_advantage_by_std true; advantage_eps 1e-6;
 //   tb_beta 1.0; total_steps 1000; minibatches_per_batch 1; warm start (only
 //   with sft_steps > 0): learning_rate 1e-4, batch_size G * B; rollout
-//   sampling temperature 1.0, top_p 1.0; rollout.num_workers 1;
+//   sampling temperature 1.0, top_p 1.0; rollout.num_workers 0 (every registered
+//   worker), rollout.min_workers 1;
 //   reward.verifiers [{math, 1}] for arithmetic, GSM8K and MATH datasets,
 //   [{code, 1}] for HumanEval (JSONL has none: the user names them);
 //   task.prompt_template for a dataset task = run::DefaultPromptTemplate

@@ -120,7 +120,8 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_TRUE(spec.rollout().sampling().has_temperature());
   EXPECT_FLOAT_EQ(spec.rollout().sampling().temperature(), 1.0f);
   EXPECT_FLOAT_EQ(spec.rollout().sampling().top_p(), 1.0f);
-  EXPECT_EQ(spec.rollout().num_workers(), 1);
+  EXPECT_EQ(spec.rollout().num_workers(), 0);  // Every registered worker.
+  EXPECT_EQ(spec.rollout().min_workers(), 1);
   ASSERT_EQ(spec.reward().verifiers_size(), 1);
   EXPECT_EQ(spec.reward().verifiers(0).name(), "math");
   EXPECT_DOUBLE_EQ(spec.reward().verifiers(0).weight(), 1.0);
@@ -546,7 +547,14 @@ TEST(ValidateRunSpecTest, Ranges) {
       {[](v1::RunSpec& s) { s.mutable_algorithm()->set_batch_size_groups(-1); },
        "algorithm.batch_size_groups: must be >= 1, got -1"},
       {[](v1::RunSpec& s) { s.mutable_rollout()->set_num_workers(-2); },
-       "rollout.num_workers: must be >= 1, got -2"},
+       "rollout.num_workers: must be >= 0 (0 = every registered worker), got -2"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->set_min_workers(-1); },
+       "rollout.min_workers: must be >= 1, got -1"},
+      {[](v1::RunSpec& s) {
+         s.mutable_rollout()->set_num_workers(2);
+         s.mutable_rollout()->set_min_workers(3);
+       },
+       "rollout.min_workers: must be <= rollout.num_workers (2), got 3"},
       {[](v1::RunSpec& s) { s.mutable_eval()->set_num_prompts(500); },
        "eval.num_prompts: must be <= task.eval_split_size (200), got 500"},
       {[](v1::RunSpec& s) { s.mutable_reward()->add_verifiers()->set_weight(-1); },

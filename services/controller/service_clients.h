@@ -14,6 +14,8 @@
 
 namespace sluice::controller {
 
+class WorkerRegistry;
+
 // What the controller needs of the other services, as small interfaces: the
 // gRPC implementations live at the service edge (grpc_clients.h), tests use
 // fakes. Every call blocks for at most the implementation's deadline and
@@ -31,22 +33,18 @@ class TrainerClient {
   virtual absl::StatusOr<v1::TrainerStatus> GetStatus() = 0;
 };
 
-class RolloutWorkerClient {
- public:
-  virtual ~RolloutWorkerClient() = default;
-  virtual const std::string& address() const = 0;
-  virtual absl::Status StartRollouts(const v1::StartRolloutsRequest& request) = 0;
-  virtual absl::Status StopRollouts(const v1::StopRolloutsRequest& request) = 0;
-  // The worker's runs, state and memory budget.
-  virtual absl::StatusOr<v1::RolloutWorkerStatus> GetStatus() = 0;
-};
-
 class ReplayBufferClient {
  public:
   virtual ~ReplayBufferClient() = default;
   virtual const std::string& address() const = 0;
   virtual absl::Status ConfigureRun(const v1::ConfigureRunRequest& request) = 0;
-  virtual absl::StatusOr<v1::BufferStats> GetStats(const std::string& run_id) = 0;
+  // The run's statistics (GetStatsResponse.stats) and the buffer's
+  // incarnation (a new one after every restart).
+  virtual absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& run_id) = 0;
+  // Gives back every generation slot the worker holds for the run (a lost
+  // worker's slots, so that others may generate in its place at once).
+  virtual absl::Status ReleaseWorkerSlots(const std::string& run_id,
+                                          const std::string& worker_id) = 0;
   // Every run's statistics and the buffer's memory budget and use
   // (GetStats with an empty run_id).
   virtual absl::StatusOr<v1::GetStatsResponse> GetServerStats() = 0;
@@ -58,6 +56,9 @@ class RewardServerClient {
   virtual const std::string& address() const = 0;
   // The names of the verifiers the server offers.
   virtual absl::StatusOr<std::vector<std::string>> ListVerifiers() = 0;
+  // The server's incarnation (ListVerifiersResponse.incarnation; a new one
+  // after every restart; 0 from a server that does not say).
+  virtual absl::StatusOr<uint64_t> Incarnation() = 0;
 };
 
 class HealthChecker {
@@ -75,7 +76,9 @@ class HealthChecker {
 struct ServiceClients {
   std::shared_ptr<TrainerClient> trainer;
   std::shared_ptr<ReplayBufferClient> replay_buffer;
-  std::vector<std::shared_ptr<RolloutWorkerClient>> rollout_workers;
+  // The rollout workers that registered themselves (WorkerHeartbeat); the
+  // controller never calls them.
+  std::shared_ptr<WorkerRegistry> workers;
   std::string reward_server_address;
   // Asked for its verifiers at submit; null = names are not checked.
   std::shared_ptr<RewardServerClient> reward_server;

@@ -74,4 +74,13 @@ std::string ServerOptions::MetricsBindAddress() const {
   return absl::StrCat(host, ":", metrics_port);
 }
 
+std::string DefaultAdvertiseAddress(const std::string& listen_address, int port) {
+  absl::StatusOr<HostPort> listen = ParseHostPort(listen_address, "listen_address");
+  const std::string host = listen.ok() ? listen->host : "0.0.0.0";
+  if (host == "0.0.0.0" || host == "[::]" || host == "localhost" || host == "127.0.0.1") {
+    return absl::StrCat("127.0.0.1:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
 }  // namespace sluice::runtime

@@ -19,6 +19,11 @@ struct HostPort {
 // The error names `what` (e.g. "listen_address") and the offending value.
 absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what);
 
+// How other services reach a server listening on `listen_address` and bound
+// to `port`: 127.0.0.1:<port> for wildcard and loopback hosts, else
+// <host>:<port>.
+std::string DefaultAdvertiseAddress(const std::string& listen_address, int port);
+
 // What every Sluice service needs to serve: where, how big, how to stop, how
 // to log. Filled from flags and/or a YAML file (see config_file.h) and checked
 // once by Validate() before anything starts.

@@ -1,0 +1,204 @@
+#include "services/controller/worker_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "google/protobuf/util/time_util.h"
+
+namespace sluice::controller {
+namespace {
+
+google::protobuf::Timestamp ToProto(absl::Time time) {
+  return google::protobuf::util::TimeUtil::NanosecondsToTimestamp(absl::ToUnixNanos(time));
+}
+
+}  // namespace
+
+WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options) : options_(std::move(options)) {}
+
+absl::Time WorkerRegistry::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
+
+absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
+    const v1::WorkerHeartbeatRequest& request) {
+  if (request.worker_id().empty()) {
+    return absl::InvalidArgumentError("worker_id: required");
+  }
+  if (request.incarnation() == 0) {
+    return absl::InvalidArgumentError("incarnation: required (distinct for every start, > 0)");
+  }
+  v1::WorkerHeartbeatResponse response;
+  response.set_heartbeat_interval_ms(absl::ToInt64Milliseconds(options_.heartbeat_interval));
+  response.set_worker_ttl_ms(absl::ToInt64Milliseconds(options_.worker_ttl));
+
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = Now();
+  ExpireLocked(now);
+  auto it = workers_.find(request.worker_id());
+  if (it != workers_.end() && request.incarnation() < it->second.incarnation) {
+    response.set_superseded(true);
+    return response;
+  }
+  if (it == workers_.end()) {
+    it = workers_.emplace(request.worker_id(), Worker{}).first;
+    it->second.incarnation = request.incarnation();
+    it->second.registered_at = now;
+    log::Info("rollout worker registered", {{"worker_id", request.worker_id()},
+                                            {"incarnation", std::to_string(request.incarnation())},
+                                            {"address", request.address()}});
+  } else if (request.incarnation() > it->second.incarnation) {
+    UnassignLocked(request.worker_id(), it->second.incarnation, WorkerEvent::Kind::kRestarted,
+                   absl::ZeroDuration());
+    log::Info("rollout worker restarted", {{"worker_id", request.worker_id()},
+                                           {"incarnation", std::to_string(request.incarnation())},
+                                           {"address", request.address()}});
+    it->second.incarnation = request.incarnation();
+    it->second.registered_at = now;
+    ++it->second.restarts;
+  } else if (!it->second.live) {
+    log::Info("rollout worker is back", {{"worker_id", request.worker_id()},
+                                         {"address", request.address()}});
+    it->second.registered_at = now;
+  }
+  given_up_.erase(request.worker_id());
+  Worker& worker = it->second;
+  worker.live = true;
+  worker.last_heartbeat = now;
+  worker.address = request.address();
+  worker.status = request.status();
+
+  for (auto& [run_id, offered] : offers_) {
+    auto assigned = offered.assigned.find(request.worker_id());
+    if (assigned == offered.assigned.end()) {
+      if (offered.max_workers > 0 &&
+          static_cast<int>(offered.assigned.size()) >= offered.max_workers) {
+        continue;
+      }
+      offered.assigned[request.worker_id()] = worker.incarnation;
+      offered.events.push_back({WorkerEvent::Kind::kJoined, request.worker_id(),
+                                worker.incarnation, absl::ZeroDuration()});
+      log::Info("rollout worker assigned", {{"worker_id", request.worker_id()},
+                                            {"run_id", run_id}});
+    }
+    *response.add_assignments() = offered.assignment;
+  }
+  return response;
+}
+
+void WorkerRegistry::Offer(const v1::RolloutAssignment& assignment, int max_workers) {
+  absl::MutexLock lock(&mu_);
+  Offered& offered = offers_[assignment.run_id()];
+  offered.assignment = assignment;
+  offered.max_workers = std::max(0, max_workers);
+}
+
+void WorkerRegistry::Withdraw(const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  offers_.erase(run_id);
+}
+
+std::vector<RunWorker> WorkerRegistry::RunWorkers(const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(Now());
+  std::vector<RunWorker> result;
+  auto offered = offers_.find(run_id);
+  if (offered == offers_.end()) return result;
+  for (const auto& [worker_id, incarnation] : offered->second.assigned) {
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end() || it->second.incarnation != incarnation) continue;
+    result.push_back(ViewLocked(worker_id, it->second));
+  }
+  return result;
+}
+
+std::vector<WorkerEvent> WorkerRegistry::TakeEvents(const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(Now());
+  auto offered = offers_.find(run_id);
+  if (offered == offers_.end()) return {};
+  return std::exchange(offered->second.events, {});
+}
+
+std::vector<RunWorker> WorkerRegistry::LiveWorkers() {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(Now());
+  std::vector<RunWorker> result;
+  for (const auto& [worker_id, worker] : workers_) {
+    if (worker.live) result.push_back(ViewLocked(worker_id, worker));
+  }
+  return result;
+}
+
+void WorkerRegistry::GiveUp(const std::string& worker_id, const std::string& description) {
+  absl::MutexLock lock(&mu_);
+  given_up_[worker_id] = description;
+}
+
+std::map<std::string, std::string> WorkerRegistry::GivenUp() const {
+  absl::MutexLock lock(&mu_);
+  return given_up_;
+}
+
+v1::ListWorkersResponse WorkerRegistry::List() {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(Now());
+  std::vector<std::pair<bool, std::string>> order;
+  for (const auto& [worker_id, worker] : workers_) order.emplace_back(!worker.live, worker_id);
+  std::sort(order.begin(), order.end());
+  v1::ListWorkersResponse response;
+  for (const auto& [not_live, worker_id] : order) {
+    const Worker& worker = workers_.at(worker_id);
+    v1::WorkerInfo* info = response.add_workers();
+    info->set_worker_id(worker_id);
+    info->set_incarnation(worker.incarnation);
+    info->set_address(worker.address);
+    info->set_live(worker.live);
+    *info->mutable_status() = worker.status;
+    *info->mutable_registered_at() = ToProto(worker.registered_at);
+    *info->mutable_last_heartbeat_at() = ToProto(worker.last_heartbeat);
+    info->set_restarts(worker.restarts);
+    for (const auto& [run_id, offered] : offers_) {
+      auto assigned = offered.assigned.find(worker_id);
+      if (assigned != offered.assigned.end() && assigned->second == worker.incarnation) {
+        info->set_run_id(run_id);
+        break;
+      }
+    }
+  }
+  return response;
+}
+
+void WorkerRegistry::ExpireLocked(absl::Time now) {
+  for (auto& [worker_id, worker] : workers_) {
+    if (!worker.live) continue;
+    const absl::Duration silent = now - worker.last_heartbeat;
+    if (silent < options_.worker_ttl) continue;
+    worker.live = false;
+    log::Warning("rollout worker lost: no heartbeat",
+                 {{"worker_id", worker_id},
+                  {"incarnation", std::to_string(worker.incarnation)},
+                  {"silent_ms", absl::ToInt64Milliseconds(silent)}});
+    UnassignLocked(worker_id, worker.incarnation, WorkerEvent::Kind::kLost, silent);
+  }
+}
+
+void WorkerRegistry::UnassignLocked(const std::string& worker_id, uint64_t incarnation,
+                                    WorkerEvent::Kind kind, absl::Duration silent_for) {
+  for (auto& [run_id, offered] : offers_) {
+    auto assigned = offered.assigned.find(worker_id);
+    if (assigned == offered.assigned.end() || assigned->second != incarnation) continue;
+    offered.assigned.erase(assigned);
+    offered.events.push_back({kind, worker_id, incarnation, silent_for});
+  }
+}
+
+RunWorker WorkerRegistry::ViewLocked(const std::string& worker_id, const Worker& worker) const {
+  return RunWorker{.worker_id = worker_id,
+                   .incarnation = worker.incarnation,
+                   .address = worker.address,
+                   .last_heartbeat = worker.last_heartbeat,
+                   .status = worker.status};
+}
+
+}  // namespace sluice::controller

@@ -1,0 +1,143 @@
+#ifndef SLUICE_SERVICES_CONTROLLER_WORKER_REGISTRY_H_
+#define SLUICE_SERVICES_CONTROLLER_WORKER_REGISTRY_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "sluice/v1/controller.pb.h"
+
+namespace sluice::controller {
+
+struct WorkerRegistryOptions {
+  // What WorkerHeartbeatResponse tells workers.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // A worker silent this long is lost.
+  absl::Duration worker_ttl = absl::Seconds(10);
+  // Null = absl::Now. Tests pass a fake.
+  std::function<absl::Time()> clock;
+};
+
+// Something that happened to one of a run's workers, for the run's driver.
+struct WorkerEvent {
+  enum class Kind {
+    kJoined,     // A worker incarnation was given the run (first or later).
+    kRestarted,  // A worker serving the run came back with a new incarnation.
+    kLost,       // A worker serving the run stopped heartbeating (TTL).
+  };
+  Kind kind;
+  std::string worker_id;
+  uint64_t incarnation = 0;  // The incarnation the event is about.
+  // kLost: how long it had been silent.
+  absl::Duration silent_for;
+};
+
+// A worker as a run sees it.
+struct RunWorker {
+  std::string worker_id;
+  uint64_t incarnation = 0;
+  std::string address;
+  absl::Time last_heartbeat;
+  v1::RolloutWorkerStatus status;  // As of its last heartbeat.
+};
+
+// The rollout workers the controller knows, and which run each serves.
+//
+// Pull, not push: workers register themselves with their first heartbeat
+// (worker_id + incarnation) and learn their runs from the answers; the
+// controller never calls a worker and keeps no list of addresses. A run's
+// driver Offers the run (up to rollout.num_workers workers, 0 = all); each
+// live worker that heartbeats while the run has room is assigned to it.
+//
+// Membership:
+// - A higher incarnation of a known worker_id replaces the old one (a
+//   restart): the old incarnation's assignments end (kRestarted for their
+//   runs) and the new one is assigned afresh on the same heartbeat.
+// - A lower incarnation than the known one is superseded: a leftover
+//   process, assigned nothing.
+// - A worker silent for worker_ttl is lost: its assignments end (kLost) and
+//   it makes room for others. If it heartbeats again (a partition healed), it
+//   is re-admitted like a new worker.
+// Expiry is checked on every call (no thread of its own), so the driver's
+// periodic RunWorkers() call bounds how late a loss is noticed.
+//
+// Every run has an event queue (TakeEvents) so its driver can count
+// recovery and give back a lost worker's leases. Thread-safe.
+class WorkerRegistry {
+ public:
+  explicit WorkerRegistry(WorkerRegistryOptions options = {});
+
+  // Registers or refreshes the worker and answers with its assignments.
+  // INVALID_ARGUMENT without worker_id or incarnation.
+  absl::StatusOr<v1::WorkerHeartbeatResponse> Heartbeat(const v1::WorkerHeartbeatRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Makes the run available to workers: at most `max_workers` (0 = no
+  // limit) live workers serve it at once. Replaces an earlier offer of the
+  // same run (its assignments stay).
+  void Offer(const v1::RolloutAssignment& assignment, int max_workers) ABSL_LOCKS_EXCLUDED(mu_);
+  // The run is over for workers: their next heartbeat no longer lists it.
+  // Its events are dropped.
+  void Withdraw(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The live workers assigned to the run (expires lost workers first).
+  std::vector<RunWorker> RunWorkers(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Events of the run since the last call, oldest first.
+  std::vector<WorkerEvent> TakeEvents(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
+  // The last status of every live worker (any run or none).
+  std::vector<RunWorker> LiveWorkers() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // A supervisor gave up on the worker; kept for messages until the
+  // worker_id heartbeats again.
+  void GiveUp(const std::string& worker_id, const std::string& description)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // worker_id -> why its supervisor gave up on it.
+  std::map<std::string, std::string> GivenUp() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every worker seen: live first, then by id.
+  v1::ListWorkersResponse List() ABSL_LOCKS_EXCLUDED(mu_);
+
+  const WorkerRegistryOptions& options() const { return options_; }
+
+ private:
+  struct Worker {
+    uint64_t incarnation = 0;
+    std::string address;
+    bool live = false;
+    absl::Time registered_at;
+    absl::Time last_heartbeat;
+    v1::RolloutWorkerStatus status;
+    int64_t restarts = 0;
+  };
+  struct Offered {
+    v1::RolloutAssignment assignment;
+    int max_workers = 0;
+    // worker_id -> the incarnation assigned.
+    std::map<std::string, uint64_t> assigned;
+    std::vector<WorkerEvent> events;
+  };
+
+  absl::Time Now() const;
+  void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the worker's assignments with an event of `kind`.
+  void UnassignLocked(const std::string& worker_id, uint64_t incarnation, WorkerEvent::Kind kind,
+                      absl::Duration silent_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  RunWorker ViewLocked(const std::string& worker_id, const Worker& worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const WorkerRegistryOptions options_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, Offered> offers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> given_up_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace sluice::controller
+
+#endif  // SLUICE_SERVICES_CONTROLLER_WORKER_REGISTRY_H_

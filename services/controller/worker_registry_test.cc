@@ -1,0 +1,154 @@
+#include "services/controller/worker_registry.h"
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace sluice::controller {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::Field;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+class WorkerRegistryTest : public ::testing::Test {
+ protected:
+  WorkerRegistryTest()
+      : registry_({.heartbeat_interval = absl::Seconds(1),
+                   .worker_ttl = absl::Seconds(10),
+                   .clock = [this] { return now_; }}) {}
+
+  v1::WorkerHeartbeatResponse Beat(const std::string& id, uint64_t incarnation) {
+    v1::WorkerHeartbeatRequest request;
+    request.set_worker_id(id);
+    request.set_incarnation(incarnation);
+    request.set_address("127.0.0.1:" + std::to_string(incarnation));
+    absl::StatusOr<v1::WorkerHeartbeatResponse> response = registry_.Heartbeat(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : v1::WorkerHeartbeatResponse{};
+  }
+
+  static v1::RolloutAssignment Assignment(const std::string& run_id) {
+    v1::RolloutAssignment assignment;
+    assignment.set_run_id(run_id);
+    assignment.mutable_endpoints()->set_controller_address("controller:1");
+    return assignment;
+  }
+
+  static std::vector<WorkerEvent::Kind> Kinds(const std::vector<WorkerEvent>& events) {
+    std::vector<WorkerEvent::Kind> kinds;
+    for (const WorkerEvent& event : events) kinds.push_back(event.kind);
+    return kinds;
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1'000'000);
+  WorkerRegistry registry_;
+};
+
+TEST_F(WorkerRegistryTest, RefusesHeartbeatsWithoutIdentity) {
+  v1::WorkerHeartbeatRequest request;
+  request.set_incarnation(1);
+  EXPECT_EQ(registry_.Heartbeat(request).status().code(), absl::StatusCode::kInvalidArgument);
+  request.set_worker_id("w");
+  request.set_incarnation(0);
+  EXPECT_EQ(registry_.Heartbeat(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(WorkerRegistryTest, WorkersLearnTheOfferedRunFromHeartbeats) {
+  v1::WorkerHeartbeatResponse idle = Beat("w0", 5);
+  EXPECT_THAT(idle.assignments(), IsEmpty());
+  EXPECT_EQ(idle.heartbeat_interval_ms(), 1000);
+  EXPECT_EQ(idle.worker_ttl_ms(), 10000);
+
+  registry_.Offer(Assignment("run-a"), /*max_workers=*/0);
+  v1::WorkerHeartbeatResponse busy = Beat("w0", 5);
+  ASSERT_THAT(busy.assignments(), SizeIs(1));
+  EXPECT_EQ(busy.assignments(0).run_id(), "run-a");
+  EXPECT_EQ(busy.assignments(0).endpoints().controller_address(), "controller:1");
+  // A worker that joins later gets it too.
+  EXPECT_THAT(Beat("w1", 7).assignments(), SizeIs(1));
+  EXPECT_THAT(registry_.RunWorkers("run-a"),
+              ElementsAre(Field(&RunWorker::worker_id, "w0"), Field(&RunWorker::worker_id, "w1")));
+  EXPECT_THAT(Kinds(registry_.TakeEvents("run-a")),
+              ElementsAre(WorkerEvent::Kind::kJoined, WorkerEvent::Kind::kJoined));
+  EXPECT_THAT(registry_.TakeEvents("run-a"), IsEmpty());
+
+  registry_.Withdraw("run-a");
+  EXPECT_THAT(Beat("w0", 5).assignments(), IsEmpty());
+  EXPECT_THAT(registry_.RunWorkers("run-a"), IsEmpty());
+}
+
+TEST_F(WorkerRegistryTest, MaxWorkersLimitsAssignmentsAndALostWorkerMakesRoom) {
+  registry_.Offer(Assignment("run-a"), /*max_workers=*/1);
+  EXPECT_THAT(Beat("w0", 1).assignments(), SizeIs(1));
+  EXPECT_THAT(Beat("w1", 1).assignments(), IsEmpty());
+  registry_.TakeEvents("run-a");
+
+  // w0 goes silent; w1 keeps beating and takes its place once w0 is lost.
+  now_ += absl::Seconds(6);
+  EXPECT_THAT(Beat("w1", 1).assignments(), IsEmpty());
+  now_ += absl::Seconds(5);
+  EXPECT_THAT(Beat("w1", 1).assignments(), SizeIs(1));
+  const std::vector<WorkerEvent> events = registry_.TakeEvents("run-a");
+  ASSERT_THAT(events, SizeIs(2));
+  EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kLost);
+  EXPECT_EQ(events[0].worker_id, "w0");
+  EXPECT_EQ(events[0].silent_for, absl::Seconds(11));
+  EXPECT_EQ(events[1].kind, WorkerEvent::Kind::kJoined);
+  EXPECT_EQ(events[1].worker_id, "w1");
+
+  // w0 comes back (partition healed): re-admitted, but the run is full.
+  EXPECT_THAT(Beat("w0", 1).assignments(), IsEmpty());
+  EXPECT_THAT(registry_.LiveWorkers(), SizeIs(2));
+}
+
+TEST_F(WorkerRegistryTest, ANewIncarnationReplacesTheOldAndIsReassigned) {
+  registry_.Offer(Assignment("run-a"), 0);
+  Beat("w0", 100);
+  registry_.TakeEvents("run-a");
+  // Restarted (kill -9 and back within the TTL): new incarnation.
+  EXPECT_THAT(Beat("w0", 200).assignments(), SizeIs(1));
+  const std::vector<WorkerEvent> events = registry_.TakeEvents("run-a");
+  ASSERT_THAT(events, SizeIs(2));
+  EXPECT_EQ(events[0].kind, WorkerEvent::Kind::kRestarted);
+  EXPECT_EQ(events[0].incarnation, 100u);
+  EXPECT_EQ(events[1].kind, WorkerEvent::Kind::kJoined);
+  EXPECT_EQ(events[1].incarnation, 200u);
+  ASSERT_THAT(registry_.RunWorkers("run-a"), SizeIs(1));
+  EXPECT_EQ(registry_.RunWorkers("run-a")[0].incarnation, 200u);
+
+  // The old process, still alive somewhere, is told it is superseded.
+  v1::WorkerHeartbeatResponse old = Beat("w0", 100);
+  EXPECT_TRUE(old.superseded());
+  EXPECT_THAT(old.assignments(), IsEmpty());
+  EXPECT_EQ(registry_.RunWorkers("run-a")[0].incarnation, 200u);
+
+  const v1::ListWorkersResponse list = registry_.List();
+  ASSERT_THAT(list.workers(), SizeIs(1));
+  EXPECT_EQ(list.workers(0).restarts(), 1);
+  EXPECT_EQ(list.workers(0).run_id(), "run-a");
+  EXPECT_TRUE(list.workers(0).live());
+}
+
+TEST_F(WorkerRegistryTest, ListShowsLiveWorkersFirst) {
+  Beat("b", 1);
+  now_ += absl::Seconds(20);
+  Beat("c", 1);
+  Beat("a", 1);
+  const v1::ListWorkersResponse list = registry_.List();
+  ASSERT_THAT(list.workers(), SizeIs(3));
+  EXPECT_EQ(list.workers(0).worker_id(), "a");
+  EXPECT_EQ(list.workers(1).worker_id(), "c");
+  EXPECT_EQ(list.workers(2).worker_id(), "b");
+  EXPECT_FALSE(list.workers(2).live());
+}
+
+TEST_F(WorkerRegistryTest, GivenUpWorkersAreRememberedUntilTheyReturn) {
+  registry_.GiveUp("w3", "killed by signal 9; gave up after 5 restarts");
+  EXPECT_EQ(registry_.GivenUp().at("w3"), "killed by signal 9; gave up after 5 restarts");
+  Beat("w3", 9);
+  EXPECT_THAT(registry_.GivenUp(), IsEmpty());
+}
+
+}  // namespace
+}  // namespace sluice::controller

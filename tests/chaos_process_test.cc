@@ -1,0 +1,263 @@
+// Chaos: `sluice up --rollout-workers 2` runs a few hundred RL steps while
+// the test kill -9s one rollout worker, then the reward server, the trainer,
+// the replay buffer and the controller, each once the run has made progress
+// again after the previous kill. `sluice up` restarts each; the run must
+// still reach SUCCEEDED with every step trained once, nothing staler than
+// eta trained, its evaluation improved, and RunSummary.recovery counting
+// every restart. The seconds from each kill to the run's next step are
+// printed (and written to chaos_recovery.json in the test's directory).
+#include <signal.h>
+#include <sys/types.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/subprocess.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "sluice/v1/controller.grpc.pb.h"
+#include "tests/test_support.h"
+
+namespace sluice {
+namespace {
+
+constexpr int64_t kSteps = 200;
+constexpr int kEta = 2;
+constexpr int kBatchGroups = 4;
+
+v1::RunSpec ChaosSpec(const std::string& checkpoint_dir) {
+  v1::RunSpec spec;
+  spec.set_name("chaos");
+  spec.set_seed(3);
+  spec.mutable_model()->set_builtin("micro");
+  auto* arithmetic = spec.mutable_task()->mutable_arithmetic();
+  arithmetic->set_max_operand(9);
+  arithmetic->set_num_operands(2);
+  arithmetic->add_operators("+");
+  arithmetic->set_num_prompts(400);
+  spec.mutable_task()->set_eval_split_size(50);
+  spec.mutable_warm_start()->set_sft_steps(60);
+  spec.mutable_warm_start()->set_learning_rate(3e-3);
+  spec.mutable_warm_start()->set_batch_size(32);
+  spec.mutable_warm_start()->set_target_accuracy(0.2);
+  auto* alg = spec.mutable_algorithm();
+  alg->set_objective(v1::OBJECTIVE_DECOUPLED_PPO);
+  alg->set_group_size(4);
+  alg->set_batch_size_groups(kBatchGroups);
+  alg->set_max_staleness(kEta);
+  alg->set_learning_rate(1e-3);
+  alg->set_total_steps(kSteps);
+  spec.mutable_rollout()->mutable_sampling()->set_temperature(1.0);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(4);
+  spec.mutable_eval()->set_every_n_steps(100);
+  spec.mutable_checkpoint()->set_dir(checkpoint_dir);
+  spec.mutable_checkpoint()->set_every_n_steps(10);
+  spec.mutable_checkpoint()->set_keep_last(2);
+  return spec;
+}
+
+bool Ended(const v1::Run& run) {
+  return run.state() == v1::RUN_STATE_SUCCEEDED || run.state() == v1::RUN_STATE_FAILED ||
+         run.state() == v1::RUN_STATE_CANCELLED;
+}
+
+struct Service {
+  std::string grpc;
+  pid_t pid = 0;
+  int64_t restarts = 0;
+};
+
+class ChaosProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("chaos");
+    SubprocessOptions up;
+    up.argv = {testing::BinDir() + "/sluice",
+               "up",
+               "--state-dir=" + dir_ + "/stack",
+               "--runs-dir=" + dir_ + "/runs",
+               "--rollout-workers=2",
+               absl::StrCat("--ready-fd=", Subprocess::kReadyFd)};
+    up.log_path = dir_ + "/up.log";
+    up.ready_pipe = true;
+    absl::StatusOr<std::unique_ptr<Subprocess>> started = Subprocess::Start(up);
+    ASSERT_TRUE(started.ok()) << started.status();
+    up_ = std::move(*started);
+    absl::StatusOr<std::string> ready = up_->WaitReady(absl::Now() + absl::Minutes(2));
+    ASSERT_TRUE(ready.ok()) << ready.status() << "\n" << testing::ReadFile(dir_ + "/up.log");
+    endpoints_path_ = *ready;
+    const std::map<std::string, Service> services = Endpoints();
+    ASSERT_TRUE(services.count("controller")) << testing::ReadFile(endpoints_path_);
+    controller_ = v1::ControllerService::NewStub(
+        grpc::CreateChannel(services.at("controller").grpc, grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    if (up_ == nullptr) return;
+    up_->Signal(SIGTERM).IgnoreError();
+    const absl::StatusOr<ExitStatus> exit = up_->Wait(absl::Now() + absl::Seconds(60));
+    EXPECT_TRUE(exit.ok()) << "sluice up did not stop within 60s";
+  }
+
+  // endpoints.json as sluice up keeps it: the live processes.
+  std::map<std::string, Service> Endpoints() {
+    std::map<std::string, Service> services;
+    const nlohmann::json document =
+        nlohmann::json::parse(testing::ReadFile(endpoints_path_), nullptr, false);
+    if (!document.is_object() || !document.contains("services")) return services;
+    for (const auto& [name, entry] : document["services"].items()) {
+      services[name] = {entry.value("grpc", ""), static_cast<pid_t>(entry.value("pid", 0)),
+                        entry.value("restarts", int64_t{0})};
+    }
+    return services;
+  }
+
+  // Follows the run (reopening WatchRun while the controller is away) until
+  // `done` holds for a snapshot or `timeout` passes; returns that snapshot.
+  v1::Run AwaitRun(const std::string& run_id, const std::function<bool(const v1::Run&)>& done,
+                   absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    v1::Run last;
+    while (absl::Now() < deadline) {
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      v1::WatchRunRequest request;
+      request.set_run_id(run_id);
+      request.set_min_interval_ms(100);
+      auto reader = controller_->WatchRun(&context, request);
+      v1::RunUpdate update;
+      while (reader->Read(&update)) {
+        last = update.run();
+        if (done(last)) {
+          context.TryCancel();
+          reader->Finish().IgnoreError();
+          return last;
+        }
+      }
+      reader->Finish().IgnoreError();
+      absl::SleepFor(absl::Milliseconds(200));  // The controller is restarting.
+    }
+    return last;
+  }
+
+  // kill -9 of `name`, then waits until sluice up has restarted it and the
+  // run has taken a step; returns the seconds from the kill to that step.
+  double KillAndAwaitNextStep(const std::string& run_id, const std::string& name) {
+    const std::map<std::string, Service> before = Endpoints();
+    EXPECT_TRUE(before.count(name)) << name;
+    if (!before.count(name)) return -1;
+    const pid_t pid = before.at(name).pid;
+    const v1::Run now = AwaitRun(run_id, [](const v1::Run&) { return true; }, absl::Seconds(60));
+    const int64_t step = now.progress().step();
+    const absl::Time killed_at = absl::Now();
+    EXPECT_EQ(kill(pid, SIGKILL), 0) << name;
+    EXPECT_TRUE(testing::WaitForPidExit(pid, absl::Now() + absl::Seconds(30))) << name;
+    const v1::Run next = AwaitRun(
+        run_id,
+        [&](const v1::Run& r) {
+          return r.progress().step() > step || Ended(r);
+        },
+        absl::Minutes(2));
+    EXPECT_NE(next.state(), v1::RUN_STATE_FAILED) << name << ": " << next.error_message();
+    EXPECT_GT(next.progress().step(), step) << name << " killed at step " << step;
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - killed_at);
+    const std::map<std::string, Service> after = Endpoints();
+    EXPECT_TRUE(after.count(name) && after.at(name).pid != pid) << name << " was not restarted";
+    std::printf("chaos: %s (pid %d) killed at step %ld; next step after %.1fs\n", name.c_str(),
+                pid, static_cast<long>(step), seconds);
+    return seconds;
+  }
+
+  std::string dir_;
+  std::string endpoints_path_;
+  std::unique_ptr<Subprocess> up_;
+  std::unique_ptr<v1::ControllerService::Stub> controller_;
+};
+
+TEST_F(ChaosProcessTest, EveryServiceKilledOnceAndTheRunStillSucceeds) {
+  std::string run_id;
+  {
+    grpc::ClientContext context;
+    v1::SubmitRunRequest request;
+    *request.mutable_spec() = ChaosSpec(dir_ + "/checkpoints");
+    v1::SubmitRunResponse response;
+    const grpc::Status status = controller_->SubmitRun(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    run_id = response.run().run_id();
+  }
+  // Into RL, with a checkpoint written.
+  v1::Run run = AwaitRun(
+      run_id, [](const v1::Run& r) { return r.progress().step() >= 12 || Ended(r); },
+      absl::Minutes(3));
+  ASSERT_EQ(run.state(), v1::RUN_STATE_TRAINING) << run.error_message();
+  ASSERT_EQ(run.progress().workers_live(), 2);
+
+  std::map<std::string, double> recovery_seconds;
+  for (const std::string& name :
+       {"rollout_worker-0", "reward_server", "trainer", "replay_buffer", "controller"}) {
+    recovery_seconds[name] = KillAndAwaitNextStep(run_id, name);
+    if (HasFailure()) break;
+    // Progress resumed: a few more steps before the next kill.
+    const int64_t step = AwaitRun(run_id, [](const v1::Run&) { return true; }, absl::Minutes(1))
+                             .progress()
+                             .step();
+    AwaitRun(
+        run_id, [&](const v1::Run& r) { return r.progress().step() >= step + 3 || Ended(r); },
+        absl::Minutes(2));
+  }
+  {
+    nlohmann::json figures(recovery_seconds);
+    std::ofstream(dir_ + "/chaos_recovery.json") << figures.dump(2) << "\n";
+  }
+
+  run = AwaitRun(
+      run_id,
+      Ended,
+      absl::Minutes(6));
+  ASSERT_EQ(v1::RunState_Name(run.state()), "RUN_STATE_SUCCEEDED") << run.error_message();
+
+  const std::string run_dir = dir_ + "/runs/" + run_id;
+  const auto summary = nlohmann::json::parse(testing::ReadFile(run_dir + "/summary.json"));
+  EXPECT_EQ(summary["steps"].get<int64_t>(), kSteps);
+  EXPECT_LE(summary["max_staleness"].get<int64_t>(), kEta);
+  EXPECT_EQ(summary["groups_trained"].get<int64_t>(), kSteps * kBatchGroups);
+  EXPECT_GT(summary["eval_after"].get<double>(), summary["eval_before"].get<double>());
+  const auto& recovery = summary["recovery"];
+  for (const std::string service :
+       {"rollout_worker", "reward_server", "trainer", "replay_buffer", "controller"}) {
+    EXPECT_GE(recovery["restarts"].value(service, int64_t{0}), 1) << service << "\n" << summary;
+  }
+  EXPECT_GE(recovery.value("trainer_resumes", int64_t{0}), 1) << summary;
+  EXPECT_GE(recovery.value("controller_readoptions", int64_t{0}), 1) << summary;
+
+  // Every step once, in order, none staler than eta: steps redone after the
+  // trainer's resume were not counted twice.
+  std::ifstream lines(run_dir + "/metrics.jsonl");
+  std::string line;
+  int64_t expected = 1;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    const auto m = nlohmann::json::parse(line);
+    EXPECT_EQ(m["step"].get<int64_t>(), expected);
+    EXPECT_LE(m["staleness_max"].get<int64_t>(), kEta);
+    ++expected;
+  }
+  EXPECT_EQ(expected, kSteps + 1);
+
+  // sluice up's record of the restarts agrees.
+  for (const auto& [name, service] : Endpoints()) {
+    if (name == "rollout_worker-1") continue;
+    EXPECT_GE(service.restarts, 1) << name;
+  }
+}
+
+}  // namespace
+}  // namespace sluice

@@ -3,9 +3,9 @@
 
 #include <sys/types.h>
 
+#include <iostream>
 #include <memory>
 #include <optional>
-#include <iostream>
 #include <string>
 #include <vector>
 

@@ -107,7 +107,7 @@ class CancelProcessTest : public ::testing::Test {
       return grpc::CreateChannel(endpoints_[name].grpc, grpc::InsecureChannelCredentials());
     };
     controller_ = v1::ControllerService::NewStub(channel("controller"));
-    worker_ = v1::RolloutWorkerService::NewStub(channel("rollout_worker"));
+    worker_ = v1::RolloutWorkerService::NewStub(channel("rollout_worker-0"));
     trainer_ = v1::TrainerService::NewStub(channel("trainer"));
   }
 
@@ -172,7 +172,7 @@ TEST_F(CancelProcessTest, CancellingALargeRunStopsItsWorkEverywhereWithinSeconds
       },
       absl::Minutes(3)))
       << "never generating: " << GetRun(run_id).ShortDebugString();
-  const pid_t worker_pid = endpoints_["rollout_worker"].pid;
+  const pid_t worker_pid = endpoints_["rollout_worker-0"].pid;
   const std::optional<int64_t> rss_generating = RssBytes(worker_pid);
   ASSERT_TRUE(rss_generating.has_value());
 

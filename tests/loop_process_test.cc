@@ -176,9 +176,9 @@ TEST_P(LoopInvariantsTest, GroupsFlowVersionsAdvanceAndNothingStalerThanEtaIsTra
   EXPECT_GT(MetricSum(Metrics("reward_server"),
                       "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"ScoreBatch\""),
             12);
-  EXPECT_GE(MetricSum(Metrics("rollout_worker"), "sluice_rollout_weight_syncs_total"), 2);
+  EXPECT_GE(MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_syncs_total"), 2);
   EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_policy_version"), 12);
-  EXPECT_GT(MetricSum(Metrics("rollout_worker"), "sluice_rollout_tokens_generated_total"), 0);
+  EXPECT_GT(MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_tokens_generated_total"), 0);
 
   // The buffer's own account: every trained group was sampled from it, none
   // staler than eta.
@@ -340,7 +340,7 @@ TEST_F(LoopProcessTest, PoisonedGroupsInsertedIntoALiveRunAreRefusedAndTheRunSuc
   EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_updates_skipped_total"), 0);
   EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_groups_invalid_total"), 0);
   EXPECT_EQ(
-      MetricSum(Metrics("rollout_worker"), "sluice_rollout_weight_versions_refused_total"), 0);
+      MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_versions_refused_total"), 0);
 }
 
 TEST_F(LoopProcessTest, AnInvalidSpecIsRefusedNamingTheField) {

@@ -16,26 +16,36 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "services/runtime/grpc_status.h"
 #include "services/runtime/health_client.h"
+#include "sluice/v1/controller.grpc.pb.h"
 
 namespace sluice::cli {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string BinaryFor(const std::string& name) {
-  std::string binary = "sluice-" + name;
-  for (char& c : binary) {
-    if (c == '_') c = '-';
-  }
-  return binary;
+bool UsesTorch(const std::string& kind) { return kind == "trainer" || kind == "rollout_worker"; }
+
+std::string Absolute(const fs::path& path) {
+  std::error_code error;
+  const fs::path absolute = fs::absolute(path, error);
+  return (error ? path : absolute).lexically_normal().string();
 }
 
-bool UsesTorch(const std::string& name) { return name == "trainer" || name == "rollout_worker"; }
+// The port of "host:port"; "0" when there is none.
+std::string PortOf(const std::string& address) {
+  const size_t colon = address.rfind(':');
+  return colon == std::string::npos ? "0" : address.substr(colon + 1);
+}
+
+constexpr int kLogTailLines = 15;
 
 }  // namespace
 
@@ -53,13 +63,17 @@ std::string TailOfFile(const std::string& path, int max_lines) {
 absl::Status LocalStackOptions::Validate() const {
   if (bin_dir.empty()) return absl::InvalidArgumentError("bin_dir must be set");
   if (state_dir.empty()) return absl::InvalidArgumentError("state_dir must be set");
-  for (const std::string& name : LocalStack::ServiceNames()) {
-    const fs::path binary = fs::path(bin_dir) / BinaryFor(name);
+  for (const std::string& kind : LocalStack::ServiceKinds()) {
+    const fs::path binary = fs::path(bin_dir) / BinaryFor(kind);
     if (access(binary.c_str(), X_OK) != 0) {
       return absl::NotFoundError(absl::StrCat("service binary ", binary.string(),
                                               " is missing or not executable; build it first "
                                               "(cmake --build build) or pass --bin-dir"));
     }
+  }
+  if (rollout_workers < 0 || rollout_workers > 256) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rollout_workers must be in [0, 256], got ", rollout_workers));
   }
   const MemoryShares& shares = memory_shares;
   if (!(shares.trainer >= 0 && shares.rollout_workers >= 0 && shares.replay_buffer >= 0) ||
@@ -73,158 +87,378 @@ absl::Status LocalStackOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("torch_threads must be >= 0; got ", torch_threads));
   }
+  RETURN_IF_ERROR(restart.Validate());
   return log::ParseFormat(log_format).status();
 }
 
-const std::vector<std::string>& LocalStack::ServiceNames() {
-  static const auto* names = new std::vector<std::string>{
-      "reward_server", "replay_buffer", "trainer", "rollout_worker", "controller"};
-  return *names;
+const std::vector<std::string>& LocalStack::ServiceKinds() {
+  static const auto* kinds = new std::vector<std::string>{
+      "reward_server", "replay_buffer", "trainer", "controller", "rollout_worker"};
+  return *kinds;
 }
 
 LocalStack::LocalStack(LocalStackOptions options) : options_(std::move(options)) {}
 
 LocalStack::~LocalStack() { Stop().IgnoreError(); }
 
+std::vector<std::string> LocalStack::ServiceNames() const {
+  std::vector<std::string> names;
+  for (const std::string& kind : ServiceKinds()) {
+    if (kind != "rollout_worker") {
+      names.push_back(kind);
+      continue;
+    }
+    for (int i = 0; i < options_.rollout_workers; ++i) names.push_back(absl::StrCat(kind, "-", i));
+  }
+  return names;
+}
+
+const ServiceEndpoint* LocalStack::endpoint(const std::string& name) const {
+  for (const ServiceEndpoint& endpoint : endpoints_) {
+    if (endpoint.name == name) return &endpoint;
+  }
+  return nullptr;
+}
+
 std::string LocalStack::endpoints_path() const {
   return (fs::path(options_.state_dir) / "endpoints.json").string();
 }
 
 std::string LocalStack::runs_dir() const {
-  const fs::path dir = options_.runs_dir.empty() ? fs::path(options_.state_dir) / ".." / "runs"
-                                                 : fs::path(options_.runs_dir);
-  std::error_code error;
-  const fs::path absolute = fs::absolute(dir, error);
-  return (error ? dir : absolute).lexically_normal().string();
+  return Absolute(options_.runs_dir.empty() ? fs::path(options_.state_dir) / ".." / "runs"
+                                            : fs::path(options_.runs_dir));
+}
+
+std::string LocalStack::buffer_data_dir() const {
+  if (!options_.buffer_data_dir.has_value()) {
+    return Absolute(fs::path(options_.state_dir) / "replay_buffer");
+  }
+  if (options_.buffer_data_dir->empty() || *options_.buffer_data_dir == "none") return "";
+  return Absolute(*options_.buffer_data_dir);
+}
+
+void LocalStack::Say(const std::string& line) const {
+  if (options_.console == nullptr) return;
+  *options_.console << options_.console_prefix << ": " << line << std::endl;
 }
 
 std::vector<std::string> LocalStack::ControllerFlags() const {
   std::vector<std::string> flags = {absl::StrCat("--runs-dir=", runs_dir())};
-  std::vector<std::string> workers;
-  for (const ServiceEndpoint& endpoint : endpoints_) {
-    if (endpoint.name == "trainer") {
+  for (const Child& child : children_) {
+    const ServiceEndpoint& endpoint = child.endpoint;
+    if (endpoint.kind == "trainer") {
       flags.push_back(absl::StrCat("--trainer-address=", endpoint.grpc));
-    } else if (endpoint.name == "replay_buffer") {
+    } else if (endpoint.kind == "replay_buffer") {
       flags.push_back(absl::StrCat("--replay-buffer-address=", endpoint.grpc));
-    } else if (endpoint.name == "reward_server") {
+    } else if (endpoint.kind == "reward_server") {
       flags.push_back(absl::StrCat("--reward-server-address=", endpoint.grpc));
-    } else if (endpoint.name == "rollout_worker") {
-      workers.push_back(endpoint.grpc);
     }
-  }
-  if (!workers.empty()) {
-    flags.push_back(absl::StrCat("--rollout-worker-addresses=", absl::StrJoin(workers, ",")));
   }
   return flags;
 }
 
-std::string LocalStack::MemoryBudgetFlag(const std::string& name) const {
+std::string LocalStack::MemoryBudgetFlag(const std::string& kind) const {
   const MemoryShares& shares = options_.memory_shares;
   double share = 0;
-  if (name == "trainer") {
+  if (kind == "trainer") {
     share = shares.trainer;
-  } else if (name == "replay_buffer") {
+  } else if (kind == "replay_buffer") {
     share = shares.replay_buffer;
-  } else if (name == "rollout_worker") {
-    const auto& names = ServiceNames();
-    share = shares.rollout_workers /
-            static_cast<double>(std::count(names.begin(), names.end(), "rollout_worker"));
+  } else if (kind == "rollout_worker" && options_.rollout_workers > 0) {
+    share = shares.rollout_workers / options_.rollout_workers;
   }
   if (share <= 0) return "";
   return absl::StrFormat("--memory-budget=%g%%", share);
 }
 
+std::vector<std::string> LocalStack::FlagsFor(const Child& child) const {
+  const std::string& kind = child.endpoint.kind;
+  std::vector<std::string> flags;
+  if (UsesTorch(kind)) flags.push_back(absl::StrCat("--torch-threads=", options_.torch_threads));
+  if (std::string flag = MemoryBudgetFlag(kind); !flag.empty()) flags.push_back(flag);
+  if (kind == "controller") {
+    for (std::string& flag : ControllerFlags()) flags.push_back(std::move(flag));
+  } else if (kind == "replay_buffer") {
+    if (const std::string dir = buffer_data_dir(); !dir.empty()) {
+      flags.push_back(absl::StrCat("--data-dir=", dir));
+    }
+  } else if (kind == "rollout_worker") {
+    for (const Child& other : children_) {
+      if (other.endpoint.kind == "controller") {
+        flags.push_back(absl::StrCat("--controller-address=", other.endpoint.grpc));
+      }
+    }
+    flags.push_back(absl::StrCat("--worker-id=", child.endpoint.worker_id));
+  }
+  return flags;
+}
+
 absl::Status LocalStack::Start() {
   RETURN_IF_ERROR(options_.Validate());
+  if (lock_ != nullptr) return absl::FailedPreconditionError("the local stack is already started");
   std::error_code error;
   fs::create_directories(fs::path(options_.state_dir) / "logs", error);
   if (error) {
     return absl::PermissionDeniedError(absl::StrCat(
         "cannot create state directory ", options_.state_dir, ": ", error.message()));
   }
+  ASSIGN_OR_RETURN(lock_, StateDirLock::Acquire(options_.state_dir));
+  absl::StatusOr<std::string> stale = ReplaceStaleEndpoints(endpoints_path(), options_.stop_grace);
+  if (!stale.ok()) {
+    lock_.reset();
+    return stale.status();
+  }
+  if (!stale->empty()) {
+    for (absl::string_view line : absl::StrSplit(*stale, '\n')) Say(std::string(line));
+  }
+
+  policy_ = std::make_unique<RestartPolicy>(options_.restart);
+  children_.clear();
   for (const std::string& name : ServiceNames()) {
-    if (absl::Status status = StartOne(name); !status.ok()) {
+    Child child;
+    child.endpoint.name = name;
+    child.endpoint.kind = KindOf(name);
+    child.endpoint.log_path = Absolute(fs::path(options_.state_dir) / "logs" / (name + ".log"));
+    if (child.endpoint.kind == "rollout_worker") {
+      child.endpoint.worker_id = absl::StrCat("worker-", name.substr(name.rfind('-') + 1));
+    }
+    children_.push_back(std::move(child));
+  }
+  for (Child& child : children_) {
+    if (absl::Status status = StartProcess(child, /*restart=*/false); !status.ok()) {
+      const std::string log_path = child.endpoint.log_path;
       Stop().IgnoreError();
-      return status;
+      return absl::Status(status.code(),
+                          absl::StrCat(status.message(), "\n--- last lines of ", log_path,
+                                       " ---\n", TailOfFile(log_path, kLogTailLines)));
     }
   }
-  return WriteEndpoints();
+  return Publish();
 }
 
-absl::Status LocalStack::StartOne(const std::string& name) {
-  Child child;
-  child.endpoint.name = name;
-  child.endpoint.log_path = (fs::path(options_.state_dir) / "logs" / (name + ".log")).string();
-  // Truncate the log of a previous run so that errors quoted from it are ours.
-  std::ofstream(child.endpoint.log_path, std::ios::trunc);
+absl::Status LocalStack::StartProcess(Child& child, bool restart) {
+  ServiceEndpoint& endpoint = child.endpoint;
+  // A first start truncates the log of a previous stack so that errors
+  // quoted from it are ours; a restart keeps the previous process's last
+  // lines, after which its caller wrote a marker.
+  if (!restart) std::ofstream(endpoint.log_path, std::ios::trunc);
+  const std::string port = restart && child.singleton() ? PortOf(endpoint.grpc) : "0";
 
   SubprocessOptions spawn;
-  spawn.argv = {(fs::path(options_.bin_dir) / BinaryFor(name)).string(),
-                "--listen-address=127.0.0.1:0",
+  spawn.argv = {(fs::path(options_.bin_dir) / BinaryFor(endpoint.kind)).string(),
+                absl::StrCat("--listen-address=127.0.0.1:", port),
                 "--metrics-port=0",
                 absl::StrCat("--ready-fd=", Subprocess::kReadyFd),
                 absl::StrCat("--log-format=", options_.log_format)};
-  if (UsesTorch(name)) {
-    spawn.argv.push_back(absl::StrCat("--torch-threads=", options_.torch_threads));
-  }
-  if (std::string flag = MemoryBudgetFlag(name); !flag.empty()) spawn.argv.push_back(flag);
-  if (name == "controller") {
-    for (std::string& flag : ControllerFlags()) spawn.argv.push_back(std::move(flag));
-  }
+  for (std::string& flag : FlagsFor(child)) spawn.argv.push_back(std::move(flag));
   // The services share the machine's cores: each OpenBLAS pool gets one
   // thread unless the user chose otherwise.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
     spawn.env.emplace_back("OPENBLAS_NUM_THREADS", "1");
   }
-  spawn.log_path = child.endpoint.log_path;
+  spawn.log_path = endpoint.log_path;
   spawn.ready_pipe = true;
 
+  ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> process, Subprocess::Start(spawn));
   const auto failed = [&](absl::string_view why) {
-    return absl::UnavailableError(absl::StrCat(
-        name, " failed to start: ", why, "\n--- last lines of ", child.endpoint.log_path,
-        " ---\n", TailOfFile(child.endpoint.log_path, 15)));
+    const ExitStatus exit = process->Stop(options_.stop_grace);
+    return absl::UnavailableError(
+        absl::StrCat(endpoint.name, " failed to start: ", why, " (pid ", process->pid(), " ",
+                     DescribeExit(exit), ")"));
   };
-
-  ASSIGN_OR_RETURN(child.process, Subprocess::Start(spawn));
-  child.endpoint.pid = child.process->pid();
   const absl::Time deadline = absl::Now() + options_.start_timeout;
-  absl::StatusOr<std::string> ready = child.process->WaitReady(deadline);
-  if (!ready.ok()) {
-    child.process->Stop(options_.stop_grace);
-    return failed(ready.status().message());
-  }
+  absl::StatusOr<std::string> ready = process->WaitReady(deadline);
+  if (!ready.ok()) return failed(ready.status().message());
   const nlohmann::json info = nlohmann::json::parse(*ready, nullptr, /*allow_exceptions=*/false);
   if (!info.is_object() || !info.contains("grpc") || !info["grpc"].is_string()) {
-    child.process->Stop(options_.stop_grace);
     return failed(absl::StrCat("unexpected ready line: ", *ready));
   }
-  child.endpoint.grpc = info["grpc"].get<std::string>();
-  child.endpoint.metrics = info.value("metrics", "");
-
-  absl::StatusOr<std::string> health =
-      runtime::CheckHealth(child.endpoint.grpc, "", deadline - absl::Now());
+  const std::string grpc = info["grpc"].get<std::string>();
+  absl::StatusOr<std::string> health = runtime::CheckHealth(grpc, "", deadline - absl::Now());
   if (!health.ok() || *health != "SERVING") {
-    child.process->Stop(options_.stop_grace);
     return failed(health.ok() ? absl::StrCat("health is ", *health) : health.status().message());
   }
-  log::Info("service healthy", {{"service", name},
-                                {"grpc", child.endpoint.grpc},
-                                {"metrics", child.endpoint.metrics},
-                                {"pid", static_cast<int64_t>(child.endpoint.pid)}});
-  endpoints_.push_back(child.endpoint);
-  children_.push_back(std::move(child));
+  endpoint.grpc = grpc;
+  endpoint.metrics = info.value("metrics", "");
+  endpoint.pid = process->pid();
+  child.process = std::move(process);
+  child.state = State::kRunning;
+  log::Info("service healthy", {{"service", endpoint.name},
+                                {"grpc", endpoint.grpc},
+                                {"metrics", endpoint.metrics},
+                                {"pid", static_cast<int64_t>(endpoint.pid)}});
   return absl::OkStatus();
+}
+
+absl::Status LocalStack::OnExit(Child& child) {
+  const std::optional<ExitStatus> exit = child.process->TryWait();
+  if (!exit.has_value()) return absl::OkStatus();  // Not gone after all.
+  const std::string event =
+      absl::StrCat(child.endpoint.name, " (pid ", child.endpoint.pid, ") ", DescribeExit(*exit));
+  child.process.reset();
+  child.endpoint.pid = 0;
+  child.endpoint.last_exit = event;
+  if (IsFailure(*exit)) return OnFailure(child, event);
+
+  // It chose to stop (a SIGTERM sent to it directly, a worker scaled down):
+  // not restarted, as Kubernetes' OnFailure policy does.
+  child.state = State::kExited;
+  Republish();
+  if (child.singleton()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        event, " by itself; a service that exits cleanly is not restarted, and the stack cannot "
+        "go on without it\n--- last lines of ", child.endpoint.log_path, " ---\n",
+        TailOfFile(child.endpoint.log_path, kLogTailLines)));
+  }
+  Say(absl::StrCat(event, " by itself; not restarting it (only failures are restarted)"));
+  return absl::OkStatus();
+}
+
+absl::Status LocalStack::OnFailure(Child& child, const std::string& event) {
+  const std::string& name = child.endpoint.name;
+  child.endpoint.last_exit = event;
+  const RestartDecision decision = policy_->OnFailure(name, event);
+  if (decision.action == RestartDecision::Action::kRestart) {
+    child.state = State::kRestarting;
+    child.restart_at = absl::Now() + decision.delay;
+    Say(absl::StrCat(event, "; restarting in ", absl::FormatDuration(decision.delay), " (",
+                     policy_->DescribeRestart(decision), ")"));
+    Republish();
+    return absl::OkStatus();
+  }
+
+  child.state = State::kGaveUp;
+  std::string report = absl::StrCat("GIVING UP on ", name, ": ", decision.give_up_reason,
+                                    ". What happened to it:");
+  for (const ServiceFailure& failure : decision.recent_failures) {
+    absl::StrAppend(&report, "\n  ", absl::FormatTime("%H:%M:%S", failure.at, absl::LocalTimeZone()),
+                    "  ", failure.description);
+  }
+  absl::StrAppend(&report, "\n--- last lines of ", child.endpoint.log_path, " ---\n",
+                  TailOfFile(child.endpoint.log_path, kLogTailLines));
+  const std::string description =
+      absl::StrCat(event, "; sluice up gave up restarting it: ", decision.give_up_reason);
+  if (child.singleton()) {
+    Say(absl::StrCat(event, "; giving up on it (", decision.give_up_reason, ")"));
+    ReportToController(child, description);
+    Republish();
+    return absl::AbortedError(
+        absl::StrCat(report, "\nthe stack cannot go on without ", name));
+  }
+  Say(report);
+  ReportToController(child, description);
+  int workers_left = 0;
+  for (const Child& other : children_) {
+    if (!other.singleton() &&
+        (other.state == State::kRunning || other.state == State::kRestarting)) {
+      ++workers_left;
+    }
+  }
+  Say(absl::StrCat("going on without ", name, ": ", workers_left, " of ",
+                   options_.rollout_workers, " rollout workers left"));
+  // Last, so that a reader who sees "gave_up" finds all of the above said.
+  Republish();
+  return absl::OkStatus();
+}
+
+void LocalStack::ReportToController(const Child& child, const std::string& description) {
+  if (child.endpoint.kind == "controller") {
+    Say("the controller itself is gone: there is no one to record this in the runs");
+    return;
+  }
+  const Child* controller = nullptr;
+  for (const Child& other : children_) {
+    if (other.endpoint.kind == "controller") controller = &other;
+  }
+  if (controller == nullptr || controller->state != State::kRunning) {
+    Say("cannot tell the controller (it is not running)");
+    return;
+  }
+  auto stub = v1::ControllerService::NewStub(
+      grpc::CreateChannel(controller->endpoint.grpc, grpc::InsecureChannelCredentials()));
+  v1::ReportServiceFailureRequest request;
+  request.set_service(child.endpoint.kind);
+  request.set_description(description);
+  if (!child.endpoint.worker_id.empty()) request.set_worker_id(child.endpoint.worker_id);
+  v1::ReportServiceFailureResponse response;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(5)));
+  const grpc::Status status = stub->ReportServiceFailure(&context, request, &response);
+  if (!status.ok()) {
+    Say(absl::StrCat("could not tell the controller at ", controller->endpoint.grpc, ": ",
+                     runtime::FromGrpcStatus(status).ToString()));
+    return;
+  }
+  Say(absl::StrCat("told the controller; ",
+                   response.failed_run_ids().empty()
+                       ? std::string("no run failed because of it")
+                       : absl::StrCat("runs failed because of it: ",
+                                      absl::StrJoin(response.failed_run_ids(), ", "))));
+}
+
+absl::Status LocalStack::RestartDue() {
+  for (Child& child : children_) {
+    if (child.state != State::kRestarting || child.restart_at > absl::Now()) continue;
+    const std::string& name = child.endpoint.name;
+    {
+      std::ofstream log(child.endpoint.log_path, std::ios::app);
+      log << "\n=== " << options_.console_prefix << ": starting " << name << " again at "
+          << absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::Now(), absl::LocalTimeZone())
+          << " (after: " << child.endpoint.last_exit << ") ===\n";
+    }
+    if (absl::Status status = StartProcess(child, /*restart=*/true); !status.ok()) {
+      RETURN_IF_ERROR(OnFailure(child, std::string(status.message())));
+      continue;
+    }
+    policy_->OnRestarted(name);
+    child.endpoint.restarts = policy_->restarts(name);
+    Say(absl::StrCat(name, " restarted: pid ", child.endpoint.pid, " at ", child.endpoint.grpc));
+    Republish();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalStack::Publish() {
+  endpoints_.clear();
+  for (const Child& child : children_) {
+    ServiceEndpoint endpoint = child.endpoint;
+    switch (child.state) {
+      case State::kRunning: endpoint.state = "running"; break;
+      case State::kRestarting: endpoint.state = "restarting"; break;
+      case State::kGaveUp: endpoint.state = "gave_up"; break;
+      case State::kExited: endpoint.state = "exited"; break;
+    }
+    endpoints_.push_back(std::move(endpoint));
+  }
+  return WriteEndpoints();
+}
+
+void LocalStack::Republish() {
+  if (absl::Status written = Publish(); !written.ok()) Say(std::string(written.message()));
 }
 
 absl::Status LocalStack::WriteEndpoints() const {
   nlohmann::ordered_json services = nlohmann::ordered_json::object();
   for (const ServiceEndpoint& endpoint : endpoints_) {
-    services[endpoint.name] = {{"grpc", endpoint.grpc},
-                               {"metrics", endpoint.metrics},
-                               {"pid", static_cast<int64_t>(endpoint.pid)},
-                               {"log", endpoint.log_path}};
+    nlohmann::ordered_json service = {
+        {"grpc", endpoint.grpc},
+        {"metrics", endpoint.metrics},
+        {"pid", endpoint.pid > 0 ? nlohmann::ordered_json(static_cast<int64_t>(endpoint.pid))
+                                 : nlohmann::ordered_json(nullptr)},
+        {"log", endpoint.log_path},
+        {"state", endpoint.state},
+        {"restarts", endpoint.restarts}};
+    if (!endpoint.last_exit.empty()) service["last_exit"] = endpoint.last_exit;
+    if (!endpoint.worker_id.empty()) service["worker_id"] = endpoint.worker_id;
+    services[endpoint.name] = std::move(service);
   }
-  const nlohmann::ordered_json document = {{"services", services}, {"runs_dir", runs_dir()}};
+  const std::string data_dir = buffer_data_dir();
+  const nlohmann::ordered_json document = {
+      {"supervisor_pid", static_cast<int64_t>(getpid())},
+      {"services", services},
+      {"runs_dir", runs_dir()},
+      {"buffer_data_dir",
+       data_dir.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(data_dir)}};
   // Written whole then renamed, so a reader never sees half a file.
   const std::string path = endpoints_path();
   const std::string temporary = path + ".tmp";
@@ -251,15 +485,32 @@ absl::Status LocalStack::Supervise(std::string* reason, int wake_fd) {
   const int signal_fd = signalfd(-1, &signals, SFD_CLOEXEC);
   if (signal_fd < 0) return absl::InternalError(absl::StrCat("signalfd: ", strerror(errno)));
 
-  std::vector<struct pollfd> fds;
-  fds.push_back({signal_fd, POLLIN, 0});
-  for (const Child& child : children_) fds.push_back({child.process->pidfd(), POLLIN, 0});
-  // Last, so a child that died at the same moment is reported first.
-  if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
-  const size_t children_end = wake_fd >= 0 ? fds.size() - 1 : fds.size();
   absl::Status result = absl::OkStatus();
-  while (true) {
-    const int n = poll(fds.data(), fds.size(), -1);
+  while (result.ok()) {
+    result = RestartDue();
+    if (!result.ok()) break;
+
+    std::vector<struct pollfd> fds;
+    std::vector<Child*> watched;  // watched[i] owns fds[i + 1].
+    fds.push_back({signal_fd, POLLIN, 0});
+    absl::Time next_restart = absl::InfiniteFuture();
+    for (Child& child : children_) {
+      if (child.state == State::kRunning) {
+        fds.push_back({child.process->pidfd(), POLLIN, 0});
+        watched.push_back(&child);
+      } else if (child.state == State::kRestarting) {
+        next_restart = std::min(next_restart, child.restart_at);
+      }
+    }
+    // Last, so a child that died at the same moment is handled first.
+    if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+    int timeout_ms = -1;
+    if (next_restart != absl::InfiniteFuture()) {
+      timeout_ms = static_cast<int>(std::clamp<int64_t>(
+          absl::ToInt64Milliseconds(absl::Ceil(next_restart - absl::Now(), absl::Milliseconds(1))),
+          0, 1 << 30));
+    }
+    const int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       result = absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
@@ -272,19 +523,10 @@ absl::Status LocalStack::Supervise(std::string* reason, int wake_fd) {
       }
       break;
     }
-    bool died = false;
-    for (size_t i = 1; i < children_end; ++i) {
-      if (!(fds[i].revents & POLLIN)) continue;
-      Child& child = children_[i - 1];
-      const std::optional<ExitStatus> exit = child.process->TryWait();
-      result = absl::AbortedError(absl::StrCat(
-          child.endpoint.name, " (pid ", child.endpoint.pid, ") ",
-          exit.has_value() ? exit->ToString() : "exited", "\n--- last lines of ",
-          child.endpoint.log_path, " ---\n", TailOfFile(child.endpoint.log_path, 15)));
-      died = true;
-      break;
+    for (size_t i = 0; i < watched.size() && result.ok(); ++i) {
+      if (fds[i + 1].revents & POLLIN) result = OnExit(*watched[i]);
     }
-    if (died) break;
+    if (!result.ok()) break;
     if (wake_fd >= 0 && (fds.back().revents & POLLIN)) {
       if (reason != nullptr) *reason = "woken";
       break;
@@ -299,10 +541,11 @@ absl::Status LocalStack::Stop() {
   // Signal every service first so they drain in parallel, newest first, then
   // collect them.
   for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
-    it->process->Signal(SIGTERM).IgnoreError();
+    if (it->process != nullptr) it->process->Signal(SIGTERM).IgnoreError();
   }
   const absl::Time deadline = absl::Now() + options_.stop_grace;
   for (auto it = children_.rbegin(); it != children_.rend(); ++it) {
+    if (it->process == nullptr) continue;
     absl::StatusOr<ExitStatus> exit = it->process->Wait(deadline);
     if (!exit.ok()) {
       it->process->Signal(SIGKILL).IgnoreError();
@@ -315,11 +558,13 @@ absl::Status LocalStack::Stop() {
     }
   }
   children_.clear();
-  if (!endpoints_.empty()) {
+  endpoints_.clear();
+  if (lock_ != nullptr) {
     std::error_code ignored;
     fs::remove(endpoints_path(), ignored);
+    lock_.reset();
   }
-  endpoints_.clear();
+  policy_.reset();
   if (!unclean.empty()) return absl::InternalError(absl::StrJoin(unclean, "; "));
   return absl::OkStatus();
 }

@@ -3,13 +3,17 @@
 
 #include <sys/types.h>
 
+#include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/subprocess.h"
+#include "services/cli/state_dir.h"
+#include "services/cli/supervisor.h"
 
 namespace sluice::cli {
 
@@ -34,71 +38,127 @@ struct LocalStackOptions {
   // Directory holding the sluice-* service binaries (normally the one `sluice`
   // itself is in).
   std::string bin_dir;
-  // Where endpoints.json and logs/<service>.log go; created if missing.
+  // Where endpoints.json, sluice-up.lock, logs/<service>.log and (by
+  // default) the replay buffer's data go; created if missing. One stack per
+  // state directory.
   std::string state_dir;
   // The controller's --runs-dir: each run's spec.json, metrics.jsonl,
   // evals.jsonl and summary.json go to <runs_dir>/<run-id>/. Empty =
   // <state_dir>/../runs. Made absolute before it is passed on.
   std::string runs_dir;
+  // Rollout workers to start: rollout_worker-0 .. rollout_worker-<N-1>, with
+  // worker ids worker-0 .. worker-<N-1> that they keep across restarts. 0
+  // starts none (workers started elsewhere can still register with the
+  // controller).
+  int rollout_workers = 1;
+  // The replay buffer's --data-dir. Unset: <state_dir>/replay_buffer, so
+  // every acknowledged insert survives a restart of the buffer. Empty or
+  // "none": in memory only.
+  std::optional<std::string> buffer_data_dir;
+  // When a service dies: restarted with backoff, or given up on (see
+  // supervisor.h).
+  RestartPolicyOptions restart;
   // How long each service may take to report ready and healthy.
   absl::Duration start_timeout = absl::Seconds(60);
   // After SIGTERM, how long a service may drain before it is killed.
   absl::Duration stop_grace = absl::Seconds(15);
-  // LibTorch intra-op threads for the trainer and the rollout worker.
+  // LibTorch intra-op threads for the trainer and the rollout workers.
   int torch_threads = 1;
   // Passed to every service: "text" or "json".
   std::string log_format = "text";
   // Each service's --memory-budget, as a share of this machine's memory.
   MemoryShares memory_shares;
+  // Where deaths, restarts, give-ups and a replaced stale endpoints.json are
+  // said, one line each starting with `console_prefix` and ": ". nullptr:
+  // nowhere.
+  std::ostream* console = &std::cerr;
+  std::string console_prefix = "sluice up";
 
   absl::Status Validate() const;
 };
 
-// Where one running service can be reached.
+// Where one service of the stack can be reached, and how it is doing.
 struct ServiceEndpoint {
-  std::string name;     // "replay_buffer"
+  std::string name;     // "replay_buffer", "rollout_worker-1"
+  std::string kind;     // "replay_buffer", "rollout_worker"
   std::string grpc;     // "127.0.0.1:P"
   std::string metrics;  // "http://127.0.0.1:Q/metrics"
   std::string log_path;
-  pid_t pid = 0;
+  pid_t pid = 0;        // The live process; 0 while it is not running.
+  // "running", "restarting" (waiting out its backoff), "gave_up" (crash
+  // loop, or a failure under --restart never) or "exited" (it exited 0 by
+  // itself and is not restarted).
+  std::string state;
+  int restarts = 0;        // Successful restarts.
+  std::string last_exit;   // How the previous process ended; empty if none did.
+  std::string worker_id;   // Rollout workers: their --worker-id.
 };
 
-// The embedded default deployment: all five services as child processes on
-// loopback, each on a free port it picked itself (no port race), reported
-// back on a pipe once it serves.
+// The embedded default deployment: the services as child processes on
+// loopback, supervised as Kubernetes would supervise pods.
 //
-// Services start one at a time in dependency order (reward server, replay
-// buffer, trainer, rollout worker, controller), each only after the previous
-// one answered its health check, and stop in reverse order. The controller
-// starts last and is given the others' addresses (--trainer-address,
-// --replay-buffer-address, --reward-server-address,
-// --rollout-worker-addresses) and --runs-dir. Children get
-// SIGTERM if this process dies, so a crashed supervisor leaves nothing behind.
+// Start order, each only after the previous one answered its health check:
+// reward server, replay buffer, trainer, controller (given the others'
+// addresses and --runs-dir), then the rollout workers (given the
+// controller's address and a stable --worker-id; they register with the
+// controller themselves). Stop order is the reverse.
 //
-// Thread-compatible; one thread drives it.
+// Addresses: every service first binds port 0 and reports its port on a
+// pipe once it serves, so there is no port race. A restarted singleton
+// (reward server, replay buffer, trainer, controller) binds the same port
+// again, because the others and the clients hold channels to it (it plays
+// the part of a Kubernetes Service name); if the port cannot be bound yet,
+// that start fails and is retried with the backoff. A restarted rollout
+// worker takes a fresh port: workers are elastic and re-register.
+//
+// Restarts (Supervise): RestartPolicy decides; each death and restart is one
+// line on the console; endpoints.json is rewritten atomically on every
+// change; a restarted service's log is appended to after a marker line. A
+// service given up on is reported to the controller (ReportServiceFailure)
+// so that the runs' records name it; the stack goes on without a rollout
+// worker, but not without a singleton.
+//
+// Children get SIGTERM if this process dies, so a crashed supervisor leaves
+// nothing behind for long; the next stack on the same state directory stops
+// what is left and replaces its endpoints.json (state_dir.h).
+//
+// Thread-compatible; one thread drives it (endpoints() changes during
+// Supervise).
 class LocalStack {
  public:
-  // Service names in start order; also the keys of endpoints.json.
-  static const std::vector<std::string>& ServiceNames();
+  // The kinds of service, in start order (rollout_worker: as many as asked).
+  static const std::vector<std::string>& ServiceKinds();
 
   explicit LocalStack(LocalStackOptions options);
   // Stops whatever is still running.
   ~LocalStack();
 
-  // Starts every service and waits until each is SERVING, then writes
-  // <state_dir>/endpoints.json. On failure stops what it started and returns
-  // an error naming the service, why it failed and the end of its log.
+  // Service names in start order; also the keys of endpoints.json.
+  std::vector<std::string> ServiceNames() const;
+
+  // Claims the state directory (FAILED_PRECONDITION naming the pid of
+  // another live `sluice up` on it), replaces a stale endpoints.json, starts
+  // every service, waits until each is SERVING, then writes endpoints.json.
+  // On failure stops what it started and returns an error naming the
+  // service, why it failed and the end of its log.
   absl::Status Start();
 
   const std::vector<ServiceEndpoint>& endpoints() const { return endpoints_; }
+  // The endpoint of `name` ("trainer", "rollout_worker-0"); nullptr if none.
+  const ServiceEndpoint* endpoint(const std::string& name) const;
   std::string endpoints_path() const;
   // The runs directory the controller was given (absolute).
   std::string runs_dir() const;
+  // The replay buffer's data directory (absolute); empty when in memory.
+  std::string buffer_data_dir() const;
 
-  // Blocks until SIGTERM/SIGINT arrives (returns OK and the signal's name in
-  // `*reason`) or a service exits (returns an error naming it, its exit status
-  // and the end of its log). Both signals must be blocked in every thread
-  // (runtime::BlockTerminationSignals) so that they are read here.
+  // Supervises until SIGTERM/SIGINT arrives (returns OK and the signal's
+  // name in `*reason`) or the stack cannot go on: a singleton given up on,
+  // or one that exited 0 by itself (returns an error naming it, how it died
+  // each time and the end of its log). Services that die meanwhile are
+  // restarted as the policy says; restarts happen on this thread and block
+  // it for at most start_timeout each. Both signals must be blocked in every
+  // thread (runtime::BlockTerminationSignals) so that they are read here.
   //
   // `wake_fd` (optional, e.g. an eventfd): when it becomes readable Supervise
   // returns OK with `*reason` = "woken", so another thread that finished its
@@ -106,26 +166,51 @@ class LocalStack {
   absl::Status Supervise(std::string* reason, int wake_fd = -1);
 
   // Stops every service, last started first: SIGTERM, then SIGKILL after
-  // stop_grace. Removes endpoints.json. Returns an error listing services
-  // that did not exit cleanly. Idempotent.
+  // stop_grace. Removes endpoints.json and lets go of the state directory.
+  // Returns an error listing services that did not exit cleanly. Idempotent.
   absl::Status Stop();
 
  private:
+  enum class State { kRunning, kRestarting, kGaveUp, kExited };
   struct Child {
     ServiceEndpoint endpoint;
-    std::unique_ptr<Subprocess> process;
+    std::unique_ptr<Subprocess> process;  // Null while not running.
+    State state = State::kRunning;
+    absl::Time restart_at;  // kRestarting: when to start it again.
+    bool singleton() const { return endpoint.kind != "rollout_worker"; }
   };
 
-  absl::Status StartOne(const std::string& name);
+  // Starts `child`'s process and waits until it serves. `restart`: on the
+  // same port for a singleton, log appended to rather than truncated.
+  absl::Status StartProcess(Child& child, bool restart);
+  std::vector<std::string> FlagsFor(const Child& child) const;
   // The flags telling the controller where the services started before it are.
   std::vector<std::string> ControllerFlags() const;
   // "--memory-budget=40%" for a service that holds a run's memory; empty
   // for the others.
-  std::string MemoryBudgetFlag(const std::string& name) const;
+  std::string MemoryBudgetFlag(const std::string& kind) const;
+
+  // A running child's process exited. Error: the stack cannot go on.
+  absl::Status OnExit(Child& child);
+  // `child` failed (died, or did not come back up): schedule its restart or
+  // give up on it. Error: the stack cannot go on.
+  absl::Status OnFailure(Child& child, const std::string& description);
+  // Starts the children whose backoff is over. Error: the stack cannot go on.
+  absl::Status RestartDue();
+  // Tells the controller that `child` is gone for good; says how that went.
+  void ReportToController(const Child& child, const std::string& description);
+
+  // Rebuilds endpoints_ from children_ and rewrites endpoints.json.
+  absl::Status Publish();
+  // Publish(), saying on the console why endpoints.json could not be written.
+  void Republish();
   absl::Status WriteEndpoints() const;
+  void Say(const std::string& line) const;
 
   LocalStackOptions options_;
-  std::vector<Child> children_;
+  std::unique_ptr<StateDirLock> lock_;
+  std::unique_ptr<RestartPolicy> policy_;
+  std::vector<Child> children_;  // In start order.
   std::vector<ServiceEndpoint> endpoints_;
 };
 

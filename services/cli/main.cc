@@ -1,6 +1,8 @@
 // sluice: the command-line interface.
 //
-//   sluice up [--state-dir DIR] [--runs-dir DIR]   run the local stack until Ctrl-C / SIGTERM
+//   sluice up [--state-dir DIR] [--runs-dir DIR] [--rollout-workers N] [--restart on-failure|never]
+//             [--max-restarts N] [--restart-window D] [--buffer-data-dir DIR|none]
+//                                      run and supervise the local stack until Ctrl-C / SIGTERM
 //   sluice health --target HOST:PORT   exit 0 when the service is SERVING
 //   sluice quickstart [--runs-dir DIR]  up + submit the built-in run + watch + tear down
 //   sluice submit SPEC.yaml [--target ADDR] [--watch] [--validate-only]
@@ -80,14 +82,63 @@ void PrintEndpoints(const LocalStack& stack) {
   std::cout << "\n  endpoints: " << stack.endpoints_path() << "\n" << std::flush;
 }
 
-void AddStackFlags(CLI::App* command, LocalStackOptions* options) {
+// Flags of `up` and `quickstart` that are not LocalStackOptions fields as
+// they stand: converted by ApplyStackFlags after parsing.
+struct StackFlags {
+  std::string restart = "on-failure";
+  std::string restart_window = "2m";
+  std::optional<std::string> buffer_data_dir;
+};
+
+void AddStackFlags(CLI::App* command, LocalStackOptions* options, StackFlags* flags) {
   command->add_option("--bin-dir", options->bin_dir, "directory of the sluice-* service binaries")
       ->capture_default_str();
+  command->add_option("--rollout-workers", options->rollout_workers,
+                      "rollout workers to start (rollout_worker-0..N-1, worker ids "
+                      "worker-0..N-1); they share the workers' memory evenly and register "
+                      "with the controller themselves")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
+  command->add_option("--buffer-data-dir", flags->buffer_data_dir,
+                      "the replay buffer's data directory (write-ahead log and snapshots). The "
+                      "buffer is durable by default: <state-dir>/replay_buffer. \"none\" or \"\" "
+                      "keeps it in memory only (a restarted buffer starts empty)")
+      ->type_name("DIR");
+  command->add_option("--restart", flags->restart,
+                      "when a service dies: on-failure restarts it with backoff (1s doubling to "
+                      "30s; a singleton on the same port, a worker on a new one); never gives up "
+                      "at once. A service given up on is reported to the controller; the stack "
+                      "stops if it was not a rollout worker")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"on-failure", "never"}));
+  command->add_option("--max-restarts", options->restart.max_restarts,
+                      "a service that fails more often than this within --restart-window is in "
+                      "a crash loop and given up on")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  command->add_option("--restart-window", flags->restart_window,
+                      "the window of --max-restarts (e.g. 90s, 2m)")
+      ->capture_default_str();
   command->add_option("--torch-threads", options->torch_threads,
-                      "LibTorch intra-op threads for the trainer and the rollout worker")
+                      "LibTorch intra-op threads for the trainer and each rollout worker")
       ->capture_default_str();
   command->add_option("--log-format", options->log_format, "service log format: text or json")
       ->capture_default_str();
+}
+
+// False (with a message on stderr) when a flag's value is refused.
+bool ApplyStackFlags(const StackFlags& flags, const std::string& command,
+                     LocalStackOptions* options) {
+  options->restart.restart_on_failure = flags.restart == "on-failure";
+  if (!absl::ParseDuration(flags.restart_window, &options->restart.window) ||
+      options->restart.window <= absl::ZeroDuration()) {
+    std::cerr << "sluice " << command << ": --restart-window must be a positive duration such as "
+              << "90s or 2m, got \"" << flags.restart_window << "\"\n";
+    return false;
+  }
+  options->buffer_data_dir = flags.buffer_data_dir;
+  options->console_prefix = "sluice " + command;
+  return true;
 }
 
 int RunUp(LocalStackOptions options, int ready_fd) {
@@ -385,11 +436,14 @@ int main(int argc, char** argv) {
   stack_options.state_dir = ".sluice";
 
   CLI::App* up = app.add_subcommand(
-      "up", "Start all five services on loopback and supervise them until Ctrl-C/SIGTERM");
+      "up", "Start the services on loopback and supervise them until Ctrl-C/SIGTERM: a service "
+            "that dies is restarted with backoff, a crash loop is given up on");
   up->add_option("--state-dir", stack_options.state_dir,
-                 "where endpoints.json and logs/ are written")
+                 "where endpoints.json, logs/ and the replay buffer's data are written; one "
+                 "`sluice up` at a time per directory")
       ->capture_default_str();
-  AddStackFlags(up, &stack_options);
+  StackFlags stack_flags;
+  AddStackFlags(up, &stack_options, &stack_flags);
   int up_ready_fd = -1;
   up->add_option("--ready-fd", up_ready_fd,
                  "write the path of endpoints.json to this inherited fd once all are healthy")
@@ -417,7 +471,7 @@ int main(int argc, char** argv) {
   quickstart->add_option("--max-staleness", quickstart_flags.max_staleness,
                          "override the spec's eta (0 = synchronous)")
       ->check(CLI::NonNegativeNumber);
-  AddStackFlags(quickstart, &stack_options);
+  AddStackFlags(quickstart, &stack_options, &stack_flags);
 
   std::string target;
   std::string service;
@@ -496,10 +550,12 @@ int main(int argc, char** argv) {
   }
 
   if (*up) {
+    if (!ApplyStackFlags(stack_flags, "up", &stack_options)) return 2;
     stack_options.runs_dir = up_runs_dir;
     return RunUp(stack_options, up_ready_fd);
   }
   if (*quickstart) {
+    if (!ApplyStackFlags(stack_flags, "quickstart", &stack_options)) return 2;
     stack_options.state_dir = (fs::path(runs_dir) / "stack").string();
     stack_options.runs_dir = runs_dir;
     return RunQuickstart(stack_options, quickstart_flags);

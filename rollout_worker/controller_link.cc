@@ -48,6 +48,21 @@ void ControllerLink::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void ControllerLink::Leave() {
+  Stop();
+  absl::MutexLock beat(&beat_mu_);
+  v1::WorkerHeartbeatRequest request;
+  request.set_worker_id(options_.worker_id);
+  request.set_incarnation(options_.incarnation);
+  request.set_address(options_.address);
+  request.set_leaving(true);
+  *request.mutable_status() = worker_->Status();
+  absl::StatusOr<v1::WorkerHeartbeatResponse> response = heartbeat_(request);
+  log::Info("left the controller", {{"worker_id", options_.worker_id},
+                                    {"told", response.ok()},
+                                    {"error", response.ok() ? "" : response.status().ToString()}});
+}
+
 bool ControllerLink::connected() const {
   absl::MutexLock lock(&mu_);
   return connected_;

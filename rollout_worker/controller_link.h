@@ -71,6 +71,11 @@ class ControllerLink {
   void Start() ABSL_LOCKS_EXCLUDED(mu_);
   // Stops it (no more heartbeats); the worker's runs are left to the caller.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+  // Stop(), then one last heartbeat saying the worker leaves (shutdown), so
+  // that the controller hands its prompts to others at once instead of after
+  // the worker TTL. Best effort: an unreachable controller finds out by the
+  // TTL.
+  void Leave() ABSL_LOCKS_EXCLUDED(mu_);
 
   // One heartbeat and what it says; the thread calls this. Returns the
   // heartbeat's status. Exposed for tests.

@@ -145,6 +145,16 @@ TEST_F(ControllerLinkTest, ASupersededWorkerStopsServing) {
   EXPECT_THAT(worker_.starts, ElementsAre("run-a"));
 }
 
+TEST_F(ControllerLinkTest, LeaveSaysSoInALastHeartbeat) {
+  Answer({});
+  ASSERT_TRUE(link_.BeatOnce().ok());
+  link_.Leave();
+  ASSERT_EQ(requests_.size(), 2u);
+  EXPECT_FALSE(requests_[0].leaving());
+  EXPECT_TRUE(requests_[1].leaving());
+  EXPECT_EQ(requests_[1].worker_id(), "w");
+}
+
 TEST_F(ControllerLinkTest, TheThreadHeartbeatsAtTheIntervalTheControllerSays) {
   Answer({});
   link_.Start();

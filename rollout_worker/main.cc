@@ -89,9 +89,10 @@ int main(int argc, char** argv) {
       log::Warning("no --controller-address: this worker serves only runs started with "
                    "StartRollouts", {});
     }
-    // Heartbeats stop first (no new runs), then the runs.
+    // Heartbeats stop first (no new runs; the controller is told the worker
+    // leaves), then the runs.
     context.OnShutdown([service, &link] {
-      if (link) link->Stop();
+      if (link) link->Leave();
       service->Shutdown();
     });
     return absl::OkStatus();

@@ -462,8 +462,11 @@ void RunDriver::ReconcileWorkers() {
         AddRestartLocked("rollout_worker");
         break;
       }
+      case WorkerEvent::Kind::kLeft:
       case WorkerEvent::Kind::kLost: {
-        log::Warning("rollout worker lost; its prompts and generation slots go to others",
+        const bool lost = event.kind == WorkerEvent::Kind::kLost;
+        log::Warning(lost ? "rollout worker lost; its prompts and generation slots go to others"
+                          : "rollout worker left; its prompts and generation slots go to others",
                      {{"run_id", run_id_},
                       {"worker_id", event.worker_id},
                       {"silent_ms", absl::ToInt64Milliseconds(event.silent_for)}});
@@ -483,7 +486,8 @@ void RunDriver::ReconcileWorkers() {
                                                        {"prompts", given_back}});
         absl::MutexLock lock(&mu_);
         v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-        recovery.set_workers_lost(recovery.workers_lost() + 1);
+        // A worker that left on purpose (a scale-down) was not lost.
+        if (lost) recovery.set_workers_lost(recovery.workers_lost() + 1);
         TouchLocked();
         break;
       }

@@ -63,6 +63,17 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
   }
   given_up_.erase(request.worker_id());
   Worker& worker = it->second;
+  if (request.leaving()) {
+    if (worker.live) {
+      log::Info("rollout worker leaving", {{"worker_id", request.worker_id()}});
+      UnassignLocked(request.worker_id(), worker.incarnation, WorkerEvent::Kind::kLeft,
+                     absl::ZeroDuration());
+    }
+    worker.live = false;
+    worker.last_heartbeat = now;
+    worker.status = request.status();
+    return response;
+  }
   worker.live = true;
   worker.last_heartbeat = now;
   worker.address = request.address();

@@ -30,6 +30,7 @@ struct WorkerEvent {
     kJoined,     // A worker incarnation was given the run (first or later).
     kRestarted,  // A worker serving the run came back with a new incarnation.
     kLost,       // A worker serving the run stopped heartbeating (TTL).
+    kLeft,       // A worker serving the run said it is leaving (shutdown).
   };
   Kind kind;
   std::string worker_id;
@@ -62,7 +63,8 @@ struct RunWorker {
 // - A lower incarnation than the known one is superseded: a leftover
 //   process, assigned nothing.
 // - A worker silent for worker_ttl is lost: its assignments end (kLost) and
-//   it makes room for others. If it heartbeats again (a partition healed), it
+//   it makes room for others. One that says it is leaving (a heartbeat with
+//   `leaving`, sent at shutdown) is gone at once (kLeft). If it heartbeats again (a partition healed), it
 //   is re-admitted like a new worker.
 // Expiry is checked on every call (no thread of its own), so the driver's
 // periodic RunWorkers() call bounds how late a loss is noticed.

@@ -130,6 +130,22 @@ TEST_F(WorkerRegistryTest, ANewIncarnationReplacesTheOldAndIsReassigned) {
   EXPECT_TRUE(list.workers(0).live());
 }
 
+TEST_F(WorkerRegistryTest, ALeavingWorkerIsGoneAtOnce) {
+  registry_.Offer(Assignment("run-a"), 0);
+  Beat("w0", 1);
+  registry_.TakeEvents("run-a");
+  v1::WorkerHeartbeatRequest request;
+  request.set_worker_id("w0");
+  request.set_incarnation(1);
+  request.set_leaving(true);
+  absl::StatusOr<v1::WorkerHeartbeatResponse> response = registry_.Heartbeat(request);
+  ASSERT_TRUE(response.ok());
+  EXPECT_THAT(response->assignments(), IsEmpty());
+  EXPECT_THAT(registry_.RunWorkers("run-a"), IsEmpty());
+  EXPECT_THAT(Kinds(registry_.TakeEvents("run-a")), ElementsAre(WorkerEvent::Kind::kLeft));
+  EXPECT_THAT(registry_.LiveWorkers(), IsEmpty());
+}
+
 TEST_F(WorkerRegistryTest, ListShowsLiveWorkersFirst) {
   Beat("b", 1);
   now_ += absl::Seconds(20);

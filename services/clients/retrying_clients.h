@@ -37,6 +37,9 @@
 //                                          with a step  set the buffer answers a repeated
 //                                                       step with the same batch, so any
 //                                                       transient failure is retried.
+//                                                       Without a step, a batch taken
+//                                                       by a stream that then broke
+//                                                       is not handed out again.
 //                                                       Never after CancelSample.
 //                  UpdatePolicyVersion     transient    monotonic: repeating it is a no-op
 //                  GetStats                transient    a read

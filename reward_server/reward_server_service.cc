@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "reward_server/proto_convert.h"
 #include "services/runtime/grpc_status.h"
 
@@ -20,7 +21,10 @@ absl::Status RewardServiceOptions::Validate() const {
 RewardServerServiceImpl::RewardServerServiceImpl(std::shared_ptr<Scorer> scorer,
                                                  prometheus::Registry& registry,
                                                  RewardServiceOptions options)
-    : scorer_(std::move(scorer)), options_(options), metrics_(registry) {}
+    : scorer_(std::move(scorer)),
+      options_(options),
+      incarnation_(static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()))),
+      metrics_(registry) {}
 
 grpc::Status RewardServerServiceImpl::ScoreBatch(grpc::ServerContext* context,
                                                  const v1::ScoreBatchRequest* request,
@@ -55,6 +59,7 @@ grpc::Status RewardServerServiceImpl::ListVerifiers(grpc::ServerContext* context
   for (const std::shared_ptr<const Verifier>& verifier : scorer_->registry().List()) {
     VerifierInfoToProto(verifier->info(), response->add_verifiers());
   }
+  response->set_incarnation(incarnation_);
   return grpc::Status::OK;
 }
 

@@ -1,6 +1,7 @@
 #ifndef SLUICE_REWARD_SERVER_REWARD_SERVER_SERVICE_H_
 #define SLUICE_REWARD_SERVER_REWARD_SERVER_SERVICE_H_
 
+#include <cstdint>
 #include <memory>
 
 #include "absl/status/status.h"
@@ -30,7 +31,10 @@ struct RewardServiceOptions {
 // items, an item without item_id, a bad composition; the message names the
 // field) or when the scorer has shut down (UNAVAILABLE); everything else is
 // a per-item outcome. It blocks for at most the batch's largest item
-// deadline. Thread-safe.
+// deadline. ListVerifiers also answers the service's incarnation: the time it
+// was created (at process start) in Unix nanoseconds, distinct for every
+// start, which tells a caller (the controller) that the server restarted.
+// Thread-safe.
 class RewardServerServiceImpl final : public v1::RewardService::Service {
  public:
   // `registry` receives the sluice_reward_* metrics and must outlive the
@@ -46,6 +50,7 @@ class RewardServerServiceImpl final : public v1::RewardService::Service {
  private:
   const std::shared_ptr<Scorer> scorer_;
   const RewardServiceOptions options_;
+  const uint64_t incarnation_;
   RewardMetrics metrics_;
 };
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -206,6 +207,24 @@ TEST_F(RewardServiceTest, ListVerifiersDescribesEachVerifierSortedByName) {
   const v1::VerifierInfo& code = response.verifiers(0);
   EXPECT_EQ(code.default_timeout_ms(), 10000);
   EXPECT_THAT(code.required_fields(), ElementsAre("test", "entry_point"));
+}
+
+// The controller counts reward server restarts by this: the start time of
+// the serving process, the same in every answer.
+TEST_F(RewardServiceTest, ListVerifiersAnswersTheIncarnationOfThisStart) {
+  const int64_t before = absl::ToUnixNanos(absl::Now());
+  Start();
+  const int64_t after = absl::ToUnixNanos(absl::Now());
+  std::vector<uint64_t> incarnations;
+  for (int i = 0; i < 2; ++i) {
+    grpc::ClientContext context;
+    v1::ListVerifiersResponse response;
+    ASSERT_TRUE(stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response).ok());
+    incarnations.push_back(response.incarnation());
+  }
+  EXPECT_GE(incarnations[0], static_cast<uint64_t>(before));
+  EXPECT_LE(incarnations[0], static_cast<uint64_t>(after));
+  EXPECT_EQ(incarnations[1], incarnations[0]);
 }
 
 // Math, code (passing, hanging, exiting early) and a composition with run

@@ -32,7 +32,6 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 constexpr int64_t kAcquireWaitMs = 1000;
-constexpr int kScoreAttempts = 3;
 
 v1::FinishReason ToFinishReason(model::Finish finish) {
   switch (finish) {
@@ -81,9 +80,12 @@ class RolloutRun::Impl {
   }
 
   void Stop(bool abort) {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    if (abort) aborting_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      stopping_ = true;
+      if (abort) aborting_ = true;
+    }
+    if (deps_.retry_cancellation != nullptr) deps_.retry_cancellation->Cancel();
   }
 
   v1::RolloutRunStatus Status() const {
@@ -114,11 +116,13 @@ class RolloutRun::Impl {
     if (deps_.buffer == nullptr) return absl::InvalidArgumentError("no replay buffer client");
     clients::GroupInserterOptions options;
     // The groups are generated and scored: waiting is cheaper than making
-    // them again. So the deadline, not an attempt count, ends the retries,
-    // and it is long enough to ride out a buffer restart and the buffer's
-    // rate limiter (which holds an insert up to 30 s, then answers
-    // RETRYABLE_ERROR). A stopping run gives up at its next backoff.
-    options.deadline = absl::Minutes(5);
+    // them again. So the deadline, not an attempt count, ends the retries:
+    // the clients' retry deadline, long enough to ride out a buffer restart
+    // and the buffer's rate limiter (which holds an insert up to 30 s, then
+    // answers RETRYABLE_ERROR). A stopping run gives up at its next backoff.
+    // (The buffer client does not retry InsertGroups itself: see
+    // retrying_clients.h.)
+    options.deadline = std::max(deps_.retry_deadline, absl::Milliseconds(1));
     options.max_attempts = 1000;
     options.initial_backoff = absl::Milliseconds(200);
     options.max_backoff = absl::Seconds(5);
@@ -254,6 +258,11 @@ class RolloutRun::Impl {
       acquire.set_wait_timeout_ms(kAcquireWaitMs);
       auto slots = deps_.buffer->AcquireGenerationSlots(acquire);
       if (!slots.ok()) {
+        // The buffer away for the whole retry deadline: the run cannot go on.
+        if (clients::IsRetriesExhausted(slots.status())) {
+          return clients::PrefixMessage(slots.status(), "acquiring generation slots");
+        }
+        if (stopping()) break;
         log::Warning("could not acquire generation slots",
                      {{"run_id", run_id_}, {"error", std::string(slots.status().message())}});
         Pause(absl::Milliseconds(500));
@@ -279,6 +288,10 @@ class RolloutRun::Impl {
       auto prompts = deps_.controller->LeasePrompts(lease);
       if (!prompts.ok()) {
         Release(leases, "controller unavailable");
+        if (clients::IsRetriesExhausted(prompts.status())) {
+          return clients::PrefixMessage(prompts.status(), "leasing prompts");
+        }
+        if (stopping()) break;
         log::Warning("could not lease prompts",
                      {{"run_id", run_id_}, {"error", std::string(prompts.status().message())}});
         Pause(absl::Milliseconds(500));
@@ -359,8 +372,8 @@ class RolloutRun::Impl {
       Release(slot_leases, std::string(what));
       std::vector<std::string> abandoned;
       for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
-      Report({}, abandoned, 0);
-      return absl::Status(error.code(), absl::StrCat(what, ": ", error.message()));
+      Report({}, abandoned, 0).IgnoreError();  // the run ends with `error` anyway
+      return clients::PrefixMessage(error, what);
     };
 
     // As many groups at once as the memory budget holds for these prompts.
@@ -420,7 +433,7 @@ class RolloutRun::Impl {
     if (aborting() || completions.size() < rows.size()) {
       for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
       Release(slot_leases, "aborted");
-      Report({}, abandoned, 0);
+      Report({}, abandoned, 0).IgnoreError();  // stopping: the leases expire otherwise
       return absl::OkStatus();
     }
 
@@ -450,25 +463,22 @@ class RolloutRun::Impl {
           absl::StrCat(completions[i].tokens.size());
     }
     const absl::Time score_start = absl::Now();
-    // In batches within the reward server's limit; a retry backs off, and an
-    // abort is seen between batches.
+    // In batches within the reward server's limit, each call retried by the
+    // client (a reward server restarting is waited for, up to the retry
+    // deadline); an abort is seen between batches.
     clients::ScoreBatchesOptions score_options;
-    score_options.attempts = kScoreAttempts;
-    score_options.before_call = [this](int retry) {
-      if (retry > 0) Pause(absl::Milliseconds(200 << (retry - 1)));
-      return !aborting() && (retry == 0 || !stopping());
-    };
+    score_options.before_call = [this](int) { return !aborting(); };
     absl::StatusOr<v1::ScoreBatchResponse> scored =
         clients::ScoreInBatches(*deps_.reward, score, score_options);
     if (!scored.ok()) {
       Release(slot_leases,
               absl::IsCancelled(scored.status()) ? "aborted" : "reward server unavailable");
       for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
-      Report({}, abandoned, 0);
-      // Cut short by an abort: the run ends as asked, not with an error.
-      if (absl::IsCancelled(scored.status()) && aborting()) return absl::OkStatus();
-      return absl::Status(scored.status().code(),
-                          absl::StrCat("scoring rollouts: ", scored.status().message()));
+      Report({}, abandoned, 0).IgnoreError();  // the run ends either way
+      // Cut short by a stop (between batches, or the client's retries
+      // cancelled): the run ends as asked, not with an error.
+      if (absl::IsCancelled(scored.status()) && stopping()) return absl::OkStatus();
+      return clients::PrefixMessage(scored.status(), "scoring rollouts");
     }
     const int64_t reward_ms = absl::ToInt64Milliseconds(absl::Now() - score_start);
 
@@ -483,7 +493,9 @@ class RolloutRun::Impl {
                                       deps_.incarnation, ".", batch_counter_));
       group.set_prompt_id(prompt.prompt_id());
       group.set_run_id(run_id_);
-      group.set_idempotency_key(absl::StrCat(run_id_, "/", group.group_id()));
+      // From the prompt, not the generation: one group per prompt is stored,
+      // whichever worker or incarnation finishes it first.
+      group.set_idempotency_key(absl::StrCat(run_id_, "/", prompt.prompt_id()));
       group.set_slot_lease_id(slot_leases[p]);
       int64_t min_version = INT64_MAX;
       int64_t max_version = -1;
@@ -543,22 +555,24 @@ class RolloutRun::Impl {
       fatal = Insert(std::move(insert), &completed, &abandoned, &inserted);
     }
     if (deps_.on_groups_inserted && inserted > 0) deps_.on_groups_inserted(inserted);
-    Report(completed, abandoned, inserted);
-    return fatal;
+    absl::Status reported = Report(completed, abandoned, inserted);
+    return fatal.ok() ? reported : fatal;
   }
 
   // Inserts the groups (GroupInserter: retries, backoff, deadline) and sorts
-  // their prompts: a group stored (or a DUPLICATE) keeps its prompt in
-  // `completed`; one the buffer refused for good (stale, invalid, unknown
-  // run) or that could not be confirmed moves its prompt to `abandoned`, so
-  // the controller leases it again, and counts as dropped. (An unconfirmed
-  // group may have been stored with its ack lost; generating its prompt
-  // again costs a second group, where keeping it completed would lose the
-  // prompt for good if it was not stored.) The slots of unconfirmed groups
-  // are released; the buffer already released those of refused ones.
+  // their prompts by the buffer's answers (the table in rollout_run.h): a
+  // group stored keeps its prompt in `completed`; a late DUPLICATE keeps it
+  // there too (the prompt is in the buffer); a group refused for good (stale,
+  // invalid, unknown run) or never confirmed moves its prompt to `abandoned`,
+  // so the controller hands it out again. (An unconfirmed group may have been
+  // stored with its ack lost; generating its prompt again costs a group the
+  // buffer then refuses as a DUPLICATE, where keeping it completed would lose
+  // the prompt for good if it was not stored.) The slots of unconfirmed
+  // groups are released; the buffer already released those of answered ones.
   //
   // Returns the error that should end the run: a fatal InsertGroups error
-  // (GroupInserter makes it sticky, so every later batch would fail too).
+  // (GroupInserter makes it sticky, so every later batch would fail too), or
+  // the buffer unreachable for the whole retry deadline.
   absl::Status Insert(v1::InsertGroupsRequest request, std::vector<std::string>* completed,
                       std::vector<std::string>* abandoned, int64_t* stored) {
     std::vector<v1::Group> groups;
@@ -569,29 +583,50 @@ class RolloutRun::Impl {
       prompt_ids.push_back(group.prompt_id());
       slot_leases.push_back(group.slot_lease_id());
     }
+    const auto dropped = [&](int64_t late) {
+      absl::MutexLock lock(&mu_);
+      status_.set_groups_dropped(status_.groups_dropped() + 1);
+      status_.set_late_groups_refused(status_.late_groups_refused() + late);
+    };
     const auto abandon = [&](size_t i) {
       completed->erase(std::remove(completed->begin(), completed->end(), prompt_ids[i]),
                        completed->end());
       abandoned->push_back(prompt_ids[i]);
-      absl::MutexLock lock(&mu_);
-      status_.set_groups_dropped(status_.groups_dropped() + 1);
     };
 
     absl::StatusOr<clients::InsertOutcome> outcome = inserter_->Insert(std::move(groups));
     if (!outcome.ok()) {
       // Nothing was sent: a fatal error of an earlier batch, or groups
       // without keys (a bug here).
-      for (size_t i = 0; i < prompt_ids.size(); ++i) abandon(i);
+      for (size_t i = 0; i < prompt_ids.size(); ++i) {
+        abandon(i);
+        dropped(0);
+      }
       Release(slot_leases, "insert failed");
-      return absl::Status(outcome.status().code(),
-                          absl::StrCat("inserting groups: ", outcome.status().message()));
+      return clients::PrefixMessage(outcome.status(), "inserting groups");
     }
     *stored = 0;
+    int64_t late = 0;
     std::vector<std::string> unconfirmed_leases;
     for (size_t i = 0; i < outcome->groups.size(); ++i) {
       const clients::GroupInsertResult& result = outcome->groups[i];
-      if (result.stored()) {
+      const bool duplicate = result.status == v1::INSERT_STATUS_DUPLICATE;
+      if (result.status == v1::INSERT_STATUS_STORED || (duplicate && result.sends > 1)) {
         ++*stored;
+        continue;
+      }
+      if (duplicate || result.status == v1::INSERT_STATUS_REJECTED_STALE) {
+        ++late;
+        dropped(1);
+        log::Info("buffer refused a late group",
+                  {{"run_id", run_id_},
+                   {"group", result.group_id},
+                   {"prompt_id", prompt_ids[i]},
+                   {"status", v1::InsertStatus_Name(result.status)},
+                   {"message", result.message}});
+        // A DUPLICATE's prompt is in the buffer: it stays completed. A stale
+        // one goes back to the pool.
+        if (!duplicate) abandon(i);
         continue;
       }
       if (result.resolved()) {
@@ -603,6 +638,7 @@ class RolloutRun::Impl {
         unconfirmed_leases.push_back(slot_leases[i]);
       }
       abandon(i);
+      dropped(0);
     }
     if (!outcome->status.ok()) {
       log::Warning("groups not confirmed by the buffer; their prompts go back to the pool",
@@ -615,14 +651,25 @@ class RolloutRun::Impl {
       absl::MutexLock lock(&mu_);
       status_.set_groups_inserted(status_.groups_inserted() + *stored);
     }
+    late_since_report_ += late;
+    if (late > 0 && deps_.on_late_groups_refused) deps_.on_late_groups_refused(late);
     if (absl::Status fatal = inserter_->fatal_error(); !fatal.ok()) {
-      return absl::Status(fatal.code(), absl::StrCat("inserting groups: ", fatal.message()));
+      return clients::PrefixMessage(fatal, "inserting groups");
+    }
+    if (clients::IsRetriesExhausted(outcome->status)) {
+      return clients::PrefixMessage(outcome->status, "inserting groups");
     }
     return absl::OkStatus();
   }
 
-  void Report(const std::vector<std::string>& completed, const std::vector<std::string>& abandoned,
-              int64_t groups_inserted) {
+  // Tells the controller which prompts are done and which go back to the
+  // pool. A controller away is waited for by the client (it retries); one
+  // away for the whole retry deadline ends the run (the error returned).
+  // Other failures are logged: the prompt leases expire and are handed out
+  // again, and a group of theirs already stored makes the next one a
+  // DUPLICATE.
+  absl::Status Report(const std::vector<std::string>& completed,
+                      const std::vector<std::string>& abandoned, int64_t groups_inserted) {
     v1::ReportRolloutProgressRequest report;
     report.set_run_id(run_id_);
     report.set_worker_id(deps_.worker_id);
@@ -631,18 +678,24 @@ class RolloutRun::Impl {
     for (const auto& id : abandoned) report.add_abandoned_prompt_ids(id);
     report.set_tokens_generated(tokens_since_report_);
     report.set_groups_inserted(groups_inserted);
+    report.set_late_groups_refused(late_since_report_);
     report.set_policy_version(Latest().version);
     auto response = deps_.controller->ReportRolloutProgress(report);
     if (!response.ok()) {
+      if (clients::IsRetriesExhausted(response.status())) {
+        return clients::PrefixMessage(response.status(), "reporting progress");
+      }
       log::Warning("could not report progress", {{"run_id", run_id_},
                                                  {"error", std::string(response.status().message())}});
-      return;
+      return absl::OkStatus();
     }
     tokens_since_report_ = 0;
+    late_since_report_ = 0;
     if (response->run_done()) {
       log::Info("controller says the run is done", {{"run_id", run_id_}});
       Stop(/*abort=*/false);
     }
+    return absl::OkStatus();
   }
 
   const std::string run_id_;
@@ -655,6 +708,8 @@ class RolloutRun::Impl {
   std::unique_ptr<clients::GroupInserter> inserter_;
   uint64_t batch_counter_ = 0;
   int64_t tokens_since_report_ = 0;
+  // Late groups refused since the last report that reached the controller.
+  int64_t late_since_report_ = 0;
   // What generation may use (deps_.memory_budget_bytes and the model's
   // shape), set by Run once the config is loaded.
   GenerationBudget generation_budget_;

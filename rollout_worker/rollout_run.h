@@ -8,7 +8,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "services/clients/clients.h"
+#include "services/clients/retrier.h"
 #include "sluice/v1/rollout_worker.pb.h"
 
 namespace sluice::rollout_worker {
@@ -33,6 +35,15 @@ struct RolloutRunDeps {
   // fit the model).
   std::function<void(int64_t version)> on_weights_refused;
   std::function<void(int64_t swaps)> on_mid_generation_swaps;
+  // Groups the buffer refused as late (see RolloutRun).
+  std::function<void(int64_t groups)> on_late_groups_refused;
+  // Shared with the clients' retries (retrying_clients.h); Stop() cancels
+  // it, so that a stopping run does not sit in the backoff of a service that
+  // is away. May be null.
+  std::shared_ptr<clients::RetryCancellation> retry_cancellation;
+  // How long inserts keep trying to reach the buffer before the run fails:
+  // the clients' RetryOptions::deadline.
+  absl::Duration retry_deadline = clients::RetryOptions().deadline;
 };
 
 // One run on a rollout worker (docs/run-lifecycle.md, step 5). Two threads:
@@ -57,6 +68,42 @@ struct RolloutRunDeps {
 // version that arrives mid-batch is used from the next token on (the KV cache
 // is kept; later tokens carry the new version) without draining the batch.
 //
+// Services restarting. The clients are expected to retry (the worker wraps
+// them in retrying_clients.h): a reward server, buffer or controller that is
+// away for less than the retry deadline only delays the loop. A client error
+// marked IsRetriesExhausted (its service away for the whole deadline) ends
+// the run with that error, which names the service and how long it was away,
+// after giving the batch's slots and prompts back; other errors of the
+// admission and lease calls are logged and the loop goes on.
+//
+// Exactly one group per prompt. A group's idempotency key is
+// "<run_id>/<prompt_id>" (prompt ids are unique within a run, epochs
+// included): a prompt handed out again after its lease expired, and then
+// also finished late by its first worker (or an older incarnation of this
+// one), is stored once, the buffer answering DUPLICATE to the second group.
+// group_id stays unique per generation ("<prompt_id>@<worker>.<incarnation>.
+// <batch>") and names the trajectories. The buffer's answers:
+//
+//   STORED                     stored; the prompt is reported completed.
+//   DUPLICATE, on the group's  our own group, stored by an earlier send whose
+//   second or later send       ack was lost: as STORED.
+//   DUPLICATE, on its first    another generation of the prompt got in first:
+//   send                       a late group refused (late_groups_refused,
+//                              groups_dropped); the prompt is completed (it
+//                              is in the buffer).
+//   REJECTED_STALE             staler than eta: a late group refused; the
+//                              prompt is abandoned, so that the controller
+//                              hands it out again (completing it would skip
+//                              it silently).
+//   INVALID, UNKNOWN_RUN       refused (groups_dropped); the prompt abandoned.
+//   no answer (deadline)       unconfirmed: abandoned, its slot released; a
+//                              regeneration of the prompt is stored only if
+//                              this one was not (same key).
+//
+// (A DUPLICATE on a later send cannot tell our lost ack from another
+// generation that got in between; it is counted as ours, so a rare race
+// counts one group stored that was refused. Nothing is stored twice.)
+//
 // Run() blocks until the controller says the run is done (OK), Stop() is
 // called (OK; with abort the in-flight batch is cut short and its prompts
 // abandoned), or an error ends it.
@@ -66,7 +113,8 @@ class RolloutRun {
   ~RolloutRun();
 
   absl::Status Run();
-  // Thread-safe; returns at once (Run() returns soon after).
+  // Thread-safe; returns at once (Run() returns soon after). Cancels
+  // deps.retry_cancellation: a call waiting to retry returns at once.
   void Stop(bool abort);
 
   v1::RolloutRunStatus Status() const;

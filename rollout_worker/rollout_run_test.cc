@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -16,7 +17,9 @@
 #include "common/run/run_model.h"
 #include "rollout_worker/generation_budget.h"
 #include "common/task/char_tokenizer.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/clients/retrying_clients.h"
 
 namespace sluice::rollout_worker {
 namespace {
@@ -79,11 +82,19 @@ class FakeTrainer : public clients::TrainerClient {
   clients::FetchedWeights latest_ ABSL_GUARDED_BY(mu_);
 };
 
+// Grants every slot asked for and stores groups as the buffer does: once per
+// idempotency key, a repeat answered DUPLICATE.
 class FakeBuffer : public clients::ReplayBufferClient {
  public:
   explicit FakeBuffer(int64_t grant_version) : grant_version_(grant_version) {}
+  // The next this many AcquireGenerationSlots calls fail UNAVAILABLE.
+  std::atomic<int> acquire_failures{0};
   absl::StatusOr<v1::AcquireGenerationSlotsResponse> AcquireGenerationSlots(
       const v1::AcquireGenerationSlotsRequest& request) override {
+    if (acquire_failures.load() > 0) {
+      --acquire_failures;
+      return absl::UnavailableError("buffer restarting");
+    }
     v1::AcquireGenerationSlotsResponse response;
     response.set_granted(request.num_groups());
     for (int i = 0; i < request.num_groups(); ++i) response.add_lease_ids(absl::StrCat("lease-", next_++));
@@ -104,12 +115,19 @@ class FakeBuffer : public clients::ReplayBufferClient {
       auto r = hook(request, call);
       if (!r.ok() || r->results_size() > 0) return r;
     }
+    return Store(request);
+  }
+  v1::InsertGroupsResponse Store(const v1::InsertGroupsRequest& request) {
     absl::MutexLock lock(&mu);
     v1::InsertGroupsResponse response;
     for (const auto& g : request.groups()) {
-      groups.push_back(g);
       auto* r = response.add_results();
       r->set_idempotency_key(g.idempotency_key());
+      if (!keys.insert(g.idempotency_key()).second) {
+        r->set_status(v1::INSERT_STATUS_DUPLICATE);
+        continue;
+      }
+      groups.push_back(g);
       r->set_status(v1::INSERT_STATUS_STORED);
     }
     return response;
@@ -128,6 +146,7 @@ class FakeBuffer : public clients::ReplayBufferClient {
 
   absl::Mutex mu;
   std::vector<v1::Group> groups ABSL_GUARDED_BY(mu);
+  std::set<std::string> keys ABSL_GUARDED_BY(mu);
   int released ABSL_GUARDED_BY(mu) = 0;
 
  private:
@@ -150,7 +169,7 @@ class FakeController : public clients::ControllerClient {
     for (int i = 0; i < request.max_prompts(); ++i) {
       v1::Prompt* p = response.add_prompts();
       const int a = (leases * 3 + i) % 10;
-      p->set_prompt_id(absl::StrCat("p", leases, "-", i));
+      p->set_prompt_id(reissue ? absl::StrCat("p1-", i) : absl::StrCat("p", leases, "-", i));
       p->set_text(absl::StrCat(a, "+1="));
       p->set_reference_answer(absl::StrCat(a + 1));
       p->set_reference_is_solution(i % 2 == 0);
@@ -164,6 +183,8 @@ class FakeController : public clients::ControllerClient {
     completed += request.completed_prompt_ids_size();
     abandoned += request.abandoned_prompt_ids_size();
     tokens += request.tokens_generated();
+    late_groups_refused += request.late_groups_refused();
+    for (const auto& id : request.abandoned_prompt_ids()) abandoned_ids.push_back(id);
     return v1::ReportRolloutProgressResponse();
   }
   absl::StatusOr<v1::ReportTrainerProgressResponse> ReportTrainerProgress(
@@ -175,6 +196,11 @@ class FakeController : public clients::ControllerClient {
   int completed ABSL_GUARDED_BY(mu) = 0;
   int abandoned ABSL_GUARDED_BY(mu) = 0;
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;
+  int64_t late_groups_refused ABSL_GUARDED_BY(mu) = 0;
+  std::vector<std::string> abandoned_ids ABSL_GUARDED_BY(mu);
+  // Every lease hands out the first lease's prompt ids again, as the
+  // controller does with prompts whose lease expired.
+  bool reissue = false;
 
  private:
   const int batches_;
@@ -230,7 +256,10 @@ TEST(RolloutRunTest, GeneratesScoresAndInsertsWholeGroups) {
   for (const auto& g : buffer.groups) {
     EXPECT_EQ(g.run_id(), "run-1");
     EXPECT_EQ(g.trajectories_size(), 4);
-    EXPECT_EQ(g.idempotency_key(), "run-1/" + g.group_id());
+    // The key is the prompt's (one group per prompt is stored, whoever
+    // generates it); the group id names this generation.
+    EXPECT_EQ(g.idempotency_key(), "run-1/" + g.prompt_id());
+    EXPECT_THAT(g.group_id(), ::testing::StartsWith(g.prompt_id() + "@w1.42."));
     keys.insert(g.idempotency_key());
     leases.insert(g.slot_lease_id());
     EXPECT_EQ(g.min_policy_version(), 0);
@@ -454,9 +483,39 @@ TEST(RolloutInsertTest, RefusedGroupAbandonsItsPrompt) {
   EXPECT_EQ(buffer.insert_calls.load(), 1);
   absl::MutexLock lock2(&controller.mu);
   EXPECT_EQ(controller.completed, 2);
+  // Abandoned, not completed: the controller hands the prompt out again
+  // rather than skipping it.
   EXPECT_EQ(controller.abandoned, 1);
+  EXPECT_EQ(controller.abandoned_ids, std::vector<std::string>({"p1-1"}));
+  EXPECT_EQ(controller.late_groups_refused, 1);
   EXPECT_EQ(run.Status().groups_inserted(), 2);
   EXPECT_EQ(run.Status().groups_dropped(), 1);
+  EXPECT_EQ(run.Status().late_groups_refused(), 1);
+}
+
+// A group refused as INVALID is dropped and its prompt abandoned, but it is
+// not a late group.
+TEST(RolloutInsertTest, AnInvalidGroupIsNotCountedLate) {
+  FakeTrainer trainer; trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [](const v1::InsertGroupsRequest& request, int) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    v1::InsertGroupsResponse response;
+    for (int i = 0; i < request.groups_size(); ++i) {
+      auto* r = response.add_results();
+      r->set_idempotency_key(request.groups(i).idempotency_key());
+      r->set_status(i == 0 ? v1::INSERT_STATUS_INVALID : v1::INSERT_STATUS_STORED);
+    }
+    return response;
+  };
+  FakeController controller(1);
+  FakeReward reward;
+  RolloutRun run("run-i", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  ASSERT_TRUE(run.Run().ok());
+  EXPECT_EQ(run.Status().groups_dropped(), 1);
+  EXPECT_EQ(run.Status().late_groups_refused(), 0);
+  absl::MutexLock lock(&controller.mu);
+  EXPECT_EQ(controller.abandoned, 1);
+  EXPECT_EQ(controller.late_groups_refused, 0);
 }
 
 TEST(RolloutInsertTest, FatalErrorEndsTheRun) {
@@ -502,6 +561,304 @@ TEST(RolloutInsertTest, StopDuringRetriesAbandons) {
   EXPECT_EQ(controller.abandoned, 3);
   absl::MutexLock lock(&buffer.mu);
   EXPECT_GE(buffer.released, 3);
+}
+
+// ---- late groups ----------------------------------------------------------
+
+// The same prompts handed out twice (their first lease expired) and both
+// generations finished: the buffer stores each prompt once, the second
+// group is a late group refused, and the prompt is complete (it is in the
+// buffer). With keys taken from the generation, both would be stored and
+// the prompt trained twice.
+TEST(RolloutLateGroupTest, APromptFinishedTwiceIsStoredOnceAndTheSecondGroupCountedLate) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/2);
+  controller.reissue = true;
+  FakeReward reward;
+  std::atomic<int64_t> late_observed{0};
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 7};
+  deps.on_late_groups_refused = [&](int64_t n) { late_observed += n; };
+  RolloutRun run("run-late", Spec(), deps);
+  ASSERT_TRUE(run.Run().ok());
+
+  absl::MutexLock lock(&buffer.mu);
+  ASSERT_EQ(buffer.groups.size(), 3u);
+  std::set<std::string> prompts;
+  for (const auto& g : buffer.groups) prompts.insert(g.prompt_id());
+  EXPECT_EQ(prompts, std::set<std::string>({"p1-0", "p1-1", "p1-2"}));
+  EXPECT_EQ(run.Status().groups_inserted(), 3);
+  EXPECT_EQ(run.Status().late_groups_refused(), 3);
+  EXPECT_EQ(run.Status().groups_dropped(), 3);
+  EXPECT_EQ(late_observed.load(), 3);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 6);
+  EXPECT_EQ(controller.abandoned, 0);
+  EXPECT_EQ(controller.late_groups_refused, 3);
+}
+
+// Our own first send was stored but its ack was lost: the resend is answered
+// DUPLICATE, which is our group stored, not a late one.
+TEST(RolloutLateGroupTest, ADuplicateOfOurOwnLostAckIsStoredNotLate) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [&buffer](const v1::InsertGroupsRequest& request,
+                          int call) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    if (call == 0) {
+      buffer.Store(request);
+      return absl::UnavailableError("connection reset after the groups were stored");
+    }
+    return v1::InsertGroupsResponse();  // the fake's own answer: DUPLICATE
+  };
+  FakeController controller(1);
+  FakeReward reward;
+  RolloutRun run("run-ack", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  ASSERT_TRUE(run.Run().ok());
+  EXPECT_EQ(buffer.insert_calls.load(), 2);
+  EXPECT_EQ(run.Status().groups_inserted(), 3);
+  EXPECT_EQ(run.Status().late_groups_refused(), 0);
+  EXPECT_EQ(run.Status().groups_dropped(), 0);
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_EQ(buffer.groups.size(), 3u);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.completed, 3);
+  EXPECT_EQ(controller.late_groups_refused, 0);
+}
+
+// ---- services away -------------------------------------------------------
+
+clients::RetryOptions FastRetries(absl::Duration deadline = absl::Minutes(1)) {
+  clients::RetryOptions options;
+  options.initial_backoff = absl::Milliseconds(5);
+  options.max_backoff = absl::Milliseconds(20);
+  options.deadline = deadline;
+  return options;
+}
+
+// Fails the first `failures` calls UNAVAILABLE, as a reward server that is
+// restarting; later calls reach `inner`.
+class RestartingReward : public clients::RewardClient {
+ public:
+  RestartingReward(clients::RewardClient& inner, int failures)
+      : inner_(inner), failures_(failures) {}
+  absl::StatusOr<v1::ScoreBatchResponse> ScoreBatch(const v1::ScoreBatchRequest& request,
+                                                    absl::Duration timeout) override {
+    if (calls++ == 0) first_call.Notify();
+    if (failures_.fetch_sub(1) > 0) return absl::UnavailableError("reward server restarting");
+    return inner_.ScoreBatch(request, timeout);
+  }
+  std::atomic<int> calls{0};
+  absl::Notification first_call;
+
+ private:
+  clients::RewardClient& inner_;
+  std::atomic<int> failures_;
+};
+
+// More failures than the run's own three attempts used to allow: the client
+// rides them out, and the batch is scored once and inserted once.
+TEST(RolloutServicesAwayTest, ARewardServerAwayForAWhileScoresTheBatchOnceAndInsertsItOnce) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/1);
+  FakeReward reward;
+  RestartingReward restarting(reward, /*failures=*/6);
+  clients::RetryingRewardClient retrying(restarting, FastRetries());
+  RolloutRun run("run-rs", Spec(), {&trainer, &buffer, &controller, &retrying, "w1", 1});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(restarting.calls.load(), 7);
+  absl::MutexLock lock(&reward.mu);
+  EXPECT_EQ(reward.items, 12);  // 3 prompts x G = 4, scored once
+  absl::MutexLock lock2(&buffer.mu);
+  EXPECT_EQ(buffer.groups.size(), 3u);
+  EXPECT_EQ(buffer.insert_calls.load(), 1);
+  absl::MutexLock lock3(&controller.mu);
+  EXPECT_EQ(controller.completed, 3);
+  EXPECT_EQ(controller.abandoned, 0);
+}
+
+// Fails the first `lease_failures` LeasePrompts and `report_failures`
+// ReportRolloutProgress calls UNAVAILABLE, as a controller restarting.
+class RestartingController : public clients::ControllerClient {
+ public:
+  RestartingController(clients::ControllerClient& inner, int lease_failures,
+                       int report_failures)
+      : inner_(inner), lease_failures_(lease_failures), report_failures_(report_failures) {}
+  absl::StatusOr<v1::LeasePromptsResponse> LeasePrompts(
+      const v1::LeasePromptsRequest& request) override {
+    if (lease_failures_.fetch_sub(1) > 0) return absl::UnavailableError("controller restarting");
+    return inner_.LeasePrompts(request);
+  }
+  absl::StatusOr<v1::ReportRolloutProgressResponse> ReportRolloutProgress(
+      const v1::ReportRolloutProgressRequest& request) override {
+    if (report_failures_.fetch_sub(1) > 0) return absl::UnavailableError("controller restarting");
+    return inner_.ReportRolloutProgress(request);
+  }
+  absl::StatusOr<v1::ReportTrainerProgressResponse> ReportTrainerProgress(
+      const v1::ReportTrainerProgressRequest& request) override {
+    return inner_.ReportTrainerProgress(request);
+  }
+
+ private:
+  clients::ControllerClient& inner_;
+  std::atomic<int> lease_failures_;
+  std::atomic<int> report_failures_;
+};
+
+// The worker does not fail, and does not lose its report, while the
+// controller restarts: the completed prompts reach it once it is back.
+TEST(RolloutServicesAwayTest, AControllerAwayForAWhileGetsTheLeasesAndReportsOnceBack) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/1);
+  RestartingController restarting(controller, /*lease_failures=*/4, /*report_failures=*/4);
+  clients::RetryingControllerClient retrying(restarting, FastRetries());
+  FakeReward reward;
+  RolloutRun run("run-cs", Spec(), {&trainer, &buffer, &retrying, &reward, "w1", 1});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  absl::MutexLock lock(&controller.mu);
+  EXPECT_EQ(controller.completed, 3);
+  EXPECT_EQ(controller.abandoned, 0);
+  absl::MutexLock lock2(&buffer.mu);
+  EXPECT_EQ(buffer.groups.size(), 3u);
+}
+
+// The buffer restarting: admission is retried until it is back.
+TEST(RolloutServicesAwayTest, ABufferAwayForAWhileIsWaitedForAtAdmission) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.acquire_failures = 5;
+  clients::RetryingReplayBufferClient retrying(buffer, FastRetries());
+  FakeController controller(/*batches=*/1);
+  FakeReward reward;
+  RolloutRun run("run-bs", Spec(), {&trainer, &retrying, &controller, &reward, "w1", 1});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  EXPECT_EQ(buffer.acquire_failures.load(), 0);
+  absl::MutexLock lock(&buffer.mu);
+  EXPECT_EQ(buffer.groups.size(), 3u);
+}
+
+// Runs `run` on a thread; its status, or nullopt if it has not returned
+// within `timeout` (then it is stopped, so that the test ends).
+std::optional<absl::Status> RunWithin(RolloutRun& run, absl::Duration timeout) {
+  absl::Notification done;
+  absl::Status status;
+  std::thread thread([&] {
+    status = run.Run();
+    done.Notify();
+  });
+  const bool returned = done.WaitForNotificationWithTimeout(timeout);
+  if (!returned) run.Stop(/*abort=*/true);
+  thread.join();
+  if (!returned) return std::nullopt;
+  return status;
+}
+
+// Only the retry deadline running out fails the run, and its error names the
+// service and how long it was away; the batch's prompts go back.
+TEST(RolloutServicesAwayTest, ARewardServerGoneForTheWholeRetryDeadlineFailsTheRunNamingIt) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/3);
+  FakeReward reward;
+  RestartingReward gone(reward, /*failures=*/1 << 30);
+  clients::RetryingRewardClient retrying(gone, FastRetries(absl::Milliseconds(300)));
+  RolloutRun run("run-gone", Spec(), {&trainer, &buffer, &controller, &retrying, "w1", 1});
+  const std::optional<absl::Status> status = RunWithin(run, absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "the run did not end";
+  EXPECT_EQ(status->code(), absl::StatusCode::kUnavailable) << *status;
+  EXPECT_THAT(std::string(status->message()),
+              ::testing::HasSubstr("scoring rollouts: reward_server unreachable for"));
+  absl::MutexLock lock(&controller.mu);
+  EXPECT_EQ(controller.abandoned, 3);
+  absl::MutexLock lock2(&buffer.mu);
+  EXPECT_TRUE(buffer.groups.empty());
+}
+
+TEST(RolloutServicesAwayTest, ABufferGoneForTheWholeRetryDeadlineFailsTheRunNamingIt) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.acquire_failures = 1 << 30;
+  clients::RetryingReplayBufferClient retrying(buffer, FastRetries(absl::Milliseconds(300)));
+  FakeController controller(/*batches=*/3);
+  FakeReward reward;
+  RolloutRun run("run-bgone", Spec(), {&trainer, &retrying, &controller, &reward, "w1", 1});
+  const std::optional<absl::Status> status = RunWithin(run, absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "the run kept waiting for the buffer";
+  EXPECT_EQ(status->code(), absl::StatusCode::kUnavailable) << *status;
+  EXPECT_THAT(std::string(status->message()),
+              ::testing::HasSubstr("acquiring generation slots: replay_buffer unreachable for"));
+}
+
+// Inserts that never reach the buffer end the run once the retry deadline
+// passes (they used to be abandoned and the loop went on for ever), the
+// prompts given back.
+TEST(RolloutServicesAwayTest, InsertsUnreachableForTheRetryDeadlineFailTheRun) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [](const v1::InsertGroupsRequest&, int) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    return absl::UnavailableError("connection refused");
+  };
+  FakeController controller(/*batches=*/3);
+  FakeReward reward;
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 1};
+  deps.retry_deadline = absl::Milliseconds(500);
+  RolloutRun run("run-igone", Spec(), deps);
+  const std::optional<absl::Status> status = RunWithin(run, absl::Seconds(60));
+  ASSERT_TRUE(status.has_value()) << "the run did not end";
+  EXPECT_THAT(std::string(status->message()),
+              ::testing::HasSubstr("inserting groups: replay_buffer unreachable"));
+  EXPECT_TRUE(clients::IsRetriesExhausted(*status));
+  EXPECT_GE(buffer.insert_calls.load(), 2);
+  absl::MutexLock lock(&controller.mu);
+  EXPECT_EQ(controller.abandoned, 3);
+  EXPECT_EQ(controller.completed, 0);
+}
+
+// Two-sided: a worker told to stop while its reward client waits to retry
+// returns at once, not after the retry deadline, and gives its prompts back.
+TEST(RolloutServicesAwayTest, StopEndsTheClientsRetriesPromptly) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/3);
+  FakeReward reward;
+  RestartingReward gone(reward, /*failures=*/1 << 30);
+  clients::RetryOptions options;
+  options.initial_backoff = absl::Minutes(5);
+  options.max_backoff = absl::Minutes(5);
+  options.cancellation = std::make_shared<clients::RetryCancellation>();
+  clients::RetryingRewardClient retrying(gone, options);
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &retrying, "w1", 1};
+  deps.retry_cancellation = options.cancellation;
+  RolloutRun run("run-stop", Spec(), deps);
+  absl::Notification done;
+  absl::Status status;
+  std::thread thread([&] {
+    status = run.Run();
+    done.Notify();
+  });
+  // Scoring has started and waits in its first backoff.
+  EXPECT_TRUE(gone.first_call.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_FALSE(done.WaitForNotificationWithTimeout(absl::Milliseconds(200)));
+  run.Stop(/*abort=*/false);
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  thread.join();
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_EQ(gone.calls.load(), 1);
+  absl::MutexLock lock(&controller.mu);
+  EXPECT_EQ(controller.abandoned, 3);
 }
 
 }  // namespace

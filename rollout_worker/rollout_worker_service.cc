@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/base/call_once.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/run/run_memory.h"
@@ -14,6 +15,8 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
+#include "services/clients/retry_metrics.h"
+#include "services/clients/retrying_clients.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::rollout_worker {
@@ -47,6 +50,13 @@ struct RolloutMetrics {
                                  .Help("Completions whose decoding switched to newer weights")
                                  .Register(registry)
                                  .Add({})),
+        late_groups_refused(prometheus::BuildCounter()
+                                .Name("sluice_rollout_late_groups_refused_total")
+                                .Help("Groups the buffer refused as late: their prompt already "
+                                      "had a stored group, or they became staler than eta")
+                                .Register(registry)
+                                .Add({})),
+        client_retries(registry),
         policy_version(prometheus::BuildGauge()
                            .Name("sluice_rollout_policy_version")
                            .Help("Policy version the worker generates with")
@@ -75,6 +85,9 @@ struct RolloutMetrics {
   prometheus::Counter& weight_syncs;
   prometheus::Counter& weight_versions_refused;
   prometheus::Counter& mid_generation_swaps;
+  prometheus::Counter& late_groups_refused;
+  // sluice_client_retries_total{service} of every run's clients.
+  clients::ClientRetryMetrics client_retries;
   prometheus::Gauge& policy_version;
   prometheus::Gauge& tokens_per_second;
   prometheus::Histogram& batch_seconds;
@@ -222,11 +235,23 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1
 
   auto active = std::make_shared<ActiveRun>();
   active->run_id = run_id;
-  active->trainer = clients::NewGrpcTrainerClient(endpoints.trainer_address());
-  active->buffer = clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
-  active->controller = clients::NewGrpcControllerClient(endpoints.controller_address());
-  active->reward = clients::NewGrpcRewardClient(endpoints.reward_server_address());
+  // Every client rides out its service's restart (retrying_clients.h); the
+  // run's Stop() cancels the retries.
+  clients::RetryOptions retry;
+  retry.seed = absl::HashOf(worker_id_, incarnation_);
+  retry.cancellation = std::make_shared<clients::RetryCancellation>();
+  retry.observer = metrics_->client_retries.Observer();
+  active->trainer =
+      clients::WithRetries(clients::NewGrpcTrainerClient(endpoints.trainer_address()), retry);
+  active->buffer = clients::WithRetries(
+      clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address()), retry);
+  active->controller =
+      clients::WithRetries(clients::NewGrpcControllerClient(endpoints.controller_address()), retry);
+  active->reward =
+      clients::WithRetries(clients::NewGrpcRewardClient(endpoints.reward_server_address()), retry);
   RolloutRunDeps deps;
+  deps.retry_cancellation = retry.cancellation;
+  deps.retry_deadline = retry.deadline;
   deps.trainer = active->trainer.get();
   deps.buffer = active->buffer.get();
   deps.controller = active->controller.get();
@@ -251,6 +276,9 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1
   deps.on_weights_refused = [m](int64_t) { m->weight_versions_refused.Increment(); };
   deps.on_mid_generation_swaps = [m](int64_t swaps) {
     m->mid_generation_swaps.Increment(static_cast<double>(swaps));
+  };
+  deps.on_late_groups_refused = [m](int64_t groups) {
+    m->late_groups_refused.Increment(static_cast<double>(groups));
   };
   active->run = std::make_unique<RolloutRun>(run_id, spec, std::move(deps));
   ActiveRun* raw = active.get();

@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/base/call_once.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
 #include "common/run/run_memory.h"
@@ -14,6 +16,8 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
+#include "services/clients/retry_metrics.h"
+#include "services/clients/retrying_clients.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::trainer {
@@ -79,7 +83,8 @@ struct TrainerMetrics {
                          .Help("Compute time of one RL step")
                          .Register(registry)
                          .Add({}, prometheus::Histogram::BucketBoundaries{
-                                      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})) {}
+                                      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+        client_retries(registry) {}
 
   void OnStep(const v1::TrainingStepMetrics& m) {
     step.Set(static_cast<double>(m.step()));
@@ -105,6 +110,8 @@ struct TrainerMetrics {
   prometheus::Counter& updates_skipped;
   prometheus::Counter& groups_invalid;
   prometheus::Histogram& step_seconds;
+  // sluice_client_retries_total{service} of every run's clients.
+  clients::ClientRetryMetrics client_retries;
 };
 
 struct TrainerServiceImpl::ActiveRun {
@@ -112,6 +119,8 @@ struct TrainerServiceImpl::ActiveRun {
   std::unique_ptr<clients::ReplayBufferClient> buffer;
   std::unique_ptr<clients::RewardClient> reward;
   std::unique_ptr<clients::ControllerClient> controller;
+  // Shared by the clients' retries; cancelled when the run is stopped.
+  std::shared_ptr<clients::RetryCancellation> retry_cancellation;
   std::unique_ptr<TrainerRun> run;
   std::thread thread;
   // Joins `thread` once, however many callers stop the run at once.
@@ -141,6 +150,7 @@ void TrainerServiceImpl::StopActiveRun(bool checkpoint) {
     run = run_;
   }
   if (run == nullptr) return;
+  run->retry_cancellation->Cancel();  // no waiting out a service that is away
   run->run->Stop(checkpoint);
   // The run stays in the status (its state, e.g. TRAINING through the step
   // in progress) until its thread has returned: a trainer that says IDLE
@@ -219,10 +229,18 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
 
   auto active = std::make_shared<ActiveRun>();
   active->run_id = request->run_id();
-  active->buffer = clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
-  active->reward = clients::NewGrpcRewardClient(endpoints.reward_server_address());
+  // Every client rides out its service's restart (retrying_clients.h).
+  clients::RetryOptions retry;
+  retry.seed = absl::HashOf(request->run_id(), absl::ToUnixNanos(absl::Now()));
+  retry.cancellation = active->retry_cancellation = std::make_shared<clients::RetryCancellation>();
+  retry.observer = metrics_->client_retries.Observer();
+  active->buffer = clients::WithRetries(
+      clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address()), retry);
+  active->reward =
+      clients::WithRetries(clients::NewGrpcRewardClient(endpoints.reward_server_address()), retry);
   if (!endpoints.controller_address().empty()) {
-    active->controller = clients::NewGrpcControllerClient(endpoints.controller_address());
+    active->controller = clients::WithRetries(
+        clients::NewGrpcControllerClient(endpoints.controller_address()), retry);
   }
   weights_.Reset(request->run_id());
   TrainerRunDeps deps;

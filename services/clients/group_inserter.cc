@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "services/clients/retrier.h"
 
 namespace sluice::clients {
 namespace {
@@ -155,6 +156,9 @@ absl::StatusOr<InsertOutcome> GroupInserter::Insert(std::vector<v1::Group> group
     absl::StatusOr<v1::InsertGroupsResponse> response = client_.InsertGroups(request);
 
     absl::Status why;  // why groups are still pending after this call
+    // Whether the call failed as a whole (the buffer unreachable), rather
+    // than answering RETRYABLE_ERROR for some groups.
+    const bool call_failed = !response.ok();
     if (!response.ok()) {
       for (size_t i : pending) {
         GroupInsertResult& result = outcome.groups[i];
@@ -228,13 +232,28 @@ absl::StatusOr<InsertOutcome> GroupInserter::Insert(std::vector<v1::Group> group
                              " group(s) unconfirmed; last error: ", why.message()));
       return outcome;
     };
-    const std::string deadline_passed =
-        absl::StrCat("insert deadline of ", absl::FormatDuration(options_.deadline), " passed");
+    // The deadline passed. When the last call failed as a whole, the buffer
+    // has been unreachable (or breaking calls) for the whole deadline: the
+    // error is marked final (IsRetriesExhausted) for the caller.
+    const auto deadline_passed = [&] {
+      give_up(absl::StatusCode::kDeadlineExceeded,
+              absl::StrCat("insert deadline of ", absl::FormatDuration(options_.deadline),
+                           " passed"));
+      if (call_failed) {
+        outcome.status =
+            MarkRetriesExhausted(PrefixMessage(outcome.status, "replay_buffer unreachable"));
+      }
+      return outcome;
+    };
+    // A client that retries by itself (retrier.h) already gave up.
+    if (IsRetriesExhausted(why)) {
+      give_up(why.code(), "gave up");
+      outcome.status = MarkRetriesExhausted(outcome.status);
+      return outcome;
+    }
     if (outcome.attempts >= options_.max_attempts) return give_up(why.code(), "gave up");
     const absl::Duration left = deadline - now();
-    if (left <= absl::ZeroDuration()) {
-      return give_up(absl::StatusCode::kDeadlineExceeded, deadline_passed);
-    }
+    if (left <= absl::ZeroDuration()) return deadline_passed();
     const absl::Duration backoff = std::min(Backoff(outcome.attempts), left);
     if (options_.on_retry) options_.on_retry(why, outcome.attempts, backoff);
     if (options_.sleep) {
@@ -244,7 +263,7 @@ absl::StatusOr<InsertOutcome> GroupInserter::Insert(std::vector<v1::Group> group
     } else {
       absl::SleepFor(backoff);
     }
-    if (now() >= deadline) return give_up(absl::StatusCode::kDeadlineExceeded, deadline_passed);
+    if (now() >= deadline) return deadline_passed();
   }
 }
 

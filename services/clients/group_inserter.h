@@ -119,7 +119,10 @@ struct InsertOutcome {
   // groups unresolved:
   //   - a fatal RPC code (see IsRetryableInsertError), returned at once; it
   //     also sticks to the inserter;
-  //   - DEADLINE_EXCEEDED: the deadline passed;
+  //   - DEADLINE_EXCEEDED: the deadline passed; marked IsRetriesExhausted
+  //     (retrier.h) when the last call failed as a whole (the buffer was
+  //     unreachable), not when the buffer kept answering RETRYABLE_ERROR;
+  //   - a client's own IsRetriesExhausted error, at once (kept marked);
   //   - the last retryable code (UNAVAILABLE for per-group RETRYABLE_ERROR):
   //     max_attempts calls were made;
   //   - CANCELLED: the sleep function said to stop.

@@ -24,6 +24,7 @@
 #include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_service.h"
 #include "replay_buffer/test_util.h"
+#include "services/clients/retrier.h"
 #include "services/runtime/grpc_status.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 
@@ -719,6 +720,10 @@ TEST_F(GroupInserterTest, DeadlineBoundsBackoffsAndNoAttemptStartsAfterIt) {
   ASSERT_TRUE(outcome.ok()) << outcome.status();
   EXPECT_EQ(outcome->status.code(), absl::StatusCode::kDeadlineExceeded) << outcome->status;
   EXPECT_THAT(outcome->status.message(), HasSubstr("deadline of 1s passed"));
+  // Every call failed: the buffer was unreachable for the whole deadline,
+  // which the caller treats as final.
+  EXPECT_TRUE(IsRetriesExhausted(outcome->status));
+  EXPECT_THAT(outcome->status.message(), HasSubstr("replay_buffer unreachable"));
   // 100 + 200 + 400 ms, then the last backoff is cut to the 300 ms left.
   EXPECT_EQ(time_.sleeps(),
             (std::vector<absl::Duration>{absl::Milliseconds(100), absl::Milliseconds(200),
@@ -727,6 +732,63 @@ TEST_F(GroupInserterTest, DeadlineBoundsBackoffsAndNoAttemptStartsAfterIt) {
   EXPECT_EQ(outcome->attempts, 4);
   EXPECT_EQ(faulty_.num_insert_requests(), 4);
   EXPECT_TRUE(inserter->fatal_error().ok()) << "a deadline is not fatal";
+}
+
+// Answers every group RETRYABLE_ERROR, as a buffer whose rate limiter or
+// memory budget keeps it back.
+class AlwaysRetryableBuffer final : public ReplayBufferClient {
+ public:
+  absl::StatusOr<v1::AcquireGenerationSlotsResponse> AcquireGenerationSlots(
+      const v1::AcquireGenerationSlotsRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::StatusOr<v1::ReleaseGenerationSlotsResponse> ReleaseGenerationSlots(
+      const v1::ReleaseGenerationSlotsRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::StatusOr<v1::InsertGroupsResponse> InsertGroups(
+      const v1::InsertGroupsRequest& request) override {
+    v1::InsertGroupsResponse response;
+    for (const v1::Group& group : request.groups()) {
+      v1::InsertGroupResult* result = response.add_results();
+      result->set_idempotency_key(group.idempotency_key());
+      result->set_status(v1::INSERT_STATUS_RETRYABLE_ERROR);
+      result->set_message("rate limited");
+    }
+    return response;
+  }
+  absl::StatusOr<v1::SampleResponse> Sample(const v1::SampleRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::StatusOr<v1::UpdatePolicyVersionResponse> UpdatePolicyVersion(
+      const v1::UpdatePolicyVersionRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  absl::StatusOr<v1::GetStatsResponse> GetStats(const v1::GetStatsRequest&) override {
+    return absl::UnimplementedError("");
+  }
+  void CancelSample() override {}
+};
+
+// A buffer that answers, but keeps the groups back, is not unreachable: the
+// deadline passing is not marked final.
+TEST_F(GroupInserterTest, ADeadlinePassedWhileTheBufferAnswersIsNotFinal) {
+  AlwaysRetryableBuffer buffer;
+  GroupInserterOptions options = Options();
+  options.deadline = absl::Seconds(1);
+  options.max_attempts = 100;
+  absl::StatusOr<std::unique_ptr<GroupInserter>> inserter =
+      GroupInserter::Create(buffer, std::move(options));
+  ASSERT_TRUE(inserter.ok()) << inserter.status();
+
+  absl::StatusOr<InsertOutcome> outcome = (*inserter)->Insert(Groups("g", 2));
+
+  ASSERT_TRUE(outcome.ok()) << outcome.status();
+  EXPECT_EQ(outcome->status.code(), absl::StatusCode::kDeadlineExceeded) << outcome->status;
+  EXPECT_FALSE(IsRetriesExhausted(outcome->status));
+  EXPECT_GT(outcome->attempts, 1);
+  EXPECT_EQ(outcome->groups[0].status, v1::INSERT_STATUS_RETRYABLE_ERROR);
+  EXPECT_EQ(outcome->groups[1].status, v1::INSERT_STATUS_RETRYABLE_ERROR);
 }
 
 TEST_F(GroupInserterTest, SlowCallsUseUpTheDeadline) {

@@ -16,7 +16,7 @@
 #include "services/clients/clients.h"
 #include "absl/time/clock.h"
 #include "services/runtime/grpc_status.h"
-#include "trainer/checkpoint.h"
+#include "trainer/checkpoint_state.h"
 
 namespace sluice::trainer {
 

@@ -50,6 +50,11 @@ void RunStatsToProto(const RunStats& stats, v1::BufferStats* proto) {
   *proto->mutable_config() = stats.config.buffer;
   proto->set_batch_size_groups(stats.config.batch_size_groups);
   proto->set_max_staleness(stats.config.max_staleness);
+  proto->set_retained_groups(stats.retained_groups);
+  proto->set_retained_bytes(stats.retained_bytes);
+  proto->set_committed_step(stats.committed_step);
+  proto->set_last_recorded_step(stats.last_recorded_step);
+  proto->set_replayed_batches(stats.replayed_batches);
 }
 
 AcquireRequest AcquireRequestFromProto(const v1::AcquireGenerationSlotsRequest& request) {
@@ -118,6 +123,7 @@ SampleRequest SampleRequestFromProto(const v1::SampleRequest& request,
   core.sampler_override = request.sampler_override();
   core.timeout =
       request.timeout_ms() == 0 ? default_timeout : absl::Milliseconds(request.timeout_ms());
+  core.step = request.step();
   return core;
 }
 
@@ -134,6 +140,7 @@ AliasedSampleResponse::AliasedSampleResponse(const SampleResult& result) {
   }
   response_.set_buffer_version(result.buffer_version);
   response_.set_policy_version(result.policy_version);
+  response_.set_replayed(result.replayed);
 }
 
 AliasedSampleResponse::~AliasedSampleResponse() {

@@ -220,7 +220,8 @@ absl::Status ReplayBuffer::CheckNewTableMemory(const RunConfig& config) const {
   if (memory.budget_bytes() <= 0 || config.max_sequence_tokens <= 0) return absl::OkStatus();
   const run::ServiceMemoryEstimate estimate = run::EstimateReplayBufferMemory(
       config.batch_size_groups, config.max_staleness, config.group_size, config.buffer,
-      config.max_sequence_tokens, absl::StrCat(config.max_sequence_tokens, " tokens"));
+      config.max_sequence_tokens, absl::StrCat(config.max_sequence_tokens, " tokens"),
+      config.retained_step_batches);
   const int64_t used = memory.used_bytes();
   const run::MemoryBudget left{
       std::max<int64_t>(1, memory.budget_bytes() - used),
@@ -317,6 +318,7 @@ absl::Status ReplayBuffer::SnapshotLocked() {
       storage::SnapshotItem counts;
       counts.set_times_sampled(item.times_sampled);
       counts.set_priority(item.priority);
+      counts.set_retained_only(item.retained_only);
       payload.clear();
       wire::AppendNested(2, 1, *item.group, counts.SerializeAsString(), &payload);
       RETURN_IF_ERROR(writer->Append(payload));

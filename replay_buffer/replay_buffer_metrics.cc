@@ -36,6 +36,9 @@ struct ReplayBufferMetrics::RunSeries {
   MirroredCounter evicted_stale, evicted_max_times_sampled, evicted_capacity;
   prometheus::Gauge* size_bytes = nullptr;
   MirroredCounter insert_blocked_ms, sample_blocked_ms;
+  prometheus::Gauge* retained_groups = nullptr;
+  prometheus::Gauge* committed_step = nullptr;
+  MirroredCounter replayed_batches;
 };
 
 ReplayBufferMetrics::ReplayBufferMetrics(prometheus::Registry& registry)
@@ -102,7 +105,19 @@ ReplayBufferMetrics::ReplayBufferMetrics(prometheus::Registry& registry)
                           .Name("sluice_buffer_wal_disk_bytes")
                           .Help("Size of the write-ahead log's segments on disk.")
                           .Register(registry)
-                          .Add({})) {}
+                          .Add({})),
+      retained_groups_(prometheus::BuildGauge()
+                           .Name("sluice_buffer_retained_groups")
+                           .Help("Groups kept for trainer steps its checkpoint does not cover yet.")
+                           .Register(registry)),
+      committed_step_(prometheus::BuildGauge()
+                          .Name("sluice_buffer_committed_step")
+                          .Help("Highest trainer step committed (covered by a checkpoint).")
+                          .Register(registry)),
+      replayed_batches_(prometheus::BuildCounter()
+                            .Name("sluice_buffer_replayed_batches_total")
+                            .Help("Recorded step batches handed out again (a resumed trainer).")
+                            .Register(registry)) {}
 
 ReplayBufferMetrics::~ReplayBufferMetrics() = default;
 
@@ -136,6 +151,9 @@ ReplayBufferMetrics::RunSeries& ReplayBufferMetrics::SeriesLocked(const std::str
   series->insert_blocked_ms.scale = 1e-3;
   series->sample_blocked_ms.counter = &rate_limiter_blocked_.Add(with("side", "sample"));
   series->sample_blocked_ms.scale = 1e-3;
+  series->retained_groups = &retained_groups_.Add(run);
+  series->committed_step = &committed_step_.Add(run);
+  series->replayed_batches.counter = &replayed_batches_.Add(run);
   return *series;
 }
 
@@ -160,6 +178,9 @@ void ReplayBufferMetrics::Sync(RunTable& table) {
   series.size_bytes->Set(static_cast<double>(stats.size_bytes));
   series.insert_blocked_ms.Follow(absl::ToInt64Milliseconds(stats.rate_limiter_insert_blocked));
   series.sample_blocked_ms.Follow(absl::ToInt64Milliseconds(stats.rate_limiter_sample_blocked));
+  series.retained_groups->Set(static_cast<double>(stats.retained_groups));
+  series.committed_step->Set(static_cast<double>(stats.committed_step));
+  series.replayed_batches.Follow(stats.replayed_batches);
 }
 
 void ReplayBufferMetrics::SyncDurability(const DurabilityStats& stats) {

@@ -36,6 +36,9 @@ namespace sluice::replay_buffer {
 //   sluice_buffer_wal_bytes_total                       bytes appended to the write-ahead log
 //   sluice_buffer_wal_records_total
 //   sluice_buffer_wal_disk_bytes                        log segments on disk now
+//   sluice_buffer_retained_groups{run_id}               kept for uncommitted trainer steps
+//   sluice_buffer_committed_step{run_id}                the trainer's last committed step
+//   sluice_buffer_replayed_batches_total{run_id}        step batches handed out again
 //   (DurabilityMetrics) sluice_buffer_wal_fsync_seconds, sluice_buffer_snapshot_seconds,
 //   sluice_buffer_snapshot_bytes
 //
@@ -88,6 +91,9 @@ class ReplayBufferMetrics {
   prometheus::Counter& wal_bytes_;
   prometheus::Counter& wal_records_;
   prometheus::Gauge& wal_disk_bytes_;
+  prometheus::Family<prometheus::Gauge>& retained_groups_;
+  prometheus::Family<prometheus::Gauge>& committed_step_;
+  prometheus::Family<prometheus::Counter>& replayed_batches_;
   uint64_t wal_bytes_exported_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t wal_records_exported_ ABSL_GUARDED_BY(mu_) = 0;
 

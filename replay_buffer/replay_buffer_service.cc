@@ -7,6 +7,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "replay_buffer/proto_convert.h"
+#include "absl/time/clock.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::replay_buffer {
@@ -29,7 +30,10 @@ absl::Duration CapByDeadline(absl::Duration wait, const grpc::ServerContext& con
 
 ReplayBufferServiceImpl::ReplayBufferServiceImpl(std::shared_ptr<ReplayBuffer> buffer,
                                                  prometheus::Registry& registry, Options options)
-    : buffer_(std::move(buffer)), options_(options), metrics_(registry) {}
+    : buffer_(std::move(buffer)),
+      options_(options),
+      incarnation_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())),
+      metrics_(registry) {}
 
 void ReplayBufferServiceImpl::Shutdown() {
   buffer_->Shutdown();
@@ -171,7 +175,7 @@ grpc::Status ReplayBufferServiceImpl::Sample(
       status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
       break;
     }
-    metrics_.ObserveDelivered(request.run_id(), *result);
+    if (!result->replayed) metrics_.ObserveDelivered(request.run_id(), *result);
     metrics_.Sync(**table);
   }
   CloseStream(context);
@@ -213,6 +217,7 @@ grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
                                                v1::GetStatsResponse* response) {
   response->set_memory_budget_bytes(buffer_->memory_budget_bytes());
   response->set_memory_used_bytes(buffer_->memory_used_bytes());
+  response->set_incarnation(incarnation_);
   if (request->run_id().empty()) {
     for (const std::string& run_id : buffer_->RunIds()) {
       absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id);
@@ -224,6 +229,19 @@ grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   RunStatsToProto((*table)->Stats(), response->mutable_stats());
+  metrics_.Sync(**table);
+  return grpc::Status::OK;
+}
+
+grpc::Status ReplayBufferServiceImpl::CommitTrainedSteps(
+    grpc::ServerContext* context, const v1::CommitTrainedStepsRequest* request,
+    v1::CommitTrainedStepsResponse* response) {
+  absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
+  if (!table.ok()) return ToGrpcStatus(table.status());
+  absl::StatusOr<CommitResult> result = (*table)->CommitTrainedSteps(request->step());
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  response->set_committed_step(result->committed_step);
+  response->set_released_groups(result->released_groups);
   metrics_.Sync(**table);
   return grpc::Status::OK;
 }

@@ -29,8 +29,10 @@ namespace sluice::replay_buffer {
 //   Options::default_sample_timeout. A request the core refuses (unknown run,
 //   bad field) ends the stream with that status, since a SampleResponse
 //   cannot carry an error. A batch whose write fails (the trainer went away)
-//   is put back into the table. The stream ends when the client half-closes
-//   or the service shuts down.
+//   is put back into the table, unless it is a trainer step's (SampleRequest.
+//   step), which stays recorded for the trainer's retry. A replayed step
+//   batch is not observed again in the staleness histogram. The stream ends
+//   when the client half-closes or the service shuts down.
 //
 // Runs on gRPC's synchronous server: a blocked Sample or AcquireGenerationSlots
 // holds one server thread while it waits. Thread-safe.
@@ -78,6 +80,13 @@ class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Se
                                 v1::UpdatePrioritiesResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const v1::GetStatsRequest* request,
                         v1::GetStatsResponse* response) override;
+  grpc::Status CommitTrainedSteps(grpc::ServerContext* context,
+                                  const v1::CommitTrainedStepsRequest* request,
+                                  v1::CommitTrainedStepsResponse* response) override;
+
+  // GetStatsResponse.incarnation: when this service was created (ns since
+  // the epoch), distinct for every start of the process.
+  uint64_t incarnation() const { return incarnation_; }
 
  private:
   // Registers an open stream for Shutdown to cancel; false when shutting down.
@@ -86,6 +95,7 @@ class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Se
 
   const std::shared_ptr<ReplayBuffer> buffer_;
   const Options options_;
+  const uint64_t incarnation_;
   ReplayBufferMetrics metrics_;
 
   absl::Mutex streams_mu_;

@@ -270,6 +270,104 @@ TEST_F(ReplayBufferServiceTest, AcquireInsertAndSampleAGroupsLifecycle) {
   EXPECT_THAT(metrics, HasSubstr("sluice_buffer_admission_wait_seconds_count 1"));
 }
 
+// The trainer's steps over the wire: a step's batch comes back unchanged
+// (replayed) on a new stream, as for a trainer that restarted, until
+// CommitTrainedSteps lets it go; then asking for it ends the stream with
+// FAILED_PRECONDITION naming the step.
+TEST_F(ReplayBufferServiceTest, StepBatchesAreReplayedUntilCommitted) {
+  ASSERT_TRUE(Configure(2, 4).ok());
+  InsertOnOneStream({{MakeGroup(kRun, "g0", 2, 0), MakeGroup(kRun, "g1", 2, 0),
+                      MakeGroup(kRun, "g2", 2, 0), MakeGroup(kRun, "g3", 2, 0)}});
+  const auto sample_steps = [&](const std::vector<int64_t>& steps, grpc::Status* end) {
+    std::vector<v1::SampleResponse> responses;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    auto stream = stub_->Sample(&context);
+    for (const int64_t step : steps) {
+      v1::SampleRequest request = SampleRequestFor(0, 1000);
+      request.set_step(step);
+      if (!stream->Write(request)) break;
+      v1::SampleResponse response;
+      if (!stream->Read(&response)) break;
+      responses.push_back(response);
+    }
+    stream->WritesDone();
+    *end = stream->Finish();
+    return responses;
+  };
+  grpc::Status end;
+  std::vector<v1::SampleResponse> first = sample_steps({1, 2}, &end);
+  ASSERT_TRUE(end.ok()) << end.error_message();
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_THAT(GroupIds(first[0]), ElementsAre("g0", "g1"));
+  EXPECT_FALSE(first[0].replayed());
+
+  std::vector<v1::SampleResponse> again = sample_steps({1, 2}, &end);
+  ASSERT_TRUE(end.ok()) << end.error_message();
+  ASSERT_EQ(again.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(again[i].replayed());
+    EXPECT_EQ(GroupIds(again[i]), GroupIds(first[i]));
+    EXPECT_EQ(again[i].buffer_version(), first[i].buffer_version());
+  }
+  v1::BufferStats stats = Stats();
+  EXPECT_EQ(stats.sampled_groups(), 4);  // counted once
+  EXPECT_EQ(stats.sampled_group_staleness().counts(0), 4);
+  EXPECT_EQ(stats.retained_groups(), 4);
+  EXPECT_GT(stats.retained_bytes(), 0);
+  EXPECT_EQ(stats.last_recorded_step(), 2);
+  EXPECT_EQ(stats.replayed_batches(), 2);
+
+  v1::CommitTrainedStepsRequest commit;
+  commit.set_run_id(kRun);
+  commit.set_step(1);
+  v1::CommitTrainedStepsResponse committed;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->CommitTrainedSteps(&context, commit, &committed).ok());
+  }
+  EXPECT_EQ(committed.committed_step(), 1);
+  EXPECT_EQ(committed.released_groups(), 2);
+  stats = Stats();
+  EXPECT_EQ(stats.committed_step(), 1);
+  EXPECT_EQ(stats.retained_groups(), 2);
+
+  std::vector<v1::SampleResponse> gone = sample_steps({1}, &end);
+  EXPECT_TRUE(gone.empty());
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(end.error_message(), HasSubstr("step 1 of run run-s was committed"));
+  gone = sample_steps({4}, &end);
+  EXPECT_EQ(end.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(end.error_message(), HasSubstr("is ahead of the next step to sample, 3"));
+
+  commit.set_run_id("no-such-run");
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub_->CommitTrainedSteps(&context, commit, &committed).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  const std::string metrics = MetricsText();
+  EXPECT_THAT(metrics, HasSubstr("sluice_buffer_retained_groups{run_id=\"run-s\"} 2"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_buffer_committed_step{run_id=\"run-s\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_buffer_replayed_batches_total{run_id=\"run-s\"} 2"));
+  // Replays are not observed again in the delivered-staleness histogram.
+  EXPECT_THAT(metrics, HasSubstr("sluice_buffer_sampled_staleness_count{run_id=\"run-s\"} 4"));
+}
+
+TEST_F(ReplayBufferServiceTest, GetStatsCarriesTheServicesIncarnation) {
+  v1::GetStatsResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->GetStats(&context, v1::GetStatsRequest(), &response).ok());
+  EXPECT_EQ(response.incarnation(), service_->incarnation());
+  EXPECT_GT(response.incarnation(), uint64_t{1'600'000'000} * 1'000'000'000);  // ns, after 2020
+  absl::StatusOr<std::unique_ptr<ReplayBuffer>> buffer = ReplayBuffer::Create();
+  ASSERT_TRUE(buffer.ok());
+  prometheus::Registry registry;
+  ReplayBufferServiceImpl later(std::move(buffer).value(), registry);
+  EXPECT_GT(later.incarnation(), service_->incarnation());
+}
+
 TEST_F(ReplayBufferServiceTest, SampleAnswersPrefetchedRequestsInOrder) {
   ASSERT_TRUE(Configure(2, 4).ok());
   InsertOnOneStream({{MakeGroup(kRun, "g0", 2, 0), MakeGroup(kRun, "g1", 2, 0),

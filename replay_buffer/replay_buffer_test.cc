@@ -208,6 +208,78 @@ TEST(ReplayBufferTest, ADataDirectoryBringsEveryRunBack) {
   std::filesystem::remove_all(dir);
 }
 
+// The batches of trainer steps not committed yet come back with the rest,
+// from the final snapshot as from the log: the same groups for the same
+// steps, still counted against the memory budget.
+TEST(ReplayBufferTest, RecordedStepsComeBackFromTheSnapshotAndTheLog) {
+  const std::string dir = ::testing::TempDir() + "/replay-buffer-steps-" +
+                          std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  DurabilityOptions durability;
+  durability.data_dir = dir;
+  durability.fsync_policy = durability::FsyncPolicy::kNever;
+  durability.keep_snapshots = 3;
+  const auto ids = [](const absl::StatusOr<SampleResult>& batch) {
+    std::vector<std::string> out;
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    if (!batch.ok()) return out;
+    for (const SampledGroup& sampled : batch->groups) out.push_back(sampled.group->group_id());
+    return out;
+  };
+  const auto step = [](int64_t s) {
+    return SampleRequest{.timeout = absl::ZeroDuration(), .step = s};
+  };
+  std::vector<std::string> step2, step3;
+  int64_t used = 0;
+  {
+    auto created = ReplayBuffer::Create({}, durability);
+    ASSERT_TRUE(created.ok()) << created.status();
+    ReplayBuffer& buffer = **created;
+    ASSERT_TRUE(buffer.ConfigureRun(Config("a", 2)).ok());
+    std::vector<v1::Group> groups;
+    for (int i = 0; i < 8; ++i) groups.push_back(MakeGroup("a", "g" + std::to_string(i), 2, 0));
+    for (const InsertResult& result : buffer.Insert(std::move(groups))) {
+      ASSERT_EQ(result.status, InsertStatus::kStored) << result.message;
+    }
+    std::shared_ptr<RunTable> a = *buffer.GetRun("a");
+    ASSERT_EQ(ids(a->Sample(step(1))).size(), 2u);
+    step2 = ids(a->Sample(step(2)));
+    ASSERT_TRUE(buffer.SnapshotNow().ok());  // an older snapshot: steps 1 and 2
+    ASSERT_TRUE(a->CommitTrainedSteps(1).ok());
+    step3 = ids(a->Sample(step(3)));
+    used = buffer.memory_used_bytes();
+    EXPECT_EQ(a->Stats().retained_groups, 4);
+  }  // ... then the final one, at shutdown
+  const auto check = [&](ReplayBuffer& buffer) {
+    std::shared_ptr<RunTable> a = *buffer.GetRun("a");
+    EXPECT_EQ(buffer.memory_used_bytes(), used);
+    EXPECT_EQ(a->Stats().retained_groups, 4);
+    EXPECT_EQ(ids(a->Sample(step(2))), step2);
+    EXPECT_EQ(ids(a->Sample(step(3))), step3);
+    EXPECT_EQ(a->Sample(step(1)).status().code(), absl::StatusCode::kFailedPrecondition);
+  };
+  {
+    auto restored = ReplayBuffer::Create({}, durability);
+    ASSERT_TRUE(restored.ok()) << restored.status();
+    EXPECT_EQ((*restored)->restore_report().wal_records_replayed, 0);
+    check(**restored);
+  }
+  std::vector<std::string> snapshots;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/snapshots")) {
+    if (entry.path().extension() == ".snap") snapshots.push_back(entry.path());
+  }
+  std::sort(snapshots.begin(), snapshots.end());
+  ASSERT_GE(snapshots.size(), 2u);
+  // The newest snapshots gone: the older one and the log.
+  for (size_t i = 1; i < snapshots.size(); ++i) std::filesystem::remove(snapshots[i]);
+  auto replayed = ReplayBuffer::Create({}, durability);
+  ASSERT_TRUE(replayed.ok()) << replayed.status();
+  EXPECT_GT((*replayed)->restore_report().wal_records_replayed, 0);
+  check(**replayed);
+  replayed->reset();
+  std::filesystem::remove_all(dir);
+}
+
 // A log damaged in the middle refuses to start (DATA_LOSS naming the file)
 // and leaves the directory as it was: no snapshot of the partial state.
 TEST(ReplayBufferTest, ADamagedLogIsRefusedAndLeftAlone) {

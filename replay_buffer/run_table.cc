@@ -53,6 +53,7 @@ RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request) {
   config.seed = request.seed();
   config.vocab_size = request.vocab_size();
   config.max_sequence_tokens = request.max_sequence_tokens();
+  config.retained_step_batches = request.retained_step_batches();
   if (request.has_min_reward()) config.min_reward = request.min_reward();
   if (request.has_max_reward()) config.max_reward = request.max_reward();
   return config;
@@ -69,6 +70,7 @@ v1::ConfigureRunRequest RunConfigToProto(const RunConfig& config) {
   request.set_seed(config.seed);
   request.set_vocab_size(config.vocab_size);
   request.set_max_sequence_tokens(config.max_sequence_tokens);
+  request.set_retained_step_batches(config.retained_step_batches);
   if (config.min_reward.has_value()) request.set_min_reward(*config.min_reward);
   if (config.max_reward.has_value()) request.set_max_reward(*config.max_reward);
   return request;
@@ -97,6 +99,10 @@ absl::Status RunConfig::Validate() const {
   if (max_sequence_tokens < 0) {
     problems.push_back(absl::StrCat("max_sequence_tokens: must be >= 0 (0 = unknown), got ",
                                     max_sequence_tokens));
+  }
+  if (retained_step_batches < 0) {
+    problems.push_back(absl::StrCat("retained_step_batches: must be >= 0, got ",
+                                    retained_step_batches));
   }
   if (min_reward.has_value() && !std::isfinite(*min_reward)) {
     problems.push_back(absl::StrCat("min_reward: must be finite, got ", *min_reward));
@@ -199,7 +205,7 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
 
 RunTable::~RunTable() {
   absl::MutexLock lock(&mu_);
-  if (options_.memory != nullptr) options_.memory->Release(size_bytes_);
+  if (options_.memory != nullptr) options_.memory->Release(size_bytes_ + retained_only_bytes_);
 }
 
 absl::StatusOr<uint64_t> RunTable::JournalLocked(v1::storage::WalRecord& record,
@@ -264,6 +270,7 @@ void RunTable::ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sample
   config_.seed = config.seed;
   config_.vocab_size = config.vocab_size;
   config_.max_sequence_tokens = config.max_sequence_tokens;
+  config_.retained_step_batches = config.retained_step_batches;
   config_.min_reward = config.min_reward;
   config_.max_reward = config.max_reward;
   SetGroupLimitsLocked(config_);
@@ -762,7 +769,13 @@ void RunTable::EnforceCapacityLocked() {
 }
 
 void RunTable::AddItemLocked(int64_t sequence, Item item, bool charged) {
-  if (!charged && options_.memory != nullptr) options_.memory->Charge(item.size_bytes);
+  if (steps_.Retains(sequence)) {
+    // Back from a recorded step's keeping (a returned batch): its bytes
+    // stayed charged.
+    retained_only_bytes_ -= item.size_bytes;
+  } else if (!charged && options_.memory != nullptr) {
+    options_.memory->Charge(item.size_bytes);
+  }
   by_min_version_.emplace(item.min_policy_version, sequence);
   sampler_->Insert(sequence, item.priority);
   size_trajectories_ += item.trajectories;
@@ -779,7 +792,11 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
   sampler_->Delete(sequence);
   size_trajectories_ -= it->second.trajectories;
   size_bytes_ -= it->second.size_bytes;
-  if (options_.memory != nullptr) options_.memory->Release(it->second.size_bytes);
+  if (steps_.Retains(sequence)) {
+    retained_only_bytes_ += it->second.size_bytes;  // a recorded step keeps it
+  } else if (options_.memory != nullptr) {
+    options_.memory->Release(it->second.size_bytes);
+  }
   if (auto held = held_group_ids_.find(it->second.group->group_id());
       held != held_group_ids_.end() && held->second == sequence) {
     held_group_ids_.erase(held);
@@ -882,6 +899,10 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "sampler_override: unknown sampler kind ", static_cast<int>(request.sampler_override)));
   }
+  if (request.step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: must be >= 0 (0 = none), got ", request.step));
+  }
   const absl::Time deadline = absl::Now() + request.timeout;
   const int64_t batch =
       request.batch_size_groups > 0 ? request.batch_size_groups : batch_size_groups_;
@@ -898,12 +919,24 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
         v1::SamplerKind_Name(request.sampler_override),
         " is not supported (set buffer.sampler in the run's configuration)"));
   }
+  if (request.step > 0) {
+    ASSIGN_OR_RETURN(std::optional<SampleResult> recorded, RecordedStepLocked(request.step));
+    if (recorded.has_value()) return *std::move(recorded);
+  }
   SampleResult result;
   result.policy_version = trainer_version;
+  result.step = request.step;
   ASSIGN_OR_RETURN(result.evicted_stale_groups, AdvanceVersionLocked(trainer_version));
   SampleWait wait{this, batch};
+  bool waited = false;
   while (true) {
     if (shutdown_) return absl::UnavailableError(kShuttingDown);
+    if (request.step > 0 && waited) {
+      // Another Sample of the same step (a retry on a new stream) may have
+      // recorded it while this one waited.
+      ASSIGN_OR_RETURN(std::optional<SampleResult> recorded, RecordedStepLocked(request.step));
+      if (recorded.has_value()) return *std::move(recorded);
+    }
     if (HasStaleLocked(trainer_version, max_staleness)) {
       v1::storage::WalRecord record;
       record.mutable_stale_evicted()->set_reference_version(trainer_version);
@@ -930,6 +963,7 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
           rate_limiter_.inserts(), " inserted, ", rate_limiter_.samples(), " sampled)"));
     }
     mu_.AwaitWithDeadline(absl::Condition(&RunTable::CanSampleOrShutdown, &wait), deadline);
+    waited = true;
     if (enough && !ratio) sample_blocked_ += absl::Now() - now;
   }
 
@@ -937,16 +971,83 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
   v1::storage::WalRecord record;
   record.mutable_sampled()->set_trainer_policy_version(trainer_version);
   record.mutable_sampled()->mutable_sequences()->Add(sequences.begin(), sequences.end());
+  record.mutable_sampled()->set_step(request.step);
   RETURN_IF_ERROR(JournalLocked(record).status());
-  ApplySampledLocked(trainer_version, sequences, &result);
+  ApplySampledLocked(trainer_version, sequences, request.step, &result);
   result.buffer_version = buffer_version_;
   return result;
 }
 
+absl::StatusOr<std::optional<SampleResult>> RunTable::RecordedStepLocked(int64_t step) {
+  switch (steps_.Locate(step)) {
+    case StepBatches::Position::kNext:
+      return std::nullopt;
+    case StepBatches::Position::kGone:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step: step ", step, " of run ", run_id_,
+          " was committed (the trainer's checkpoint covers every step up to ",
+          steps_.committed_step(),
+          ") and its batch let go; a trainer resumed from a checkpoint asks for the steps "
+          "after it"));
+    case StepBatches::Position::kAhead:
+      return absl::FailedPreconditionError(absl::StrCat(
+          "step: step ", step, " of run ", run_id_, " is ahead of the next step to sample, ",
+          steps_.next_step(), " (last recorded ", steps_.last_recorded_step(), ", committed ",
+          steps_.committed_step(), "); steps are sampled in order"));
+    case StepBatches::Position::kRecorded:
+      break;
+  }
+  const StepBatches::Batch& batch = *steps_.Find(step);
+  SampleResult result;
+  result.step = step;
+  result.replayed = true;
+  result.policy_version = batch.trainer_policy_version;
+  result.buffer_version = batch.buffer_version;
+  result.groups.reserve(batch.entries.size());
+  for (const StepBatches::Entry& entry : batch.entries) {
+    const StepBatches::RetainedGroup* kept = steps_.Retained(entry.sequence);
+    result.groups.push_back(
+        SampledGroup{.group = kept->group,
+                     .times_sampled = entry.times_sampled,
+                     .staleness = batch.trainer_policy_version - kept->group->min_policy_version(),
+                     .removed = entry.removed});
+  }
+  ++replayed_batches_;
+  return result;
+}
+
+absl::StatusOr<CommitResult> RunTable::CommitTrainedSteps(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("step: must be >= 0, got ", step));
+  }
+  absl::MutexLock lock(&mu_);
+  CommitResult result;
+  if (step > steps_.committed_step()) {
+    v1::storage::WalRecord record;
+    record.mutable_committed()->set_step(step);
+    RETURN_IF_ERROR(JournalLocked(record).status());
+    result.released_groups = ApplyCommittedLocked(step);
+  }
+  result.committed_step = steps_.committed_step();
+  return result;
+}
+
+int64_t RunTable::ApplyCommittedLocked(int64_t step) {
+  const std::vector<std::pair<int64_t, StepBatches::RetainedGroup>> released = steps_.Commit(step);
+  for (const auto& [sequence, kept] : released) {
+    if (items_.contains(sequence)) continue;  // still sampleable: items_ keeps the charge
+    retained_only_bytes_ -= kept.size_bytes;
+    if (options_.memory != nullptr) options_.memory->Release(kept.size_bytes);
+  }
+  return static_cast<int64_t>(released.size());
+}
+
 void RunTable::ApplySampledLocked(int64_t trainer_version, const std::vector<int64_t>& sequences,
-                                  SampleResult* result) {
+                                  int64_t step, SampleResult* result) {
   const int32_t max_times_sampled = config_.max_times_sampled();
   result->groups.reserve(sequences.size());
+  StepBatches::Batch recorded;
+  recorded.trainer_policy_version = trainer_version;
   for (const int64_t sequence : sequences) {
     auto it = items_.find(sequence);
     if (it == items_.end()) continue;  // ApplyRecord checks before calling
@@ -957,14 +1058,27 @@ void RunTable::ApplySampledLocked(int64_t trainer_version, const std::vector<int
                          .times_sampled = item.times_sampled,
                          .staleness = trainer_version - item.min_policy_version,
                          .removed = item.times_sampled >= max_times_sampled};
+    if (step > 0) {
+      // Kept before it may leave items_, so that its bytes stay charged.
+      steps_.Keep(sequence, item.group, item.size_bytes);
+      recorded.entries.push_back(
+          {.sequence = sequence, .times_sampled = sampled.times_sampled, .removed = sampled.removed});
+    }
     if (sampled.removed) RemoveItemLocked(sequence, EvictionReason::kMaxTimesSampled);
     result->groups.push_back(std::move(sampled));
   }
   rate_limiter_.OnSample(static_cast<int64_t>(sequences.size()));
   ++buffer_version_;
+  if (step > 0) {
+    recorded.buffer_version = buffer_version_;
+    steps_.Add(step, std::move(recorded));
+  }
 }
 
 void RunTable::ReturnUndelivered(const SampleResult& batch) {
+  // A step's batch stays recorded: the trainer's next Sample of the step
+  // (on a new stream, or after a restart) is answered with it.
+  if (batch.step > 0) return;
   std::vector<Item> items;
   items.reserve(batch.groups.size());
   v1::storage::WalRecord record;
@@ -1051,7 +1165,7 @@ void RunTable::ApplyPrioritiesLocked(const v1::storage::PrioritiesUpdated& prior
 }
 
 // ---------------------------------------------------------------------------
-// Stats, snapshots, restore
+// Stats (snapshots and journal replay: run_table_durability.cc)
 // ---------------------------------------------------------------------------
 
 RunStats RunTable::Stats() {
@@ -1079,213 +1193,12 @@ RunStats RunTable::Stats() {
   stats.admission_blocked = admission_blocked_;
   stats.buffer_version = buffer_version_;
   stats.config = config_;
+  stats.retained_groups = steps_.retained_groups();
+  stats.retained_bytes = retained_only_bytes_;
+  stats.committed_step = steps_.committed_step();
+  stats.last_recorded_step = steps_.last_recorded_step();
+  stats.replayed_batches = replayed_batches_;
   return stats;
-}
-
-namespace {
-
-void HistogramToProto(const StalenessHistogram& histogram, v1::StalenessHistogram* proto) {
-  proto->mutable_bucket_upper_bounds()->Add(histogram.bucket_upper_bounds().begin(),
-                                            histogram.bucket_upper_bounds().end());
-  proto->mutable_counts()->Add(histogram.counts().begin(), histogram.counts().end());
-  proto->set_sum(histogram.sum());
-}
-
-bool HistogramFromProto(const v1::StalenessHistogram& proto, StalenessHistogram* histogram) {
-  if (proto.counts_size() == 0) return true;  // nothing recorded
-  return histogram->Restore({proto.bucket_upper_bounds().begin(), proto.bucket_upper_bounds().end()},
-                            {proto.counts().begin(), proto.counts().end()}, proto.sum());
-}
-
-}  // namespace
-
-RunTable::SnapshotData RunTable::Snapshot() {
-  SnapshotData data;
-  absl::MutexLock lock(&mu_);
-  ExpireLeasesLocked();
-  v1::storage::TableSnapshot& table = data.table;
-  *table.mutable_config() = RunConfigToProto(config_);
-  table.set_covered_lsn(last_lsn_);
-  table.set_policy_version(policy_version_);
-  table.set_accepted(accepted_);
-  table.set_next_sequence(next_sequence_);
-  table.set_buffer_version(buffer_version_);
-  table.set_items(static_cast<int64_t>(items_.size()));
-  table.set_inserted_groups(inserted_groups_);
-  table.set_duplicate_inserts(duplicate_inserts_);
-  table.set_rejected_stale_inserts(rejected_stale_inserts_);
-  table.set_invalid_inserts(invalid_inserts_);
-  table.set_retryable_insert_errors(retryable_insert_errors_);
-  table.set_sampled_groups(sampled_groups_);
-  table.set_evicted_stale(evictions_.stale);
-  table.set_evicted_max_times_sampled(evictions_.max_times_sampled);
-  table.set_evicted_capacity(evictions_.capacity);
-  HistogramToProto(sampled_group_staleness_, table.mutable_sampled_group_staleness());
-  HistogramToProto(sampled_token_staleness_, table.mutable_sampled_token_staleness());
-  table.set_rate_limiter_inserts(rate_limiter_.inserts());
-  table.set_rate_limiter_samples(rate_limiter_.samples());
-  table.set_max_client_priority(max_client_priority_);
-  for (const auto& [id, lease] : leases_) {
-    v1::storage::SnapshotLease& entry = *table.add_leases();
-    entry.set_lease_id(id);
-    entry.set_worker_id(lease.worker_id);
-    entry.set_worker_incarnation(lease.incarnation);
-  }
-  for (const auto& [worker, incarnation] : worker_incarnations_) {
-    (*table.mutable_worker_incarnations())[worker] = incarnation;
-  }
-  table.set_next_lease_number(next_lease_number_);
-  for (const auto& [key, sequence] : stored_keys_) (*table.mutable_stored_keys())[key] = sequence;
-  data.items.reserve(items_.size());
-  for (const auto& [sequence, item] : items_) {
-    data.items.push_back({item.group, item.times_sampled, item.priority});
-  }
-  return data;
-}
-
-absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Restore(
-    const v1::storage::TableSnapshot& snapshot, std::vector<v1::storage::SnapshotItem> items,
-    RunTableOptions options) {
-  const RunConfig config = RunConfigFromProto(snapshot.config());
-  const std::string where = absl::StrCat("snapshot of run ", config.run_id, ": ");
-  if (static_cast<int64_t>(items.size()) != snapshot.items()) {
-    return absl::DataLossError(absl::StrCat(where, "expected ", snapshot.items(),
-                                            " groups, found ", items.size()));
-  }
-  absl::StatusOr<std::unique_ptr<RunTable>> created =
-      Create(config, options, std::max<uint64_t>(1, snapshot.covered_lsn()));
-  if (!created.ok()) {
-    return absl::DataLossError(absl::StrCat(where, created.status().message()));
-  }
-  std::unique_ptr<RunTable> table = std::move(created).value();
-  RunTable& t = *table;
-  absl::MutexLock lock(&t.mu_);
-  t.last_lsn_ = snapshot.covered_lsn();
-  t.policy_version_ = snapshot.policy_version();
-  t.accepted_ = snapshot.accepted();
-  t.inserted_groups_ = snapshot.inserted_groups();
-  t.duplicate_inserts_ = snapshot.duplicate_inserts();
-  t.rejected_stale_inserts_ = snapshot.rejected_stale_inserts();
-  t.invalid_inserts_ = snapshot.invalid_inserts();
-  t.retryable_insert_errors_ = snapshot.retryable_insert_errors();
-  t.sampled_groups_ = snapshot.sampled_groups();
-  t.evictions_ = EvictionCounts{.stale = snapshot.evicted_stale(),
-                                .max_times_sampled = snapshot.evicted_max_times_sampled(),
-                                .capacity = snapshot.evicted_capacity()};
-  if (!HistogramFromProto(snapshot.sampled_group_staleness(), &t.sampled_group_staleness_) ||
-      !HistogramFromProto(snapshot.sampled_token_staleness(), &t.sampled_token_staleness_)) {
-    return absl::DataLossError(absl::StrCat(where, "staleness histograms have other buckets"));
-  }
-  t.rate_limiter_.Restore(snapshot.rate_limiter_inserts(), snapshot.rate_limiter_samples());
-  t.max_client_priority_ = snapshot.max_client_priority();
-  const absl::Time expires_at = t.options_.clock() + t.options_.lease_ttl;
-  for (const auto& [worker, incarnation] : snapshot.worker_incarnations()) {
-    t.worker_incarnations_[worker] = incarnation;
-  }
-  for (const v1::storage::SnapshotLease& lease : snapshot.leases()) {
-    t.AddLeaseLocked(lease.lease_id(), lease.worker_id(), lease.worker_incarnation(), expires_at);
-  }
-  t.next_lease_number_ = snapshot.next_lease_number();
-  for (const auto& [key, sequence] : snapshot.stored_keys()) t.stored_keys_[key] = sequence;
-  int64_t previous = 0;
-  for (v1::storage::SnapshotItem& entry : items) {
-    auto group = std::make_shared<v1::Group>(std::move(*entry.mutable_group()));
-    const int64_t sequence = group->buffer_sequence();
-    if (sequence <= previous || sequence >= snapshot.next_sequence()) {
-      return absl::DataLossError(absl::StrCat(where, "group ", group->group_id(),
-                                              " has buffer_sequence ", sequence,
-                                              " out of order or past next_sequence"));
-    }
-    previous = sequence;
-    Item item = MakeItem(group);
-    item.times_sampled = entry.times_sampled();
-    item.priority = entry.priority();
-    t.AddItemLocked(sequence, std::move(item));
-  }
-  t.next_sequence_ = snapshot.next_sequence();
-  t.buffer_version_ = snapshot.buffer_version();
-  return table;
-}
-
-absl::Status RunTable::ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& record) {
-  absl::MutexLock lock(&mu_);
-  if (lsn <= last_lsn_) return absl::OkStatus();  // already in the snapshot
-  const auto corrupt = [&](absl::string_view what) {
-    return absl::DataLossError(absl::StrCat("write-ahead log record ", lsn, " (run ", run_id_,
-                                            "): ", what));
-  };
-  switch (record.kind_case()) {
-    case v1::storage::WalRecord::kConfigured: {
-      const RunConfig config = RunConfigFromProto(record.configured());
-      if (config.batch_size_groups != batch_size_groups_ ||
-          config.max_staleness != max_staleness_ || config.group_size != group_size_) {
-        return corrupt("reconfigures B, eta or G");
-      }
-      absl::StatusOr<SamplerOptions> options = SamplerOptions::FromConfig(config.buffer, config.seed);
-      if (!options.ok()) return corrupt(options.status().message());
-      absl::StatusOr<std::unique_ptr<Sampler>> sampler = CreateSampler(*options);
-      if (!sampler.ok()) return corrupt(sampler.status().message());
-      ApplyConfigLocked(config, std::move(sampler).value());
-      break;
-    }
-    case v1::storage::WalRecord::kStored: {
-      const v1::storage::GroupStored& stored = record.stored();
-      auto group = std::make_shared<v1::Group>(stored.group());
-      group->set_buffer_sequence(stored.sequence());
-      SetTimestamp(absl::FromUnixMicros(stored.inserted_at_micros()), group->mutable_inserted_at());
-      if (items_.contains(stored.sequence()) || stored_keys_.contains(group->idempotency_key())) {
-        return corrupt(absl::StrCat("stores sequence ", stored.sequence(), " twice"));
-      }
-      Item item = MakeItem(group);
-      item.priority = stored.priority();
-      ApplyStoredLocked(group, std::move(item), stored.sequence(), stored.consumed_lease_id());
-      break;
-    }
-    case v1::storage::WalRecord::kRefused:
-      ApplyRefusedLocked(record.refused().status(), record.refused().released_lease_id());
-      break;
-    case v1::storage::WalRecord::kVersion:
-      ApplyVersionLocked(record.version().policy_version());
-      break;
-    case v1::storage::WalRecord::kStaleEvicted:
-      EvictStaleLocked(record.stale_evicted().reference_version(),
-                       record.stale_evicted().max_staleness());
-      break;
-    case v1::storage::WalRecord::kSampled: {
-      const std::vector<int64_t> sequences(record.sampled().sequences().begin(),
-                                           record.sampled().sequences().end());
-      for (const int64_t sequence : sequences) {
-        if (!items_.contains(sequence)) {
-          return corrupt(absl::StrCat("samples group ", sequence, ", which is not held"));
-        }
-      }
-      SampleResult ignored;
-      ApplySampledLocked(record.sampled().trainer_policy_version(), sequences, &ignored);
-      break;
-    }
-    case v1::storage::WalRecord::kReturned: {
-      std::vector<Item> items;
-      for (const auto& entry : record.returned().groups()) {
-        auto group = std::make_shared<v1::Group>(entry.group());
-        items.push_back(MakeItem(std::move(group)));
-      }
-      ApplyReturnedLocked(record.returned(), &items);
-      break;
-    }
-    case v1::storage::WalRecord::kLeasesGranted:
-      ApplyLeasesGrantedLocked(record.leases_granted(), options_.clock() + options_.lease_ttl);
-      break;
-    case v1::storage::WalRecord::kLeasesReleased:
-      for (const std::string& id : record.leases_released().lease_ids()) ReleaseLeaseLocked(id);
-      break;
-    case v1::storage::WalRecord::kPriorities:
-      ApplyPrioritiesLocked(record.priorities());
-      break;
-    case v1::storage::WalRecord::KIND_NOT_SET:
-      return corrupt("has no kind (written by a newer Sluice?)");
-  }
-  last_lsn_ = lsn;
-  return absl::OkStatus();
 }
 
 void RunTable::Shutdown() {

@@ -24,6 +24,7 @@
 #include "replay_buffer/rate_limiter.h"
 #include "replay_buffer/samplers/sampler.h"
 #include "replay_buffer/staleness_histogram.h"
+#include "replay_buffer/step_batches.h"
 #include "sluice/v1/common.pb.h"
 #include "sluice/v1/replay_buffer.pb.h"
 #include "sluice/v1/replay_buffer_storage.pb.h"
@@ -56,6 +57,9 @@ struct RunConfig {
   // it ReplayBuffer::ConfigureRun checks a new table's memory estimate
   // against the buffer's budget. 0 = unknown (not checked then).
   int64_t max_sequence_tokens = 0;
+  // The step batches the trainer keeps uncommitted at most
+  // (run::RetainedStepBatches); counted by ConfigureRun's memory check only.
+  int64_t retained_step_batches = 0;
 
   // Every problem, one per line, each naming its field:
   // "batch_size_groups: must be > 0, got -3".
@@ -190,6 +194,9 @@ struct SampleRequest {
   v1::SamplerKind sampler_override = v1::SAMPLER_KIND_UNSPECIFIED;
   // How long to wait for enough groups; InfiniteDuration = until shutdown.
   absl::Duration timeout = absl::InfiniteDuration();
+  // The trainer step the batch is for (>= 0; 0 = none). See "Trainer
+  // steps" in RunTable.
+  int64_t step = 0;
 };
 
 struct UpdatePrioritiesResult {
@@ -218,6 +225,17 @@ struct SampleResult {
   int64_t policy_version = 0;
   // Groups this call evicted as stale before choosing.
   int64_t evicted_stale_groups = 0;
+  // The request's step (0 = none).
+  int64_t step = 0;
+  // The step had been recorded before: this is its batch again.
+  bool replayed = false;
+};
+
+struct CommitResult {
+  // Highest committed step after the call.
+  int64_t committed_step = 0;
+  // Groups no recorded step keeps any more (what the call let go of).
+  int64_t released_groups = 0;
 };
 
 struct UpdateVersionResult {
@@ -256,6 +274,12 @@ struct RunStats {
   absl::Duration admission_blocked;
   int64_t buffer_version = 0;
   RunConfig config;
+  // Trainer steps (see RunTable, "Trainer steps").
+  int64_t retained_groups = 0;
+  int64_t retained_bytes = 0;  // of those no longer sampleable (not in size_bytes)
+  int64_t committed_step = 0;
+  int64_t last_recorded_step = 0;
+  int64_t replayed_batches = 0;  // since this process started
 };
 
 // One run's table: its scored groups, the staleness gate on generation and
@@ -314,6 +338,15 @@ struct RunStats {
 // is behind. Both wait on the table's mutex (woken by the state change that
 // may admit them) up to their deadline, then Sample returns
 // DEADLINE_EXCEEDED and Insert RETRYABLE_ERROR.
+//
+// Trainer steps (step_batches.h). A Sample with a step records which groups
+// the step's batch took and keeps them (still charged to the memory
+// account, never evicted) until CommitTrainedSteps covers the step; a
+// Sample for a recorded step gets the same batch again without sampling,
+// evicting or counting anything. Steps are recorded in order; a step
+// further ahead than the next, or one already committed, is
+// FAILED_PRECONDITION. An undelivered step batch is not put back: the
+// trainer's retry for the step gets it.
 //
 // Durability. With a Journal (RunTableOptions.journal), every mutation is
 // appended to it as a storage::WalRecord, under the lock and before it is
@@ -383,13 +416,25 @@ class RunTable {
   // staleness. Blocks until then; DEADLINE_EXCEEDED (saying what it waited
   // for) when request.timeout passes first. INVALID_ARGUMENT for a bad
   // request, UNAVAILABLE after Shutdown.
+  //
+  // With request.step > 0 (see "Trainer steps"): a recorded step returns its
+  // batch at once (replayed); the next step is sampled as above and
+  // recorded; a committed step or one beyond the next is
+  // FAILED_PRECONDITION naming the run and the steps.
   absl::StatusOr<SampleResult> Sample(const SampleRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Puts back a batch that could not be delivered (the trainer went away
   // between Sample and the write), as if it had not been sampled: times
   // sampled, counters and histograms are restored and removed groups return
   // to their place in the order. Groups evicted in the meantime stay evicted.
+  // A step's batch (batch.step > 0) stays recorded instead: nothing changes.
   void ReturnUndelivered(const SampleResult& batch) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The trainer's checkpoint covers every step up to `step`: lets go of
+  // their batches (journaled). A step at or below the committed one changes
+  // nothing; one beyond the last recorded moves the next step to step + 1.
+  // INVALID_ARGUMENT for a negative step. Never blocks; O(groups let go).
+  absl::StatusOr<CommitResult> CommitTrainedSteps(int64_t step) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Raises the policy version (a lower or equal one is ignored and the
   // current one returned), evicts the groups that became stale, which gives
@@ -416,6 +461,8 @@ class RunTable {
       std::shared_ptr<const v1::Group> group;
       int32_t times_sampled = 0;
       double priority = 0;
+      // Kept only for recorded steps (after the held items).
+      bool retained_only = false;
     };
     std::vector<Item> items;
   };
@@ -518,9 +565,16 @@ class RunTable {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyRefusedLocked(v1::InsertStatus status, const std::string& lease_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Hands out `sequences` (held) as one batch; fills result->groups.
+  // Hands out `sequences` (held) as one batch; fills result->groups. With
+  // step > 0 the batch is recorded for that step.
   void ApplySampledLocked(int64_t trainer_version, const std::vector<int64_t>& sequences,
-                          SampleResult* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                          int64_t step, SampleResult* result) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a Sample of `step` (> 0): its recorded batch, nullopt when it is the
+  // next step to sample, FAILED_PRECONDITION when it is gone or ahead.
+  absl::StatusOr<std::optional<SampleResult>> RecordedStepLocked(int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Lets go of the batches up to `step`; returns the groups released.
+  int64_t ApplyCommittedLocked(int64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyReturnedLocked(const v1::storage::BatchReturned& returned,
                            std::vector<Item>* items) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sampler> sampler)
@@ -587,6 +641,12 @@ class RunTable {
   int64_t buffer_version_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t size_trajectories_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t size_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The trainer steps' batches, and the bytes of their groups that are no
+  // longer in items_ (still charged to the memory account).
+  StepBatches steps_ ABSL_GUARDED_BY(mu_);
+  int64_t retained_only_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t replayed_batches_ ABSL_GUARDED_BY(mu_) = 0;
 
   // Counters.
   int64_t inserted_groups_ ABSL_GUARDED_BY(mu_) = 0;

@@ -68,6 +68,7 @@ std::unique_ptr<RunTable> Replay(const MemoryJournal& journal, const RunTableOpt
       *entry.mutable_group() = *item.group;
       entry.set_times_sampled(item.times_sampled);
       entry.set_priority(item.priority);
+      entry.set_retained_only(item.retained_only);
     }
     absl::StatusOr<std::unique_ptr<RunTable>> restored =
         RunTable::Restore(snapshot->table, std::move(items), options);
@@ -100,6 +101,8 @@ void ExpectSameState(RunTable& expected, RunTable& actual) {
   std::string diff;
   MessageDifferencer differencer;
   differencer.ReportDifferencesToString(&diff);
+  // Leases come from a hash map: the same set in any order.
+  differencer.TreatAsSet(v1::storage::TableSnapshot::descriptor()->FindFieldByName("leases"));
   EXPECT_TRUE(differencer.Compare(want.table, got.table)) << diff;
   ASSERT_EQ(want.items.size(), got.items.size());
   for (size_t i = 0; i < want.items.size(); ++i) {
@@ -114,6 +117,10 @@ void ExpectSameState(RunTable& expected, RunTable& actual) {
   EXPECT_EQ(a.gate.admission_limit, b.gate.admission_limit);
   EXPECT_EQ(a.size_bytes, b.size_bytes);
   EXPECT_EQ(a.size_trajectories, b.size_trajectories);
+  EXPECT_EQ(a.retained_groups, b.retained_groups);
+  EXPECT_EQ(a.retained_bytes, b.retained_bytes);
+  EXPECT_EQ(a.committed_step, b.committed_step);
+  EXPECT_EQ(a.last_recorded_step, b.last_recorded_step);
 }
 
 class RunTableJournalTest : public ::testing::TestWithParam<v1::SamplerKind> {};
@@ -135,6 +142,9 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
   int64_t version = 0;
   int next_group = 0;
   std::vector<std::string> leases;
+  // Trainer steps: the last recorded and the last committed.
+  int64_t last_step = 0;
+  int64_t committed = 0;
   std::vector<std::pair<RunTable::SnapshotData, size_t>> snapshots;
   for (int step = 0; step < 600; ++step) {
     switch (random() % 10) {
@@ -168,7 +178,15 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
                              .trainer_policy_version = version,
                              .timeout = absl::ZeroDuration()};
         if (random() % 4 == 0) sample.max_staleness = 1;
+        if (random() % 2 == 0) {
+          // A trainer step: the next one, or one recorded and not committed.
+          sample.step = std::max(last_step, committed) + 1;
+          if (random() % 3 == 0 && last_step > committed) {
+            sample.step = committed + 1 + static_cast<int64_t>(random() % (last_step - committed));
+          }
+        }
         absl::StatusOr<SampleResult> batch = table.Sample(sample);
+        if (batch.ok()) last_step = std::max(last_step, sample.step);
         if (batch.ok() && random() % 5 == 0) table.ReturnUndelivered(*batch);
         break;
       }
@@ -182,6 +200,10 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
         table.ReleaseSlots(release);
         const int id = static_cast<int>(random() % std::max(1, next_group));
         ASSERT_TRUE(table.UpdatePriorities({{absl::StrCat("g", id), 0.5 + random() % 4}}).ok());
+        if (random() % 2 == 0 && last_step > committed) {
+          committed += 1 + static_cast<int64_t>(random() % (last_step - committed));
+          ASSERT_TRUE(table.CommitTrainedSteps(committed).ok());
+        }
         break;
       }
       case 9:
@@ -194,6 +216,9 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
   ASSERT_GT(stats.sampled_groups, 50);
   ASSERT_GT(stats.duplicate_inserts + stats.invalid_inserts + stats.rejected_stale_inserts, 5);
   ASSERT_GT(stats.evictions.stale + stats.evictions.capacity, 0);
+  ASSERT_GT(stats.last_recorded_step, 20);
+  ASSERT_GT(stats.committed_step, 10);
+  ASSERT_GT(stats.replayed_batches, 5);
 
   RunTableOptions replay_options;
   replay_options.clock = options.clock;
@@ -213,6 +238,62 @@ INSTANTIATE_TEST_SUITE_P(Samplers, RunTableJournalTest,
                                            v1::SAMPLER_KIND_PRIORITIZED,
                                            v1::SAMPLER_KIND_RECENCY),
                          [](const auto& info) { return v1::SamplerKind_Name(info.param); });
+
+// A trainer step's batch survives a restart between its Sample and its
+// commit, whether the restart replays the whole journal or a snapshot taken
+// in between plus what followed: the resumed trainer gets the same groups,
+// still charged to the memory budget, until it commits.
+TEST(RunTableJournalTest, ARecordedStepSurvivesARestartBetweenSampleAndCommit) {
+  FakeClock clock;  // whole seconds: the journal keeps insert times in microseconds
+  auto journal = std::make_shared<MemoryJournal>();
+  RunTableOptions options;
+  options.clock = [&clock] { return clock.Now(); };
+  options.journal = journal;
+  options.memory = std::make_shared<MemoryAccount>(0);
+  RunConfig config = Config(v1::SAMPLER_KIND_UNIFORM);
+  config.buffer.set_max_times_sampled(1);
+  std::unique_ptr<RunTable> table = std::move(RunTable::Create(config, options)).value();
+  for (int i = 0; i < 9; ++i) {
+    ASSERT_EQ(table->Insert(MakeGroup(kRun, absl::StrCat("g", i), 2, 0)).status,
+              InsertStatus::kStored);
+  }
+  const auto sample = [](RunTable& t, int64_t step) {
+    absl::StatusOr<SampleResult> batch =
+        t.Sample({.trainer_policy_version = 0, .timeout = absl::ZeroDuration(), .step = step});
+    EXPECT_TRUE(batch.ok()) << batch.status();
+    std::vector<std::string> ids;
+    if (batch.ok()) {
+      for (const SampledGroup& sampled : batch->groups) ids.push_back(sampled.group->group_id());
+    }
+    return ids;
+  };
+  const std::vector<std::string> step1 = sample(*table, 1);
+  const RunTable::SnapshotData snapshot = table->Snapshot();  // step 1 recorded
+  const std::vector<std::string> step2 = sample(*table, 2);
+  ASSERT_TRUE(table->CommitTrainedSteps(1).ok());
+  const std::vector<std::string> step3 = sample(*table, 3);
+  ASSERT_EQ(step1.size(), 3u);
+  const int64_t charged = options.memory->used_bytes();
+
+  for (const bool from_snapshot : {false, true}) {
+    SCOPED_TRACE(from_snapshot ? "from a snapshot" : "from the journal");
+    RunTableOptions restart = options;
+    restart.journal = nullptr;
+    restart.memory = std::make_shared<MemoryAccount>(0);
+    std::unique_ptr<RunTable> restored = Replay(*journal, restart, from_snapshot ? &snapshot : nullptr);
+    ExpectSameState(*table, *restored);
+    EXPECT_EQ(restart.memory->used_bytes(), charged);
+    EXPECT_EQ(sample(*restored, 2), step2);
+    EXPECT_EQ(sample(*restored, 3), step3);
+    EXPECT_EQ(restored->Sample({.timeout = absl::ZeroDuration(), .step = 1}).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(restored->Stats().retained_groups, 6);
+    absl::StatusOr<CommitResult> committed = restored->CommitTrainedSteps(3);
+    ASSERT_TRUE(committed.ok());
+    EXPECT_EQ(committed->released_groups, 6);
+    EXPECT_EQ(restart.memory->used_bytes(), restored->Stats().size_bytes);
+  }
+}
 
 // AReaL#1388: after a restart the gate must have the capacity it had, not
 // start from zero and let generation run far ahead.

@@ -30,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "replay_buffer/test_util.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 #include "tests/test_support.h"
 
@@ -286,6 +287,141 @@ TEST(ReplayBufferDurabilityTest, RestartedAtOnceAfterKill9KeepsEveryAcknowledged
   EXPECT_EQ(exit->ToString(), "exited with code 0") << testing::ReadFile(buffer.log_path);
   // The ballast's log and snapshots are most of a GB: kept only on failure.
   if (!HasFailure()) fs::remove_all(dir);
+}
+
+constexpr char kStepsRun[] = "steps";
+
+// A trainer step's batch (SampleRequest.step) is part of what survives: the
+// buffer killed between the sample and the commit hands the step the same
+// groups after its restart; once committed the step is gone, also across a
+// kill. Each start has its own incarnation.
+TEST(ReplayBufferDurabilityTest, RecordedStepsSurviveKill9UntilCommitted) {
+  const std::string dir = testing::MakeTempDir("recorded-steps");
+  const std::string data_dir = dir + "/data";
+  const std::vector<std::string> flags = {"--fsync=interval"};
+  struct Client {
+    explicit Client(const std::string& target)
+        : stub(v1::ReplayBufferService::NewStub(
+              grpc::CreateChannel(target, grpc::InsecureChannelCredentials()))) {}
+    v1::GetStatsResponse Stats() {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      v1::GetStatsRequest request;
+      request.set_run_id(kStepsRun);
+      v1::GetStatsResponse response;
+      EXPECT_TRUE(stub->GetStats(&context, request, &response).ok());
+      return response;
+    }
+    // The group ids of the step's batch; empty with the stream's error.
+    std::vector<std::string> Sample(int64_t step, grpc::Status* status, bool* replayed) {
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+      auto stream = stub->Sample(&context);
+      v1::SampleRequest request;
+      request.set_run_id(kStepsRun);
+      request.set_timeout_ms(10000);
+      request.set_step(step);
+      std::vector<std::string> ids;
+      v1::SampleResponse response;
+      if (stream->Write(request) && stream->Read(&response)) {
+        for (const auto& sampled : response.groups()) ids.push_back(sampled.group().group_id());
+        *replayed = response.replayed();
+      }
+      stream->WritesDone();
+      *status = stream->Finish();
+      return ids;
+    }
+    std::unique_ptr<v1::ReplayBufferService::Stub> stub;
+  };
+  const auto kill_and_restart = [&](Buffer& buffer, int round) {
+    EXPECT_TRUE(buffer.process->Signal(SIGKILL).ok());
+    EXPECT_TRUE(buffer.process->Wait(Soon()).ok());
+    buffer = StartBuffer(data_dir, absl::StrCat(dir, "/buffer", round, ".log"), flags);
+  };
+
+  Buffer buffer = StartBuffer(data_dir, dir + "/buffer0.log", flags);
+  ASSERT_NE(buffer.process, nullptr);
+  std::vector<std::string> step1, step2;
+  uint64_t first_incarnation = 0;
+  {
+    Client client(buffer.grpc);
+    grpc::ClientContext context;
+    v1::ConfigureRunRequest configure;
+    configure.set_run_id(kStepsRun);
+    configure.set_batch_size_groups(2);
+    configure.set_max_staleness(1);
+    configure.set_group_size(2);
+    v1::ConfigureRunResponse configured;
+    ASSERT_TRUE(client.stub->ConfigureRun(&context, configure, &configured).ok());
+    grpc::ClientContext insert_context;
+    auto inserts = client.stub->InsertGroups(&insert_context);
+    v1::InsertGroupsRequest request;
+    for (int i = 0; i < 6; ++i) {
+      *request.add_groups() = replay_buffer::testing::MakeGroup(kStepsRun, absl::StrCat("g", i), 2, 0);
+    }
+    ASSERT_TRUE(inserts->Write(request));
+    v1::InsertGroupsResponse acked;
+    ASSERT_TRUE(inserts->Read(&acked));
+    for (const auto& result : acked.results()) ASSERT_EQ(result.status(), v1::INSERT_STATUS_STORED);
+    inserts->WritesDone();
+    ASSERT_TRUE(inserts->Finish().ok());
+    grpc::Status status;
+    bool replayed = true;
+    step1 = client.Sample(1, &status, &replayed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_FALSE(replayed);
+    step2 = client.Sample(2, &status, &replayed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(step1.size(), 2u);
+    first_incarnation = client.Stats().incarnation();
+  }
+
+  // Killed between the samples and the trainer's commit.
+  kill_and_restart(buffer, 1);
+  ASSERT_NE(buffer.process, nullptr);
+  {
+    Client client(buffer.grpc);
+    EXPECT_NE(client.Stats().incarnation(), first_incarnation);
+    EXPECT_EQ(client.Stats().stats().retained_groups(), 4);
+    grpc::Status status;
+    bool replayed = false;
+    EXPECT_EQ(client.Sample(1, &status, &replayed), step1);
+    EXPECT_TRUE(replayed);
+    EXPECT_EQ(client.Sample(2, &status, &replayed), step2);
+    EXPECT_TRUE(replayed);
+    grpc::ClientContext context;
+    v1::CommitTrainedStepsRequest commit;
+    commit.set_run_id(kStepsRun);
+    commit.set_step(1);
+    v1::CommitTrainedStepsResponse committed;
+    ASSERT_TRUE(client.stub->CommitTrainedSteps(&context, commit, &committed).ok());
+    EXPECT_EQ(committed.released_groups(), 2);
+  }
+
+  // Killed after the commit: step 1 stays gone, step 2 stays, step 3 is new.
+  kill_and_restart(buffer, 2);
+  ASSERT_NE(buffer.process, nullptr);
+  {
+    Client client(buffer.grpc);
+    grpc::Status status;
+    bool replayed = false;
+    EXPECT_TRUE(client.Sample(1, &status, &replayed).empty());
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_EQ(client.Sample(2, &status, &replayed), step2);
+    EXPECT_TRUE(replayed);
+    const std::vector<std::string> step3 = client.Sample(3, &status, &replayed);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_FALSE(replayed);
+    EXPECT_EQ(step3.size(), 2u);
+    const v1::BufferStats stats = client.Stats().stats();
+    EXPECT_EQ(stats.committed_step(), 1);
+    EXPECT_EQ(stats.last_recorded_step(), 3);
+    EXPECT_EQ(stats.sampled_groups(), 6);
+  }
+  ASSERT_TRUE(buffer.process->Signal(SIGTERM).ok());
+  absl::StatusOr<ExitStatus> exit = buffer.process->Wait(Soon());
+  ASSERT_TRUE(exit.ok());
+  EXPECT_EQ(exit->ToString(), "exited with code 0") << testing::ReadFile(buffer.log_path);
 }
 
 // The wait itself, made deterministic: this test holds the data directory's

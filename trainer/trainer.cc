@@ -34,6 +34,7 @@
 #include "google/protobuf/util/time_util.h"
 #include "nlohmann/json.hpp"
 #include "trainer/advantages.h"
+#include "trainer/checkpoint.h"
 #include "trainer/evaluator.h"
 #include "trainer/policy_loss.h"
 #include "trainer/step_guard.h"
@@ -135,6 +136,7 @@ class TrainerRun::Impl {
     status_.set_run_id(run_id_);
     status_.set_state(v1::TRAINER_STATE_LOADING);
     status_.set_policy_version(-1);
+    status_.set_resumed_from_step(-1);
   }
 
   absl::Status Run() {
@@ -225,7 +227,6 @@ class TrainerRun::Impl {
     const run::ServiceMemoryEstimate resident = run::EstimateRunMemory(spec_, config, -1).trainer;
     resident_bytes_ = resident.bytes - resident.batch_bytes;
     ASSIGN_OR_RETURN(checkpoint_side_files_, run::CheckpointSideFiles(spec_.model()));
-    WarnAboutExistingCheckpoints();
     log::Info("model ready", {{"run_id", run_id_},
                               {"model", model_name},
                               {"architecture", config.architecture},
@@ -267,9 +268,28 @@ class TrainerRun::Impl {
                           ? spec_.model().max_context_tokens()
                           : config.max_position_embeddings;
 
-    if (spec_.warm_start().sft_steps() > 0) RETURN_IF_ERROR(WarmStart());
-    RETURN_IF_ERROR(RunEval("before", 0));
-    RETURN_IF_ERROR(Publish(0));
+    // Each batch is kept by the buffer until it is trained for good: until
+    // a checkpoint covers it, or at once when no periodic checkpoint will.
+    commit_after_checkpoint_ =
+        !spec_.checkpoint().dir().empty() && spec_.checkpoint().every_n_steps() > 0;
+    ASSIGN_OR_RETURN(const bool resumed, Resume());
+    if (!resumed) {
+      if (spec_.warm_start().sft_steps() > 0) RETURN_IF_ERROR(WarmStart());
+      warm_start_done_ = true;
+    }
+    if (!before_eval_done_) {
+      RETURN_IF_ERROR(RunEval("before", 0));
+      before_eval_done_ = true;
+    }
+    // A resumed run publishes its checkpoint's version (workers fetch it; the
+    // buffer, already further, ignores the lower number) and commits it: the
+    // incarnation that wrote it may have died before it could.
+    RETURN_IF_ERROR(Publish(step_));
+    if (resumed) CommitBatches(step_ / Minibatches());
+    if (after_eval_done_) {  // resumed from the final checkpoint: the run was done
+      CommitBatches((spec_.algorithm().total_steps() + Minibatches() - 1) / Minibatches());
+      return absl::OkStatus();
+    }
     return TrainRl();
   }
 
@@ -328,6 +348,7 @@ class TrainerRun::Impl {
         if (ws.target_accuracy() > 0 && accuracy >= ws.target_accuracy()) break;
       }
     }
+    warm_start_done_ = true;
     log::Info("warm start done", {{"run_id", run_id_},
                                   {"steps", step},
                                   {"seconds", Now() - start},
@@ -446,24 +467,35 @@ class TrainerRun::Impl {
 
   absl::Status TrainRl() {
     const auto& alg = spec_.algorithm();
-    torch::optim::AdamW optimizer(
-        model_->parameter_tensors(),
-        torch::optim::AdamWOptions(alg.learning_rate()).betas({0.9, 0.99}).weight_decay(alg.weight_decay()));
-    const int minibatches = std::max(1, alg.minibatches_per_batch());
-    if (minibatches > 1 && alg.objective() != v1::OBJECTIVE_GRPO) {
+    if (optimizer_ == nullptr) optimizer_ = NewRlOptimizer(*model_);
+    const int minibatches = Minibatches();
+    if (NeedsProximalModel() && prox_model_ == nullptr) {
       // Later minibatches of a batch need the log-probs of the weights as
       // they were before its first update: keep a copy of those weights.
       ASSIGN_OR_RETURN(prox_model_, model::Transformer::CreateUninitialized(model_->config()));
     }
     SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
     Report(v1::TRAINER_STATE_WAITING_FOR_DATA);
+    const int64_t eval_every = spec_.eval().every_n_steps();
+    if (eval_every > 0 && step_ > 0 && step_ % eval_every == 0 && step_ < alg.total_steps() &&
+        last_periodic_eval_step_ < step_) {
+      // Resumed from a checkpoint whose periodic evaluation a stop cut short.
+      RETURN_IF_ERROR(RunEval("periodic", step_));
+      last_periodic_eval_step_ = step_;
+    }
     while (step_ < alg.total_steps()) {
       if (stop_.load()) return absl::CancelledError("stopped");
-      // 1. A batch of B groups, none staler than eta.
+      // The buffer's step is the batch: with several minibatches a resume
+      // may start inside one, at minibatch step_ % minibatches.
+      const int64_t batch_step = step_ / minibatches + 1;
+      const int first_minibatch = static_cast<int>(step_ % minibatches);
+      // 1. A batch of B groups, none staler than eta (the same batch again
+      // when an earlier incarnation of this trainer took it).
       SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
       const double wait_start = Now();
       v1::SampleResponse batch;
       double failing_since = -1;
+      bool reanchored = false;
       while (true) {
         if (stop_.load()) return absl::CancelledError("stopped");
         v1::SampleRequest request;
@@ -472,7 +504,16 @@ class TrainerRun::Impl {
         request.set_max_staleness(alg.max_staleness());
         request.set_trainer_policy_version(step_);
         request.set_timeout_ms(kSampleTimeoutMs);
+        request.set_step(batch_step);
         absl::StatusOr<v1::SampleResponse> sampled = deps_.buffer->Sample(request);
+        if (absl::IsFailedPrecondition(sampled.status()) && first_minibatch == 0 &&
+            !reanchored) {
+          // A buffer that forgot the run's steps (restarted without its data
+          // directory) refuses a step ahead of its position: move it here.
+          reanchored = true;
+          ASSIGN_OR_RETURN(const bool moved, ReanchorSteps(batch_step));
+          if (moved) continue;
+        }
         if (!sampled.ok()) {
           // A buffer that restarts (it restores its state from its data
           // directory) is unreachable for a moment: ride it out, up to a
@@ -497,21 +538,29 @@ class TrainerRun::Impl {
       // 2. Split into minibatches by group; each is one optimizer step and
       // one published version.
       const int groups = batch.groups_size();
-      if (prox_model_ != nullptr) RETURN_IF_ERROR(prox_model_->LoadWeights(model_->parameters()));
-      for (int m = 0; m < minibatches && step_ < alg.total_steps(); ++m) {
+      // (Inside a batch, the resumed checkpoint brought its start's weights.)
+      if (prox_model_ != nullptr && first_minibatch == 0) {
+        RETURN_IF_ERROR(prox_model_->LoadWeights(model_->parameters()));
+      }
+      for (int m = first_minibatch; m < minibatches && step_ < alg.total_steps(); ++m) {
         // A stop is seen between minibatches, not only between batches.
         if (stop_.load()) return absl::CancelledError("stopped");
         const int begin = groups * m / minibatches;
         const int end = groups * (m + 1) / minibatches;
-        ASSIGN_OR_RETURN(v1::TrainingStepMetrics metrics,
-                         TrainStep(batch, begin, end, optimizer, m == 0 ? wait_seconds : 0.0));
+        ASSIGN_OR_RETURN(
+            v1::TrainingStepMetrics metrics,
+            TrainStep(batch, begin, end, *optimizer_, m == first_minibatch ? wait_seconds : 0.0));
+        if (step_ <= redo_until_) {
+          absl::MutexLock lock(&mu_);
+          status_.set_steps_redone(status_.steps_redone() + 1);
+        }
         if (deps_.on_step) deps_.on_step(metrics);
         v1::ReportTrainerProgressRequest report = NewReport(v1::TRAINER_STATE_TRAINING);
         *report.mutable_step() = metrics;
         Send(report);
-        const int64_t every = spec_.eval().every_n_steps();
-        if (every > 0 && step_ % every == 0 && step_ < alg.total_steps()) {
+        if (eval_every > 0 && step_ % eval_every == 0 && step_ < alg.total_steps()) {
           RETURN_IF_ERROR(RunEval("periodic", step_));
+          last_periodic_eval_step_ = step_;
           SetState(v1::TRAINER_STATE_TRAINING);
         }
         const int64_t checkpoint_every = spec_.checkpoint().every_n_steps();
@@ -524,76 +573,75 @@ class TrainerRun::Impl {
           }
         }
       }
+      // Without periodic checkpoints there is nothing to resume from: a
+      // batch is let go of once trained.
+      if (!commit_after_checkpoint_ && step_ % minibatches == 0) CommitBatches(batch_step);
     }
     RETURN_IF_ERROR(RunEval("after", step_));
-    return WriteCheckpoint("final");
+    after_eval_done_ = true;
+    RETURN_IF_ERROR(WriteCheckpoint("final"));
+    // The run is over: every batch it sampled, a last partial one included.
+    CommitBatches((alg.total_steps() + minibatches - 1) / minibatches);
+    return absl::OkStatus();
   }
 
-  // ---- checkpoints -------------------------------------------------------
+  // ---- checkpoints and resuming --------------------------------------------
 
-  // Writes the model as a complete Hugging Face directory
-  // <checkpoint.dir>/step-NNNNNNNN (config.json, safetensors, the tokenizer
-  // files, and trainer_state.json with the step and run), loadable unchanged
-  // by transformers, vLLM or SGLang and by a later run as hf_model_dir. It is
-  // written under a hidden temporary name and renamed, so a directory named
-  // step-* is always complete; then all but the newest keep_last are
-  // removed. Nothing to do without a checkpoint dir, or when this step is
-  // already written.
+  // Writes <checkpoint.dir>/step-NNNNNNNN (checkpoint.h: the HF model
+  // directory and the training state next to it), durably, then prunes to
+  // keep_last and commits the batches it covers to the buffer. Nothing to do
+  // without a checkpoint dir, or when this step is already written (but a
+  // final checkpoint replaces a stopped one of the same step: it records the
+  // "after" evaluation).
   absl::Status WriteCheckpoint(absl::string_view why) {
-    namespace fs = std::filesystem;
     const v1::CheckpointConfig& config = spec_.checkpoint();
-    if (config.dir().empty() || model_ == nullptr || step_ == last_checkpoint_step_) {
+    if (config.dir().empty() || model_ == nullptr) return absl::OkStatus();
+    if (step_ == last_checkpoint_step_ && !(why == "final" && !last_checkpoint_final_)) {
       return absl::OkStatus();
     }
     const v1::TrainerState previous = Status().state();
     SetState(v1::TRAINER_STATE_CHECKPOINTING);
     const double start = Now();
-    const std::string name = absl::StrFormat("step-%08d", step_);
-    const fs::path root(config.dir());
-    const fs::path final_dir = root / name;
-    const fs::path temp_dir = root / absl::StrCat(".", name, ".tmp");
-    std::error_code error;
-    fs::remove_all(temp_dir, error);
+    const int minibatches = Minibatches();
 
-    model::SaveHfOptions options;
+    CheckpointContents contents;
+    contents.model = model_.get();
+    contents.optimizer = optimizer_.get();
+    // Inside a batch the later minibatches clip against its start.
+    if (prox_model_ != nullptr && step_ % minibatches != 0) contents.proximal = prox_model_.get();
     switch (spec_.model().dtype()) {
       case v1::DTYPE_BFLOAT16:
-        options.dtype = model::DType::kBF16;
+        contents.hf.dtype = model::DType::kBF16;
         break;
       case v1::DTYPE_FLOAT16:
-        options.dtype = model::DType::kF16;
+        contents.hf.dtype = model::DType::kF16;
         break;
       default:
-        options.dtype = model::DType::kF32;  // What the trainer computes in.
+        contents.hf.dtype = model::DType::kF32;  // What the trainer computes in.
     }
-    options.max_shard_bytes = int64_t{5} << 30;  // save_pretrained's default "5GB".
-    options.extra_contents = checkpoint_side_files_;
-    nlohmann::ordered_json state = {
-        {"run_id", run_id_},
-        {"run_name", spec_.name()},
-        {"step", step_},
-        {"policy_version", step_},
-        {"reason", std::string(why)},
-        {"source_model", spec_.model().has_hf_model_dir() ? spec_.model().hf_model_dir()
-                                                          : spec_.model().builtin()},
-        {"written_at", absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone())}};
-    options.extra_contents["trainer_state.json"] = state.dump(2) + "\n";
-    absl::Status status = model::SaveHfModel(temp_dir.string(), *model_, options);
-    if (status.ok()) {
-      fs::remove_all(final_dir, error);
-      fs::rename(temp_dir, final_dir, error);
-      if (error) {
-        status = absl::InternalError(absl::StrCat("cannot rename ", temp_dir.string(), " to ",
-                                                  final_dir.string(), ": ", error.message()));
-      }
-    }
+    contents.hf.max_shard_bytes = int64_t{5} << 30;  // save_pretrained's default "5GB".
+    contents.hf.extra_contents = checkpoint_side_files_;
+    TrainerCheckpointState state;
+    state.run_id = run_id_;
+    state.run_name = spec_.name();
+    state.step = step_;
+    state.policy_version = step_;
+    state.reason = std::string(why);
+    state.source_model = spec_.model().has_hf_model_dir() ? spec_.model().hf_model_dir()
+                                                          : spec_.model().builtin();
+    state.written_at = absl::FormatTime(absl::RFC3339_sec, absl::Now(), absl::UTCTimeZone());
+    state.warm_start_done = warm_start_done_;
+    state.warm_start_steps = Status().warm_start_step();
+    state.before_eval_done = before_eval_done_;
+    state.last_periodic_eval_step = last_periodic_eval_step_;
+    state.after_eval_done = after_eval_done_;
+    state.minibatches_per_batch = minibatches;
+    absl::StatusOr<WrittenCheckpoint> written =
+        WriteCheckpointDirectory(config.dir(), std::move(state), contents);
     SetState(previous);
-    if (!status.ok()) {
-      fs::remove_all(temp_dir, error);
-      return absl::Status(status.code(), absl::StrCat("checkpoint at step ", step_, ": ",
-                                                      status.message()));
-    }
+    if (!written.ok()) return written.status();
     last_checkpoint_step_ = step_;
+    last_checkpoint_final_ = why == "final";
     {
       absl::MutexLock lock(&mu_);
       status_.set_last_checkpoint_step(step_);
@@ -601,52 +649,172 @@ class TrainerRun::Impl {
     log::Info("checkpoint written", {{"run_id", run_id_},
                                      {"step", step_},
                                      {"reason", std::string(why)},
-                                     {"dir", final_dir.string()},
+                                     {"dir", written->path},
+                                     {"bytes", written->size_bytes},
                                      {"seconds", Now() - start}});
-    PruneCheckpoints(root, config.keep_last());
+    PruneCheckpoints(config.dir(), config.keep_last());
+    // Durable now: the buffer may let go of the batches it covers.
+    CommitBatches(step_ / minibatches);
     return absl::OkStatus();
   }
 
-  // checkpoint.resume is not implemented: a run always starts from its
-  // model source. Say so when there is something it could have resumed.
-  void WarnAboutExistingCheckpoints() {
-    namespace fs = std::filesystem;
-    const v1::CheckpointConfig& config = spec_.checkpoint();
-    if (config.dir().empty() || !config.resume()) return;
-    std::error_code error;
-    for (const fs::directory_entry& entry : fs::directory_iterator(config.dir(), error)) {
-      if (!absl::StartsWith(entry.path().filename().string(), "step-")) continue;
-      log::Warning("checkpoint.dir already holds checkpoints; resuming is not supported yet, so "
-                   "this run starts from its model source (to continue from a checkpoint, name "
-                   "its directory as model.hf_model_dir)",
-                   {{"run_id", run_id_}, {"dir", config.dir()}});
+  // Tells the buffer that the batches of steps up to `batch_step` are
+  // trained for good (checkpointed, or with no checkpoint to resume from):
+  // it lets go of them. Best effort: a failed commit is covered by the next
+  // one, and until then the buffer only keeps more than it needs.
+  void CommitBatches(int64_t batch_step) {
+    if (batch_step <= committed_batches_) return;
+    v1::CommitTrainedStepsRequest request;
+    request.set_run_id(run_id_);
+    request.set_step(batch_step);
+    absl::StatusOr<v1::CommitTrainedStepsResponse> committed =
+        deps_.buffer->CommitTrainedSteps(request);
+    if (!committed.ok()) {
+      log::Warning("could not commit trained steps to the replay buffer; it keeps their batches "
+                   "until a later commit covers them",
+                   {{"run_id", run_id_},
+                    {"step", batch_step},
+                    {"error", std::string(committed.status().message())}});
       return;
+    }
+    committed_batches_ = batch_step;
+  }
+
+  // When the buffer's step position is behind `batch_step` (its journal was
+  // lost: it recorded nothing of the steps this trainer trained), commits
+  // the steps before it there and returns true; false when the buffer is
+  // where it should be (the refusal was for another reason). The batches of
+  // the steps since the last checkpoint are gone with the journal: a later
+  // resume from that checkpoint is refused rather than redone on other data.
+  absl::StatusOr<bool> ReanchorSteps(int64_t batch_step) {
+    ASSIGN_OR_RETURN(const v1::BufferStats stats, ReadBufferStats());
+    if (batch_step <= std::max(stats.last_recorded_step(), stats.committed_step()) + 1) {
+      return false;
+    }
+    log::Warning("the replay buffer has no record of this run's recent steps (restarted without "
+                 "its data directory?); continuing from here: the steps since the last "
+                 "checkpoint can no longer be resumed from it",
+                 {{"run_id", run_id_},
+                  {"step", batch_step},
+                  {"buffer_last_recorded_step", stats.last_recorded_step()},
+                  {"buffer_committed_step", stats.committed_step()}});
+    committed_batches_ = std::min(committed_batches_, stats.committed_step());
+    CommitBatches(batch_step - 1);
+    return committed_batches_ == batch_step - 1;
+  }
+
+  int Minibatches() const { return std::max(1, spec_.algorithm().minibatches_per_batch()); }
+
+  std::unique_ptr<torch::optim::AdamW> NewRlOptimizer(const model::Transformer& model) const {
+    const auto& alg = spec_.algorithm();
+    return std::make_unique<torch::optim::AdamW>(
+        model.parameter_tensors(), torch::optim::AdamWOptions(alg.learning_rate())
+                                       .betas({0.9, 0.99})
+                                       .weight_decay(alg.weight_decay()));
+  }
+
+  // Decoupled PPO over several minibatches keeps the weights of the batch's
+  // start for the later minibatches' proximal log-probs.
+  bool NeedsProximalModel() const {
+    return Minibatches() > 1 && spec_.algorithm().objective() != v1::OBJECTIVE_GRPO;
+  }
+
+  // The buffer's account of the run (empty when it does not know it),
+  // riding out a buffer that is restarting as sampling does.
+  absl::StatusOr<v1::BufferStats> ReadBufferStats() {
+    double failing_since = -1;
+    while (true) {
+      if (stop_.load()) return absl::CancelledError("stopped");
+      v1::GetStatsRequest request;
+      request.set_run_id(run_id_);
+      absl::StatusOr<v1::GetStatsResponse> stats = deps_.buffer->GetStats(request);
+      if (stats.ok()) return stats->stats();
+      const absl::StatusCode code = stats.status().code();
+      if (code == absl::StatusCode::kNotFound) return v1::BufferStats();
+      const bool transient = code == absl::StatusCode::kUnavailable ||
+                             code == absl::StatusCode::kDeadlineExceeded;
+      if (failing_since < 0) failing_since = Now();
+      if (!transient || Now() - failing_since > kSampleRetrySeconds) return stats.status();
+      log::Warning("reading the run's state from the replay buffer failed; retrying",
+                   {{"run_id", run_id_}, {"error", std::string(stats.status().message())}});
+      stopped_.WaitForNotificationWithTimeout(absl::Seconds(1));
     }
   }
 
-  // Removes all but the newest `keep` step-* directories (0 = keep all).
-  void PruneCheckpoints(const std::filesystem::path& root, int keep) {
-    namespace fs = std::filesystem;
-    if (keep <= 0) return;
-    std::vector<std::pair<int64_t, fs::path>> steps;
-    std::error_code error;
-    for (const fs::directory_entry& entry : fs::directory_iterator(root, error)) {
-      const std::string name = entry.path().filename().string();
-      int64_t step = 0;
-      if (!entry.is_directory(error) || !absl::StartsWith(name, "step-") ||
-          !absl::SimpleAtoi(name.substr(5), &step)) {
+  // Resumes from the newest checkpoint of this run that loads (checkpoint.h),
+  // when checkpoint.resume allows and there is one; true when it did. Refuses
+  // (FAILED_PRECONDITION, PlanResume) a run the buffer says was trained past
+  // version 0 that cannot be continued losslessly.
+  absl::StatusOr<bool> Resume() {
+    const v1::CheckpointConfig& config = spec_.checkpoint();
+    std::vector<std::string> warnings;
+    std::vector<FoundCheckpoint> found;
+    if (!config.dir().empty()) found = FindRunCheckpoints(config.dir(), run_id_, &warnings);
+    for (const std::string& warning : warnings) {
+      log::Warning("a checkpoint of this run cannot be resumed from",
+                   {{"run_id", run_id_}, {"why", warning}});
+    }
+    ASSIGN_OR_RETURN(const v1::BufferStats buffer, ReadBufferStats());
+    ASSIGN_OR_RETURN(ResumePlan plan,
+                     PlanResume(run_id_, spec_, std::move(found), buffer, warnings));
+    std::vector<std::string> failures;
+    for (const FoundCheckpoint& checkpoint : plan.candidates) {
+      // Loaded into fresh objects: a checkpoint that fails half-way leaves
+      // the model from the run's source untouched.
+      const double start = Now();
+      ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model,
+                       model::Transformer::CreateUninitialized(model_->config()));
+      std::unique_ptr<torch::optim::AdamW> optimizer = NewRlOptimizer(*model);
+      std::unique_ptr<model::Transformer> proximal;
+      if (NeedsProximalModel()) {
+        ASSIGN_OR_RETURN(proximal, model::Transformer::CreateUninitialized(model_->config()));
+      }
+      if (absl::Status loaded = LoadCheckpoint(checkpoint, *model, *optimizer, proximal.get());
+          !loaded.ok()) {
+        log::Warning("could not resume from a checkpoint; trying an older one",
+                     {{"run_id", run_id_},
+                      {"dir", checkpoint.path},
+                      {"error", std::string(loaded.message())}});
+        failures.push_back(absl::StrCat(checkpoint.path, ": ", loaded.message()));
         continue;
       }
-      steps.emplace_back(step, entry.path());
-    }
-    std::sort(steps.begin(), steps.end());
-    for (size_t i = 0; i + keep < steps.size(); ++i) {
-      fs::remove_all(steps[i].second, error);
-      if (error) {
-        log::Warning("could not remove an old checkpoint",
-                     {{"dir", steps[i].second.string()}, {"error", error.message()}});
+      const TrainerCheckpointState& state = checkpoint.state;
+      model_ = std::move(model);
+      optimizer_ = std::move(optimizer);
+      prox_model_ = std::move(proximal);
+      step_ = state.step;
+      last_checkpoint_step_ = state.step;
+      last_checkpoint_final_ = state.reason == "final";
+      warm_start_done_ = true;
+      before_eval_done_ = state.before_eval_done;
+      last_periodic_eval_step_ = state.last_periodic_eval_step;
+      after_eval_done_ = state.after_eval_done;
+      // Versions after the checkpoint that an earlier incarnation published
+      // (the buffer knows them): redone now, on the same batches.
+      redo_until_ = std::min(plan.buffer_policy_version, spec_.algorithm().total_steps());
+      {
+        absl::MutexLock lock(&mu_);
+        status_.set_step(step_);
+        status_.set_warm_start_step(state.warm_start_steps);
+        status_.set_last_checkpoint_step(step_);
+        status_.set_resumed_from_step(step_);
       }
+      log::Info("resumed from a checkpoint",
+                {{"run_id", run_id_},
+                 {"dir", checkpoint.path},
+                 {"step", step_},
+                 {"buffer_policy_version", plan.buffer_policy_version},
+                 {"steps_to_redo", std::max<int64_t>(0, redo_until_ - step_)},
+                 {"seconds", Now() - start}});
+      return true;
     }
+    if (!failures.empty() && plan.buffer_policy_version > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "cannot resume losslessly: no checkpoint of run ", run_id_, " in ", config.dir(),
+          " loads (", absl::StrJoin(failures, "; "), "); the replay buffer is at version ",
+          plan.buffer_policy_version));
+    }
+    return false;
   }
 
   absl::StatusOr<v1::TrainingStepMetrics> TrainStep(const v1::SampleResponse& batch, int begin,
@@ -928,6 +1096,23 @@ class TrainerRun::Impl {
   int64_t max_new_tokens_ = 16;
   int64_t step_ = 0;
   int64_t last_checkpoint_step_ = -1;
+  // That checkpoint was the final one (the "after" evaluation is in it).
+  bool last_checkpoint_final_ = false;
+  // The RL optimizer; null until RL starts (or a checkpoint brings it).
+  std::unique_ptr<torch::optim::AdamW> optimizer_;
+  // Where the run's schedule stands (a checkpoint records it).
+  bool warm_start_done_ = false;
+  bool before_eval_done_ = false;
+  int64_t last_periodic_eval_step_ = 0;
+  bool after_eval_done_ = false;
+  // Commit the buffer's step batches after checkpoints (periodic ones are
+  // configured), else after training each.
+  bool commit_after_checkpoint_ = false;
+  // The last batch step the buffer accepted as committed.
+  int64_t committed_batches_ = 0;
+  // Steps up to this one had been trained by an earlier incarnation (the
+  // buffer's policy version when this one resumed); 0 = none.
+  int64_t redo_until_ = 0;
   // Bytes the run holds throughout (see CheckBatchMemory).
   int64_t resident_bytes_ = 0;
   double start_time_ = 0;

@@ -16,9 +16,11 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
+#include "absl/time/clock.h"
 #include "services/clients/retry_metrics.h"
 #include "services/clients/retrying_clients.h"
 #include "services/runtime/grpc_status.h"
+#include "trainer/checkpoint_state.h"
 
 namespace sluice::trainer {
 
@@ -130,6 +132,7 @@ struct TrainerServiceImpl::ActiveRun {
 TrainerServiceImpl::TrainerServiceImpl(prometheus::Registry& registry,
                                        int64_t memory_budget_bytes)
     : memory_budget_bytes_(memory_budget_bytes),
+      incarnation_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())),
       metrics_(std::make_unique<TrainerMetrics>(registry)) {}
 
 TrainerServiceImpl::~TrainerServiceImpl() { Shutdown(); }
@@ -162,6 +165,25 @@ void TrainerServiceImpl::StopActiveRun(bool checkpoint) {
   if (run_ == run) run_ = nullptr;
 }
 
+absl::Status TrainerServiceImpl::CheckResumable(const std::string& run_id, const v1::RunSpec& spec,
+                                                clients::ReplayBufferClient& buffer) {
+  v1::GetStatsRequest request;
+  request.set_run_id(run_id);
+  absl::StatusOr<v1::GetStatsResponse> stats = buffer.GetStats(request);
+  v1::BufferStats known;
+  if (stats.ok()) {
+    known = stats->stats();
+  } else if (stats.status().code() != absl::StatusCode::kNotFound) {
+    return absl::OkStatus();  // cannot ask now: the run asks again
+  }
+  std::vector<std::string> warnings;
+  std::vector<FoundCheckpoint> found;
+  if (!spec.checkpoint().dir().empty()) {
+    found = FindRunCheckpoints(spec.checkpoint().dir(), run_id, &warnings);
+  }
+  return PlanResume(run_id, spec, std::move(found), known, warnings).status();
+}
+
 v1::TrainerStatus TrainerServiceImpl::CurrentStatus() const {
   v1::TrainerStatus status;
   {
@@ -173,6 +195,7 @@ v1::TrainerStatus TrainerServiceImpl::CurrentStatus() const {
     }
   }
   status.set_memory_budget_bytes(memory_budget_bytes_);
+  status.set_incarnation(incarnation_);
   return status;
 }
 
@@ -212,8 +235,11 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
     if (shutting_down_) return {grpc::StatusCode::UNAVAILABLE, "trainer is shutting down"};
     if (run_ != nullptr) {
       if (run_->run_id == request->run_id()) {
+        // The same run again (a controller that restarted re-sends it): its
+        // status, nothing restarted.
         *response->mutable_status() = run_->run->Status();
         response->mutable_status()->set_memory_budget_bytes(memory_budget_bytes_);
+        response->mutable_status()->set_incarnation(incarnation_);
         return grpc::Status::OK;
       }
       const v1::TrainerState state = run_->run->Status().state();
@@ -229,6 +255,17 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
 
   auto active = std::make_shared<ActiveRun>();
   active->run_id = request->run_id();
+  // A run that cannot be continued losslessly is refused here, to the
+  // caller (asked without retries: the caller's call has a deadline); the
+  // run checks again (and fails) when the buffer cannot be asked now.
+  {
+    std::unique_ptr<clients::ReplayBufferClient> buffer =
+        clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
+    if (absl::Status resumable = CheckResumable(request->run_id(), request->spec(), *buffer);
+        !resumable.ok()) {
+      return ToGrpcStatus(resumable);
+    }
+  }
   // Every client rides out its service's restart (retrying_clients.h).
   clients::RetryOptions retry;
   retry.seed = absl::HashOf(request->run_id(), absl::ToUnixNanos(absl::Now()));
@@ -260,6 +297,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   log::Info("training started", {{"run_id", request->run_id()}});
   *response->mutable_status() = run->Status();
   response->mutable_status()->set_memory_budget_bytes(memory_budget_bytes_);
+  response->mutable_status()->set_incarnation(incarnation_);
   absl::MutexLock lock(&mu_);
   run_ = std::move(active);
   return grpc::Status::OK;

@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "sluice/v1/trainer.grpc.pb.h"
+#include "services/clients/clients.h"
 #include "trainer/trainer.h"
 #include "trainer/weight_store.h"
 
@@ -29,6 +30,15 @@ struct TrainerMetrics;
 // max_prompt_tokens) exceeds it with RESOURCE_EXHAUSTED naming the fields,
 // the estimate and the budget, whoever asks; the run checks each training
 // batch against it too (TrainerRunDeps::memory_budget_bytes).
+//
+// Restarts (checkpoint.h, docs/run-lifecycle.md): StartTraining for the run
+// the trainer is already training returns its status and restarts nothing.
+// For a run the trainer does not hold (a new one, or one whose trainer was
+// killed and restarted), the run resumes from its newest checkpoint; when
+// the replay buffer says the run already trained past version 0 and no
+// checkpoint can continue it, StartTraining is FAILED_PRECONDITION naming
+// the run, the buffer's version and checkpoint.dir. Every status carries
+// this process's incarnation (its start time in ns).
 class TrainerServiceImpl final : public v1::TrainerService::Service {
  public:
   // `memory_budget_bytes` <= 0: none (nothing is checked).
@@ -58,8 +68,14 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
   // Stops and joins the run; with `checkpoint` it writes one first.
   void StopActiveRun(bool checkpoint) ABSL_LOCKS_EXCLUDED(mu_);
   v1::TrainerStatus CurrentStatus() const ABSL_LOCKS_EXCLUDED(mu_);
+  // PlanResume's refusal for `run_id`, from the checkpoints in its
+  // checkpoint.dir and the buffer's stats; OK when the buffer cannot be
+  // asked (the run checks again).
+  static absl::Status CheckResumable(const std::string& run_id, const v1::RunSpec& spec,
+                                     clients::ReplayBufferClient& buffer);
 
   const int64_t memory_budget_bytes_;
+  const uint64_t incarnation_;
   WeightStore weights_;
   std::unique_ptr<TrainerMetrics> metrics_;
   mutable absl::Mutex mu_;

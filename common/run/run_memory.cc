@@ -115,7 +115,8 @@ int64_t StoredGroupBytes(int64_t group_size, int64_t tokens) {
 ServiceMemoryEstimate EstimateReplayBufferMemory(int64_t batch_size_groups, int64_t max_staleness,
                                                  int64_t group_size,
                                                  const v1::BufferConfig& buffer,
-                                                 int64_t sequence_tokens, std::string length_how) {
+                                                 int64_t sequence_tokens, std::string length_how,
+                                                 int64_t retained_step_batches) {
   // The admission gate holds accepted + running below (eta + v + 1) * B,
   // and a group stays until sampled max_times_sampled times, so about
   // (eta + 1 + max_times_sampled) * B groups at most.
@@ -134,7 +135,23 @@ ServiceMemoryEstimate EstimateReplayBufferMemory(int64_t batch_size_groups, int6
   b.fields = {"algorithm.batch_size_groups", "algorithm.max_staleness", "algorithm.group_size",
               "buffer.max_times_sampled", "buffer.capacity_groups",
               "rollout.sampling.max_new_tokens"};
+  if (retained_step_batches > 0) {
+    const int64_t kept = Mul(retained_step_batches, batch_groups);
+    AddTerm(b, "trained batches kept until checkpointed", Mul(kept, StoredGroupBytes(group, tokens)),
+            absl::StrCat(Count(kept), " groups (", Count(retained_step_batches),
+                         " batches since the last checkpoint x batch_size_groups) x ",
+                         Count(group), " trajectories x ", length_how));
+    b.fields.insert(b.fields.begin() + 1, "checkpoint.every_n_steps");
+  }
   return b;
+}
+
+int64_t RetainedStepBatches(const v1::RunSpec& spec) {
+  const int64_t every = spec.checkpoint().every_n_steps();
+  if (spec.checkpoint().dir().empty() || every <= 0) return 0;
+  const int64_t minibatches = std::max(1, spec.algorithm().minibatches_per_batch());
+  if (minibatches == 1) return every;
+  return (every + minibatches - 1) / minibatches + 1;
 }
 
 RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelConfig& config,
@@ -236,7 +253,7 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
 
   out.replay_buffer =
       EstimateReplayBufferMemory(batch_groups, a.max_staleness(), group_size, spec.buffer(),
-                                 tokens, length_how);
+                                 tokens, length_how, RetainedStepBatches(spec));
   return out;
 }
 

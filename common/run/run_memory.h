@@ -77,15 +77,29 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
                                     int64_t max_prompt_tokens);
 
 // The replay buffer's term of EstimateRunMemory alone, from what a table is
-// configured with (ConfigureRunRequest): B, eta, G, the buffer section and
-// the longest sequence in tokens. The buffer checks a new table with it.
+// configured with (ConfigureRunRequest): B, eta, G, the buffer section, the
+// longest sequence in tokens and the step batches the trainer keeps
+// uncommitted (RetainedStepBatches). The buffer checks a new table with it.
 // `length_how` says where that length comes from, for messages ("" = "N
 // tokens").
 ServiceMemoryEstimate EstimateReplayBufferMemory(int64_t batch_size_groups, int64_t max_staleness,
                                                  int64_t group_size,
                                                  const v1::BufferConfig& buffer,
                                                  int64_t sequence_tokens,
-                                                 std::string length_how = "");
+                                                 std::string length_how = "",
+                                                 int64_t retained_step_batches = 0);
+
+// How many trained batches the replay buffer keeps for the run beyond what
+// it holds for sampling: each step's batch is kept until the trainer's
+// checkpoint covers it (SampleRequest.step, CommitTrainedSteps), so that a
+// trainer killed and resumed from its checkpoint redoes the steps after it
+// on the same data. With periodic checkpoints (checkpoint.dir and
+// checkpoint.every_n_steps = n > 0) that is up to n batches (ceil(n / m) + 1
+// with m = minibatches_per_batch > 1: a checkpoint may fall inside a batch).
+// Without them the trainer commits each batch once trained (there is no
+// checkpoint to resume from), and the one batch in training is within the
+// estimate's room for max_times_sampled batches: 0.
+int64_t RetainedStepBatches(const v1::RunSpec& spec);
 
 // The rollout worker's generation batch alone (KV cache, logits and the
 // prefill's transients) for `sequences` sequences of prompts up to

@@ -125,6 +125,32 @@ TEST(RunMemoryTest, ReplayBufferTermFromTheTableConfigIsTheRunEstimates) {
   EXPECT_EQ(EstimateRunMemory(spec, Qwen05(), -1).max_prompt_tokens, 0);  // unknown
 }
 
+// The buffer keeps each trained batch until a checkpoint covers it: up to
+// checkpoint.every_n_steps batches (one more when minibatches may put a
+// checkpoint inside a batch); none beyond the one in training without
+// periodic checkpoints. The buffer's own check at ConfigureRun agrees.
+TEST(RunMemoryTest, BatchesKeptUntilCheckpointedAreCounted) {
+  v1::RunSpec spec = Spec(8, 16);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(768);
+  EXPECT_EQ(RetainedStepBatches(spec), 0);
+  const int64_t without = EstimateRunMemory(spec, Qwen05(), 256).replay_buffer.bytes;
+  spec.mutable_checkpoint()->set_every_n_steps(10);
+  EXPECT_EQ(RetainedStepBatches(spec), 0);  // no checkpoint.dir: nothing to resume from
+  spec.mutable_checkpoint()->set_dir("/ckpt");
+  EXPECT_EQ(RetainedStepBatches(spec), 10);
+  const RunMemoryEstimate estimate = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_EQ(estimate.replay_buffer.bytes - without, 10 * 16 * StoredGroupBytes(8, 1024));
+  EXPECT_EQ(estimate.replay_buffer.fields[1], "checkpoint.every_n_steps");
+  EXPECT_EQ(EstimateReplayBufferMemory(16, 2, 8, spec.buffer(), estimate.sequence_tokens, "",
+                                       RetainedStepBatches(spec))
+                .bytes,
+            estimate.replay_buffer.bytes);
+  spec.mutable_algorithm()->set_minibatches_per_batch(4);
+  EXPECT_EQ(RetainedStepBatches(spec), 4);  // ceil(10 / 4) + 1
+  EXPECT_THAT(CheckMemoryBudget("replay buffer", estimate.replay_buffer, {1 << 20, "a buffer"}),
+              ::testing::HasSubstr("trained batches kept until checkpointed"));
+}
+
 TEST(RunMemoryTest, AbsurdSpecsSaturateInsteadOfOverflowing) {
   const v1::RunSpec spec = Spec(1000000000, std::numeric_limits<int32_t>::max());
   const RunMemoryEstimate estimate = EstimateRunMemory(spec, Qwen05(), -1);

@@ -8,6 +8,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "sluice/v1/controller.pb.h"
 #include "sluice/v1/replay_buffer.pb.h"
@@ -50,6 +51,17 @@ class ReplayBufferClient {
   virtual absl::StatusOr<v1::GetStatsResponse> GetStats(const v1::GetStatsRequest& request) = 0;
   // Makes a Sample blocked in another thread return CANCELLED promptly.
   virtual void CancelSample() = 0;
+  // The trainer's checkpoint covers every step up to request.step: the
+  // buffer lets go of their recorded batches (SampleRequest.step).
+  // UNIMPLEMENTED unless overridden: only the trainer calls it, so test
+  // fakes of the other services' clients need not; a decorator of a real
+  // client must forward it, or the buffer keeps every step's batch.
+  virtual absl::StatusOr<v1::CommitTrainedStepsResponse> CommitTrainedSteps(
+      const v1::CommitTrainedStepsRequest& request) {
+    return absl::UnimplementedError(
+        absl::StrCat("CommitTrainedSteps is not implemented by this replay buffer client (run ",
+                     request.run_id(), ", step ", request.step(), ")"));
+  }
 };
 
 class ControllerClient {

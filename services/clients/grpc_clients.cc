@@ -176,6 +176,15 @@ class GrpcReplayBufferClient final : public ReplayBufferClient {
     if (sample_context_ != nullptr) sample_context_->TryCancel();
   }
 
+  absl::StatusOr<v1::CommitTrainedStepsResponse> CommitTrainedSteps(
+      const v1::CommitTrainedStepsRequest& request) override {
+    return Unary<v1::CommitTrainedStepsResponse>(
+        "replay_buffer CommitTrainedSteps", target_, kUnaryTimeout,
+        [&](grpc::ClientContext* c, v1::CommitTrainedStepsResponse* r) {
+          return stub_->CommitTrainedSteps(c, request, r);
+        });
+  }
+
  private:
   grpc::Status CloseSampleStream() {
     std::unique_ptr<grpc::ClientReaderWriter<v1::SampleRequest, v1::SampleResponse>> stream;

@@ -75,6 +75,12 @@ absl::StatusOr<v1::GetStatsResponse> RetryingReplayBufferClient::GetStats(
                                              [&] { return inner_.GetStats(request); });
 }
 
+absl::StatusOr<v1::CommitTrainedStepsResponse> RetryingReplayBufferClient::CommitTrainedSteps(
+    const v1::CommitTrainedStepsRequest& request) {
+  return retrier_.Call<v1::CommitTrainedStepsResponse>(
+      "CommitTrainedSteps", RetryOn::kTransient, [&] { return inner_.CommitTrainedSteps(request); });
+}
+
 void RetryingReplayBufferClient::CancelSample() {
   sample_cancelled_.store(true);
   retrier_.cancellation().Wake();

@@ -43,6 +43,7 @@
 //                                                       Never after CancelSample.
 //                  UpdatePolicyVersion     transient    monotonic: repeating it is a no-op
 //                  GetStats                transient    a read
+//                  CommitTrainedSteps      transient    monotonic (a repeat is a no-op)
 //   controller     LeasePrompts            UNAVAILABLE  not idempotent, but prompt leases
 //                                                       expire and their prompts are
 //                                                       handed out again
@@ -101,6 +102,8 @@ class RetryingReplayBufferClient final : public ReplayBufferClient {
   absl::StatusOr<v1::UpdatePolicyVersionResponse> UpdatePolicyVersion(
       const v1::UpdatePolicyVersionRequest& request) override;
   absl::StatusOr<v1::GetStatsResponse> GetStats(const v1::GetStatsRequest& request) override;
+  absl::StatusOr<v1::CommitTrainedStepsResponse> CommitTrainedSteps(
+      const v1::CommitTrainedStepsRequest& request) override;
   // Also ends a Sample's backoff at once (it returns CANCELLED), and no later
   // Sample is retried.
   void CancelSample() override;

@@ -105,6 +105,10 @@ class ScriptedBuffer : public ReplayBufferClient {
   absl::StatusOr<v1::GetStatsResponse> GetStats(const v1::GetStatsRequest&) override {
     return Answer<v1::GetStatsResponse>(script_, "GetStats");
   }
+  absl::StatusOr<v1::CommitTrainedStepsResponse> CommitTrainedSteps(
+      const v1::CommitTrainedStepsRequest&) override {
+    return Answer<v1::CommitTrainedStepsResponse>(script_, "CommitTrainedSteps");
+  }
   void CancelSample() override { cancelled.store(true); }
 
   std::atomic<bool> cancelled{false};
@@ -211,6 +215,8 @@ std::vector<MethodCase> Table() {
        [](Decorated& d) { return StatusOf(d.buffer.UpdatePolicyVersion({})); }, true, true},
       {"GetStats", "GetStats", [](Decorated& d) { return StatusOf(d.buffer.GetStats({})); }, true,
        true},
+      {"CommitTrainedSteps", "CommitTrainedSteps",
+       [](Decorated& d) { return StatusOf(d.buffer.CommitTrainedSteps({})); }, true, true},
       {"LeasePrompts", "LeasePrompts",
        [](Decorated& d) { return StatusOf(d.controller.LeasePrompts({})); }, true, false},
       {"ReportRolloutProgress", "ReportRolloutProgress",

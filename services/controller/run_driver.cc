@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "services/controller/run_spec.h"
 #include "services/controller/worker_registry.h"
@@ -241,6 +242,8 @@ bool RunDriver::StartServices() {
   // What the controller measured at submit: the services check their own
   // memory budgets with the same sizes.
   configure.set_max_sequence_tokens(sizes_.max_sequence_tokens);
+  // The trainer's batches the buffer keeps until a checkpoint covers them.
+  configure.set_retained_step_batches(run::RetainedStepBatches(spec_));
   if (absl::Status status = clients_.replay_buffer->ConfigureRun(configure); !status.ok()) {
     Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
     return false;

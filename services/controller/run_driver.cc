@@ -95,8 +95,11 @@ RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
   if (IsTerminal(run_.state())) {
     started_ = true;  // A record of a run that ended: nothing to start or stop.
     thread_exited_ = true;
+  } else if (observer_ != nullptr) {
+    // A restored run shows in the metrics at once. (Ended ones do not: a
+    // long history would be as many series.)
+    observer_->OnRunUpdated(run_);
   }
-  if (observer_ != nullptr) observer_->OnRunUpdated(run_);
 }
 
 RunDriver::~RunDriver() { Shutdown(); }

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -229,13 +230,26 @@ TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
   absl::StatusOr<v1::Run> submitted = SubmitAndWatch(target, ValidSpec(), SubmitOptions());
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   ASSERT_TRUE(trainer->AwaitStarts(1, absl::Seconds(10)));
+  // Tells when the watch has shown its first progress line: it is
+  // following the run (a watch started while no controller answers fails
+  // at once, as a wrong --target should).
+  struct FirstLine : std::stringbuf {
+    int sync() override {
+      if (!shown.HasBeenNotified()) shown.Notify();
+      return std::stringbuf::sync();
+    }
+    absl::Notification shown;
+  } first_line;
+  std::ostream progress(&first_line);
   absl::StatusOr<v1::Run> watched = absl::UnknownError("not returned");
   std::thread watcher([&] {
     SubmitOptions options;
     options.watch_interval_ms = 10;
     options.resume_for = absl::Seconds(30);
+    options.progress = &progress;
     watched = WatchRun(target, submitted->run_id(), options);
   });
+  ASSERT_TRUE(first_line.shown.WaitForNotificationWithTimeout(absl::Seconds(10)));
   stop(first);
   absl::SleepFor(absl::Seconds(2));  // The controller is down meanwhile.
   Controller second = start(first.port);

@@ -493,7 +493,9 @@ int main(int argc, char** argv) {
   submit->add_option("--target", submit_flags.target,
                      "controller HOST:PORT (default: the local stack's, else 127.0.0.1:50051)");
   submit->add_flag("--watch", submit_flags.watch,
-                   "follow the run until it ends; exit 0 only if it SUCCEEDED");
+                   "follow the run until it ends; exit 0 only if it SUCCEEDED. Rides out a "
+                   "controller restart: reconnects until the controller has not answered for "
+                   "a minute");
   submit->add_flag("--validate-only", submit_flags.validate_only,
                    "check the spec offline (as SubmitRun would, and estimate its memory) and "
                    "print it with defaults resolved; start nothing. With --target, the "
@@ -512,7 +514,10 @@ int main(int argc, char** argv) {
   for (const auto& [name, help] : std::vector<std::pair<std::string, std::string>>{
            {"get", "Print a run as JSON"},
            {"cancel", "Cancel a run (workers abort, the trainer stops)"},
-           {"watch", "Follow a run until it ends"}}) {
+           {"watch",
+            "Follow a run until it ends; exit 0 only if it SUCCEEDED. Rides out a controller "
+            "restart (it re-adopts the run): reconnects until the controller has not answered "
+            "for a minute"}}) {
     CLI::App* command = runs->add_subcommand(name, help);
     command->add_option("run_id", run_id, "the run")->required()->type_name("RUN_ID");
     command->add_option("--target", runs_target, "controller HOST:PORT");

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -22,7 +23,11 @@
 namespace sluice::cli {
 namespace {
 
-constexpr int kMaxWatchResumes = 5;
+// Pauses between attempts to resume a broken watch: quick at first (a
+// controller restarted by its supervisor is back within seconds), then no
+// more than this.
+constexpr absl::Duration kFirstResumeDelay = absl::Milliseconds(250);
+constexpr absl::Duration kMaxResumeDelay = absl::Seconds(2);
 
 bool IsTerminal(v1::RunState state) {
   return state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED ||
@@ -63,8 +68,14 @@ std::string Duration(double seconds) {
 }
 
 std::unique_ptr<v1::ControllerService::Stub> Connect(const std::string& target) {
+  // gRPC backs off up to 2 minutes between reconnects by default; a watch
+  // riding out a controller restart wants to see it back within a second.
+  grpc::ChannelArguments arguments;
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return v1::ControllerService::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments));
 }
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
@@ -122,7 +133,10 @@ absl::StatusOr<v1::Run> Follow(const std::string& target, v1::ControllerService:
                                v1::Run last, const SubmitOptions& options) {
   ProgressPrinter printer(options);
   printer.Show(last);
-  int resumes = 0;
+  // Since when the controller has not answered (the stream broke and no
+  // update or GetRun got through since); InfiniteFuture while it answers.
+  absl::Time unanswered_since = absl::InfiniteFuture();
+  absl::Duration delay = kFirstResumeDelay;
   while (!IsTerminal(last.state())) {
     grpc::ClientContext context;  // No deadline: a run takes as long as it takes.
     v1::WatchRunRequest request;
@@ -132,7 +146,8 @@ absl::StatusOr<v1::Run> Follow(const std::string& target, v1::ControllerService:
     v1::RunUpdate update;
     while (reader->Read(&update)) {
       last = std::move(*update.mutable_run());
-      resumes = 0;
+      unanswered_since = absl::InfiniteFuture();
+      delay = kFirstResumeDelay;
       printer.Show(last);
     }
     const grpc::Status status = reader->Finish();
@@ -142,18 +157,26 @@ absl::StatusOr<v1::Run> Follow(const std::string& target, v1::ControllerService:
       printer.End();
       return CallError(target, status);
     }
-    // The stream broke (controller restarting, network): resume while the
-    // controller still knows the run.
-    if (++resumes > kMaxWatchResumes) {
+    // The stream broke: the controller restarting (it re-adopts the run from
+    // its runs directory), or the network. Resume while it comes back within
+    // options.resume_for.
+    const absl::Time now = absl::Now();
+    if (unanswered_since == absl::InfiniteFuture()) unanswered_since = now;
+    if (now - unanswered_since >= options.resume_for) {
       printer.End();
       absl::Status error = CallError(target, status);
-      return absl::Status(error.code(),
-                          absl::StrCat("lost track of run ", last.run_id(), ": ", error.message()));
+      return absl::Status(
+          error.code(), absl::StrCat("lost track of run ", last.run_id(), ": no answer for ",
+                                     absl::FormatDuration(absl::Trunc(now - unanswered_since,
+                                                                      absl::Seconds(1))),
+                                     ": ", error.message()));
     }
-    absl::SleepFor(absl::Seconds(resumes));
+    absl::SleepFor(delay);
+    delay = std::min(2 * delay, kMaxResumeDelay);
     absl::StatusOr<v1::Run> current = GetRun(target, last.run_id(), options.call_timeout);
     if (current.ok()) {
       last = std::move(*current);
+      unanswered_since = absl::InfiniteFuture();
       printer.Show(last);
     } else if (current.status().code() == absl::StatusCode::kNotFound) {
       printer.End();

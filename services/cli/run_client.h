@@ -37,6 +37,11 @@ struct SubmitOptions {
   bool progress_redraw = false;
   // Deadline of each unary call (SubmitRun, GetRun).
   absl::Duration call_timeout = absl::Seconds(30);
+  // A watch whose stream breaks (the controller restarting: under a
+  // supervisor it is back within seconds and re-adopts the run; the
+  // network) reconnects, quickly at first then every 2 s, until the
+  // controller has not answered for this long.
+  absl::Duration resume_for = absl::Minutes(1);
 };
 
 // Submits `spec` to the controller at `target` and, with options.watch,
@@ -49,8 +54,9 @@ struct SubmitOptions {
 // in its terminal state (watch). Errors are the controller's: INVALID_ARGUMENT
 // with one "field: problem" line each for a bad spec, FAILED_PRECONDITION
 // when the controller lacks a service, UNAVAILABLE (with a hint) when it
-// cannot be reached. A watch whose stream breaks is resumed (up to 5 times
-// in a row) as long as GetRun still answers. Blocks until then; thread-
+// cannot be reached. A watch whose stream breaks is resumed until the
+// controller has not answered for options.resume_for (a minute), or says it
+// no longer knows the run (NOT_FOUND). Blocks until then; thread-
 // compatible.
 absl::StatusOr<v1::Run> SubmitAndWatch(const std::string& target, const v1::RunSpec& spec,
                                        const SubmitOptions& options);

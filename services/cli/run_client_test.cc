@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -179,6 +180,95 @@ TEST(RunClientStandaloneTest, TargetComesFromTheFlagThenTheLocalStack) {
   EXPECT_EQ(ResolveControllerTarget(""), "127.0.0.1:4242");
   EXPECT_EQ(ResolveControllerTarget("host:1"), "host:1");
   std::filesystem::current_path(previous);
+}
+
+// `sluice runs watch` across a controller restart: the controller stops
+// (SIGTERM) mid-run and another starts on the same address and runs
+// directory a moment later, re-adopts the run, and the watch goes on to the
+// run's real end. Before, the watch gave up after 5 quick retries (and the
+// stopping controller failed the run anyway).
+TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
+  const std::string runs_dir = ::testing::TempDir() + "/run-client-restart";
+  std::filesystem::remove_all(runs_dir);
+  auto trainer = std::make_shared<fakes::FakeTrainer>();
+  auto worker = std::make_shared<fakes::FakeWorker>();
+  struct Controller {
+    std::unique_ptr<controller::RunRegistry> registry;
+    std::unique_ptr<controller::ControllerServiceImpl> service;
+    std::unique_ptr<grpc::Server> server;
+    int port = 0;
+  };
+  const auto start = [&](int port) {
+    Controller c;
+    controller::RunRegistryOptions options;
+    options.runs_dir = runs_dir;
+    options.driver.prompt_source = [](const v1::RunSpec&) {
+      std::vector<v1::Prompt> prompts(4);
+      for (size_t i = 0; i < prompts.size(); ++i) prompts[i].set_prompt_id(absl::StrCat(i));
+      return prompts;
+    };
+    controller::ServiceClients clients;
+    clients.trainer = trainer;
+    clients.replay_buffer = std::make_shared<fakes::FakeBuffer>();
+    clients.rollout_workers = {worker};
+    clients.reward_server_address = "reward:1";
+    clients.health = std::make_shared<fakes::FakeHealth>();
+    c.registry = std::make_unique<controller::RunRegistry>(options, clients);
+    EXPECT_TRUE(c.registry->Restore().ok());
+    c.service = std::make_unique<controller::ControllerServiceImpl>(c.registry.get());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                             &c.port);
+    builder.RegisterService(c.service.get());
+    c.server = builder.BuildAndStart();
+    return c;
+  };
+  const auto stop = [](Controller& c) {
+    c.service->BeginShutdown();
+    c.registry->Shutdown();
+    c.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  };
+
+  Controller first = start(0);
+  ASSERT_GT(first.port, 0);
+  const std::string target = absl::StrCat("127.0.0.1:", first.port);
+  absl::StatusOr<v1::Run> submitted = SubmitAndWatch(target, ValidSpec(), SubmitOptions());
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_TRUE(trainer->AwaitStarts(1, absl::Seconds(10)));
+  // Tells when the watch has shown its first progress line: it is
+  // following the run (a watch started while no controller answers fails
+  // at once, as a wrong --target should).
+  struct FirstLine : std::stringbuf {
+    int sync() override {
+      if (!shown.HasBeenNotified()) shown.Notify();
+      return std::stringbuf::sync();
+    }
+    absl::Notification shown;
+  } first_line;
+  std::ostream progress(&first_line);
+  absl::StatusOr<v1::Run> watched = absl::UnknownError("not returned");
+  std::thread watcher([&] {
+    SubmitOptions options;
+    options.watch_interval_ms = 10;
+    options.resume_for = absl::Seconds(30);
+    options.progress = &progress;
+    watched = WatchRun(target, submitted->run_id(), options);
+  });
+  ASSERT_TRUE(first_line.shown.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  stop(first);
+  absl::SleepFor(absl::Seconds(2));  // The controller is down meanwhile.
+  Controller second = start(first.port);
+  ASSERT_EQ(second.port, first.port);
+  ASSERT_TRUE(trainer->AwaitStarts(2, absl::Seconds(10)));  // Re-adopted.
+  v1::ReportTrainerProgressRequest finished;
+  finished.set_run_id(submitted->run_id());
+  finished.set_state(v1::TRAINER_STATE_FINISHED);
+  ASSERT_TRUE(second.registry->ReportTrainerProgress(finished).ok());
+  watcher.join();
+  ASSERT_TRUE(watched.ok()) << watched.status();
+  EXPECT_EQ(watched->state(), v1::RUN_STATE_SUCCEEDED);
+  EXPECT_EQ(watched->summary().recovery().controller_readoptions(), 1);
+  stop(second);
 }
 
 TEST(FormatTest, ProgressLineShowsTheFigures) {

@@ -20,10 +20,11 @@ ControllerServiceImpl::ControllerServiceImpl(RunRegistry* registry,
     : registry_(registry), watch_poll_interval_(watch_poll_interval) {}
 
 void ControllerServiceImpl::BeginShutdown() {
-  // Runs first: a watcher that sees the flag then also sees its run FAILED
-  // and ends with that snapshot.
-  registry_->BeginShutdown();
+  // The flag first: a watcher woken by its run's driver shutting down then
+  // sends one last snapshot and ends UNAVAILABLE (the run goes on under the
+  // next controller), rather than spin on a driver that no longer changes.
   shutting_down_ = true;
+  registry_->BeginShutdown();
 }
 
 grpc::Status ControllerServiceImpl::SubmitRun(grpc::ServerContext*,
@@ -58,7 +59,8 @@ grpc::Status ControllerServiceImpl::WatchRun(grpc::ServerContext* context,
 
   int64_t sequence = 0;
   // Set once shutdown was seen before taking a snapshot: that snapshot is the
-  // last (runs are failed before the flag is set, so it is normally terminal).
+  // last (the run stays active for the next controller to re-adopt; the
+  // client reconnects on UNAVAILABLE).
   bool shutdown_seen = false;
   while (true) {
     RunDriver::Snapshot snapshot = driver->Get();

@@ -29,8 +29,10 @@ class ControllerServiceImpl final : public v1::ControllerService::Service {
   explicit ControllerServiceImpl(RunRegistry* registry,
                                  absl::Duration watch_poll_interval = absl::Milliseconds(200));
 
-  // Server shutdown begins: active runs fail (waking their watchers) and
-  // new submissions are refused. Does not block on the runs' threads.
+  // Server shutdown begins: watchers get their run's last snapshot and end
+  // UNAVAILABLE (the runs stay active for the next controller to re-adopt:
+  // RunRegistry::Shutdown), and new submissions are refused. Does not block
+  // on the runs' threads.
   void BeginShutdown();
 
   grpc::Status SubmitRun(grpc::ServerContext* context, const v1::SubmitRunRequest* request,

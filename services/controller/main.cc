@@ -33,8 +33,12 @@ int main(int argc, char** argv) {
   std::string advertise_address;
   CLI::App& app = main.app();
   app.add_option("--runs-dir", registry_options.runs_dir,
-                 "where each run's files go (<runs-dir>/<run-id>/spec.json, metrics.jsonl, "
-                 "evals.jsonl, summary.json)")
+                 "where each run's files go (<runs-dir>/<run-id>/spec.json, state.json, "
+                 "metrics.jsonl, evals.jsonl, prompt_feed.jsonl, summary.json). It is the "
+                 "record: a controller started on the runs directory of one that stopped or "
+                 "died lists its ended runs, queues its queued runs again and re-adopts its "
+                 "active run. Stopping the controller (SIGTERM) ends no run; cancel one to end "
+                 "it")
       ->capture_default_str();
   app.add_option("--trainer-address", addresses.trainer, "trainer HOST:PORT")
       ->type_name("HOST:PORT");
@@ -104,11 +108,41 @@ int main(int argc, char** argv) {
     service = std::make_shared<controller::ControllerServiceImpl>(registry.get());
     context.AddService(service, sluice::v1::ControllerService::service_full_name());
     const std::string listen_address = context.options().listen_address;
-    context.OnStarted([&, listen_address](int port) {
-      const std::string address = advertise_address.empty()
+    // The runs of the last controller on this runs directory come back
+    // before the server answers, so that the trainer and the workers of the
+    // active run, still reporting, find it rather than be told it is gone.
+    // That needs the address they are given, known now unless the port is
+    // chosen at bind time (port 0), when nobody can reach this controller
+    // before it is told the address anyway: then right after the bind.
+    std::string known_address = advertise_address;
+    if (known_address.empty()) {
+      absl::StatusOr<sluice::runtime::HostPort> listen =
+          sluice::runtime::ParseHostPort(listen_address, "listen_address");
+      if (listen.ok() && listen->port != 0) {
+        known_address = sluice::runtime::DefaultAdvertiseAddress(listen_address, listen->port);
+      }
+    }
+    const auto restore = [&]() -> absl::Status {
+      absl::StatusOr<controller::RunRegistryRestore> restored = registry->Restore();
+      return restored.status();
+    };
+    if (!known_address.empty()) {
+      registry->SetControllerAddress(known_address);
+      if (absl::Status restored = restore(); !restored.ok()) return restored;
+    }
+    context.OnStarted([&, listen_address, known_address, restore](int port) {
+      const std::string address = !known_address.empty() ? known_address
+                                  : advertise_address.empty()
                                       ? sluice::runtime::DefaultAdvertiseAddress(listen_address, port)
                                       : advertise_address;
-      registry->SetControllerAddress(address);
+      if (known_address.empty()) {
+        registry->SetControllerAddress(address);
+        if (absl::Status restored = restore(); !restored.ok()) {
+          sluice::log::Error("cannot restore the runs",
+                             {{"runs_dir", registry_options.runs_dir},
+                              {"error", std::string(restored.message())}});
+        }
+      }
       sluice::log::Info(
           "controller ready",
           {{"advertise_address", address},
@@ -117,9 +151,10 @@ int main(int argc, char** argv) {
            {"replay_buffer", addresses.replay_buffer.empty() ? "-" : addresses.replay_buffer},
            {"reward_server", addresses.reward_server.empty() ? "-" : addresses.reward_server}});
     });
-    // Fail the active runs (their watchers end with that snapshot), then let
-    // their threads stop the trainer and workers before the server drains:
-    // nothing of a run outlives the server and its metrics registry.
+    // Wake the watchers (their streams end UNAVAILABLE; `sluice runs watch`
+    // reconnects to the next controller), flush every run's record and join
+    // the driver threads. No run ends and no service is stopped: the next
+    // controller on this runs directory re-adopts the active run.
     context.OnShutdown([&] {
       service->BeginShutdown();
       registry->Shutdown();

@@ -1,12 +1,18 @@
 #include "services/controller/prompt_feed.h"
 
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace sluice::controller {
 namespace {
@@ -137,6 +143,215 @@ TEST(PromptFeedTest, NothingAfterDone) {
   const PromptLease lease = feed.Lease("w", 1, 4, kT0);
   EXPECT_TRUE(lease.prompts.empty());
   EXPECT_TRUE(lease.lease_id.empty());
+}
+
+// --- The journal: a feed that survives its controller. ---
+
+class PromptFeedJournalTest : public ::testing::Test {
+ protected:
+  PromptFeedJournalTest() {
+    dir_ = ::testing::TempDir() + "/feed-" +
+           ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ + "/prompt_feed.jsonl";
+  }
+
+  // A feed on the journal; restored from it when it holds events. The
+  // previous feed object is simply dropped, as a controller killed -9 would
+  // drop it: nothing is flushed or closed first.
+  std::unique_ptr<PromptFeed> OpenFeed(int pool = 10, int64_t compact_after = 10000) {
+    PromptFeedJournalOptions journal;
+    journal.path = path_;
+    journal.sync_interval = absl::InfiniteDuration();
+    journal.compact_after_events = compact_after;
+    absl::StatusOr<std::unique_ptr<PromptFeed>> feed =
+        PromptFeed::Open(Pool(pool), /*seed=*/5, absl::Seconds(10), journal);
+    EXPECT_TRUE(feed.ok()) << feed.status();
+    return feed.ok() ? std::move(*feed) : nullptr;
+  }
+
+  std::string ReadJournal() const {
+    std::ifstream in(path_);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  }
+
+  std::string dir_;
+  std::string path_;
+};
+
+TEST_F(PromptFeedJournalTest, ANewJournalStartsAtTheBeginning) {
+  std::unique_ptr<PromptFeed> feed = OpenFeed();
+  EXPECT_FALSE(feed->restore().restored);
+  PromptFeed memory(Pool(10), 5, absl::Seconds(10));
+  // Journaled or not, the order is the seed's.
+  EXPECT_THAT(Ids(feed->Lease("w", 1, 10, kT0)),
+              ElementsAreArray(Ids(memory.Lease("w", 1, 10, kT0))));
+}
+
+TEST_F(PromptFeedJournalTest, RestoreResumesFreshHandOutAndReissuesOnlyWhatWasNotCompleted) {
+  std::vector<std::string> first_pass;
+  {
+    std::unique_ptr<PromptFeed> feed = OpenFeed();
+    const PromptLease a = feed->Lease("w1", 1, 3, kT0);
+    const PromptLease b = feed->Lease("w2", 1, 3, kT0);
+    first_pass = Ids(a);
+    for (const std::string& id : Ids(b)) first_pass.push_back(id);
+    // a completed; of b only the middle one.
+    EXPECT_EQ(feed->Complete(Ids(a)), 3);
+    EXPECT_EQ(feed->Complete({b.prompts[1].prompt_id()}), 1);
+  }  // Killed.
+  std::unique_ptr<PromptFeed> feed = OpenFeed();
+  EXPECT_TRUE(feed->restore().restored);
+  EXPECT_EQ(feed->restore().reissue_queued, 2);
+  PromptFeedStats stats = feed->stats();
+  EXPECT_EQ(stats.issued, 6);
+  EXPECT_EQ(stats.completed, 4);
+  EXPECT_EQ(stats.waiting_reissue, 2);
+  EXPECT_EQ(stats.outstanding, 0);
+
+  // The two outstanding prompts first, under their ids, in hand-out order;
+  // then fresh hand-out goes on where it stopped.
+  const PromptLease next = feed->Lease("w3", 1, 6, kT0);
+  std::vector<std::string> expected = {first_pass[3], first_pass[5]};
+  PromptFeed reference(Pool(10), 5, absl::Seconds(10));
+  reference.Lease("x", 1, 6, kT0);
+  for (const std::string& id : Ids(reference.Lease("x", 1, 4, kT0))) expected.push_back(id);
+  EXPECT_THAT(Ids(next), ElementsAreArray(expected));
+  stats = feed->stats();
+  EXPECT_EQ(stats.reissued, 2);
+  EXPECT_EQ(stats.issued, 12);
+  // Over the whole first pass: every prompt once, none completed twice.
+  std::set<std::string> handed(first_pass.begin(), first_pass.end());
+  for (const std::string& id : Ids(next)) handed.insert(id);
+  EXPECT_EQ(handed.size(), 10u);
+}
+
+TEST_F(PromptFeedJournalTest, LateCompletionFromBeforeTheRestartCountsOnceAndStopsTheReissue) {
+  std::string late;
+  {
+    std::unique_ptr<PromptFeed> feed = OpenFeed();
+    late = feed->Lease("w1", 1, 1, kT0).prompts[0].prompt_id();
+  }
+  std::unique_ptr<PromptFeed> feed = OpenFeed();
+  EXPECT_EQ(feed->stats().waiting_reissue, 1);
+  // The first worker, unaware of the restart, completes it.
+  EXPECT_EQ(feed->Complete({late}), 1);
+  EXPECT_EQ(feed->stats().waiting_reissue, 0);
+  // Not handed out again; a second report of it counts nothing.
+  EXPECT_THAT(Ids(feed->Lease("w2", 1, 9, kT0)), ::testing::Not(::testing::Contains(late)));
+  EXPECT_EQ(feed->Complete({late}), 0);
+  const PromptFeedStats stats = feed->stats();
+  EXPECT_EQ(stats.completed, 1);
+  EXPECT_EQ(stats.completions_ignored, 1);
+  EXPECT_EQ(stats.reissued, 0);
+}
+
+TEST_F(PromptFeedJournalTest, ACompletedPromptIsNeverHandedOutAgainAcrossRestarts) {
+  std::set<std::string> completed;
+  for (int restart = 0; restart < 4; ++restart) {
+    std::unique_ptr<PromptFeed> feed = OpenFeed(/*pool=*/6);
+    const PromptLease lease = feed->Lease("w", 1, 4, kT0);
+    for (const std::string& id : Ids(lease)) {
+      EXPECT_FALSE(completed.count(id)) << id << " handed out again after its completion";
+    }
+    // Complete the first two of every lease; the rest stay out.
+    feed->Complete({lease.prompts[0].prompt_id(), lease.prompts[1].prompt_id()});
+    completed.insert(lease.prompts[0].prompt_id());
+    completed.insert(lease.prompts[1].prompt_id());
+    EXPECT_EQ(feed->stats().completed, static_cast<int64_t>(completed.size()));
+  }
+  // 8 completions over 4 lives of a pool of 6: the second epoch has begun,
+  // under fresh ids.
+  EXPECT_EQ(completed.size(), 8u);
+  EXPECT_EQ(OpenFeed(6)->stats().epoch, 1);
+}
+
+TEST_F(PromptFeedJournalTest, ATornLastLineIsIgnoredAndTheNextAppendStartsOnANewLine) {
+  std::vector<std::string> leased;
+  {
+    std::unique_ptr<PromptFeed> feed = OpenFeed();
+    leased = Ids(feed->Lease("w", 1, 2, kT0));
+  }
+  // kill -9 in the middle of appending a completion.
+  { std::ofstream(path_, std::ios::app) << R"({"t":"done","ids":[")" << leased[0]; }
+  std::unique_ptr<PromptFeed> feed = OpenFeed();
+  EXPECT_GT(feed->restore().torn_tail_bytes, 0);
+  // The cut completion never happened: both prompts are re-issued.
+  EXPECT_EQ(feed->stats().waiting_reissue, 2);
+  EXPECT_EQ(feed->stats().completed, 0);
+  EXPECT_EQ(feed->Complete({leased[0]}), 1);
+  // Every line of the journal is whole again, and a third life sees it all.
+  const std::string text = ReadJournal();
+  ASSERT_FALSE(text.empty());
+  EXPECT_EQ(text.back(), '\n');
+  for (absl::string_view line : absl::StrSplit(text, '\n', absl::SkipEmpty())) {
+    EXPECT_FALSE(nlohmann::json::parse(line, nullptr, false).is_discarded()) << line;
+  }
+  feed.reset();
+  feed = OpenFeed();
+  EXPECT_EQ(feed->stats().completed, 1);
+  EXPECT_EQ(feed->stats().waiting_reissue, 1);
+}
+
+TEST_F(PromptFeedJournalTest, CompactionKeepsTheFeedAndBoundsTheJournal) {
+  std::vector<std::string> out;
+  {
+    std::unique_ptr<PromptFeed> feed = OpenFeed(/*pool=*/50, /*compact_after=*/5);
+    for (int i = 0; i < 20; ++i) {
+      const PromptLease lease = feed->Lease("w", 1, 2, kT0);
+      feed->Complete({lease.prompts[0].prompt_id()});
+      out.push_back(lease.prompts[1].prompt_id());
+    }
+  }
+  // 40 events, rewritten every 5: a handful of lines.
+  const std::string journal = ReadJournal();
+  EXPECT_LE(std::count(journal.begin(), journal.end(), '\n'), 5);
+  std::unique_ptr<PromptFeed> feed = OpenFeed(50, 5);
+  EXPECT_EQ(feed->stats().completed, 20);
+  EXPECT_EQ(feed->stats().issued, 40);
+  EXPECT_THAT(Ids(feed->Lease("w", 1, 20, kT0)), ElementsAreArray(out));
+}
+
+TEST_F(PromptFeedJournalTest, ExpiredLeasesAreCountedAcrossRestarts) {
+  {
+    std::unique_ptr<PromptFeed> feed = OpenFeed();
+    feed->ObserveWorker("w2", 1);
+    feed->Lease("w1", 1, 2, kT0);
+    feed->Lease("w2", 1, 1, kT0 + absl::Seconds(11));  // w1's lease expired.
+    EXPECT_EQ(feed->stats().leases_expired, 1);
+    feed->ObserveWorker("w2", 2);  // w2 restarted: its lease is given back.
+    EXPECT_EQ(feed->stats().leases_expired, 2);
+  }
+  EXPECT_EQ(OpenFeed()->stats().leases_expired, 2);
+}
+
+TEST_F(PromptFeedJournalTest, LeaseIdsAreNotReusedAfterARestart) {
+  std::string before;
+  {
+    std::unique_ptr<PromptFeed> feed = OpenFeed();
+    before = feed->Lease("w", 1, 1, kT0).lease_id;
+  }
+  EXPECT_NE(OpenFeed()->Lease("w", 1, 1, kT0).lease_id, before);
+}
+
+TEST_F(PromptFeedJournalTest, ACorruptJournalIsRefusedNamingTheLine) {
+  { std::ofstream(path_) << R"({"t":"lease","n":1,"fresh":[[0,0,2]]})" << "\n"
+                         << R"({"t":"lease","n":2,"fresh":[[0,5,6]]})" << "\n"; }
+  PromptFeedJournalOptions journal;
+  journal.path = path_;
+  absl::StatusOr<std::unique_ptr<PromptFeed>> feed =
+      PromptFeed::Open(Pool(10), 5, absl::Seconds(10), journal);
+  EXPECT_EQ(feed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(feed.status().message()), ::testing::HasSubstr("line 2"));
+  EXPECT_THAT(std::string(feed.status().message()),
+              ::testing::HasSubstr("does not continue the feed at epoch 0 position 2"));
+  { std::ofstream(path_) << "not json\n"; }
+  feed = PromptFeed::Open(Pool(10), 5, absl::Seconds(10), journal);
+  EXPECT_EQ(feed.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(feed.status().message()), ::testing::HasSubstr("line 1"));
 }
 
 }  // namespace

@@ -17,8 +17,6 @@
 namespace sluice::controller {
 namespace {
 
-constexpr int kFinalRewardSteps = 10;
-
 double Seconds(absl::Duration duration) { return absl::ToDoubleSeconds(duration); }
 
 // "trainer (127.0.0.1:5) is unreachable: ..." for transport failures, else
@@ -54,15 +52,17 @@ bool IsTerminal(v1::RunState state) {
          state == v1::RUN_STATE_CANCELLED;
 }
 
-RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
+RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
                      v1::ServiceEndpoints endpoints, RunDriverOptions options,
-                     RunObserver* observer, RunSizes sizes)
-    : run_id_(run.run_id()),
-      spec_(run.spec()),
+                     RunObserver* observer)
+    : run_id_(record.run.run_id()),
+      spec_(record.run.spec()),
+      request_id_(record.request_id),
+      sequence_(record.sequence),
       files_(std::move(files)),
       clients_(std::move(clients)),
       endpoints_(std::move(endpoints)),
-      sizes_(sizes),
+      sizes_(record.sizes),
       options_(std::move(options)),
       observer_(observer) {
   if (clients_.trainer) health_targets_.push_back({"trainer", clients_.trainer->address()});
@@ -75,21 +75,31 @@ RunDriver::RunDriver(v1::Run run, RunFiles files, ServiceClients clients,
 
   absl::MutexLock lock(&mu_);
   last_progress_at_ = absl::Now();
-  run_ = std::move(run);
-  run_.set_state(v1::RUN_STATE_QUEUED);
-  created_at_ = absl::FromUnixSeconds(run_.created_at().seconds()) +
-                absl::Nanoseconds(run_.created_at().nanos());
-  *run_.mutable_updated_at() = run_.created_at();
-  v1::RunProgress& progress = *run_.mutable_progress();
-  progress.set_total_steps(spec_.algorithm().total_steps());
-  progress.set_phase("queued");
-  v1::RunSummary& summary = *run_.mutable_summary();
-  summary.set_run_id(run_id_);
-  summary.set_state(v1::RunState_Name(v1::RUN_STATE_QUEUED));
-  summary.set_eta(spec_.algorithm().max_staleness());
+  last_persisted_at_ = absl::Now();
+  run_ = std::move(record.run);
+  run_.set_queue_position(0);
+  const auto to_time = [](const google::protobuf::Timestamp& t) {
+    return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+  };
+  created_at_ = to_time(run_.created_at());
+  if (run_.has_finished_at()) finished_at_ = to_time(run_.finished_at());
+  left_pending_at_ = record.left_pending_at;
+  warm_start_started_at_ = record.warm_start_started_at;
+  rl_started_at_ = record.rl_started_at;
+  last_step_ = record.last_step;
+  max_policy_version_ = record.max_policy_version;
+  recent_step_rewards_ = std::move(record.recent_step_rewards);
+  if (IsTerminal(run_.state())) {
+    started_ = true;  // A record of a run that ended: nothing to start or stop.
+    thread_exited_ = true;
+  } else if (observer_ != nullptr) {
+    // A restored run shows in the metrics at once. (Ended ones do not: a
+    // long history would be as many series.)
+    observer_->OnRunUpdated(run_);
+  }
 }
 
-RunDriver::~RunDriver() { Shutdown("the controller shut down while the run was active"); }
+RunDriver::~RunDriver() { Shutdown(); }
 
 void RunDriver::SetOnStopped(std::function<void()> on_stopped) {
   on_stopped_ = std::move(on_stopped);
@@ -134,16 +144,98 @@ bool RunDriver::Terminal() const {
   return IsTerminal(run_.state());
 }
 
-bool RunDriver::WakeDriver() const { return IsTerminal(run_.state()) || finish_requested_; }
+bool RunDriver::Stopping() const {
+  absl::MutexLock lock(&mu_);
+  return IsTerminal(run_.state()) || shut_down_;
+}
 
-void RunDriver::Main() {
-  if (AwaitServicesFree() && StartServices()) Watch();
-  bool succeeded = false;
+bool RunDriver::WakeDriver() const {
+  return IsTerminal(run_.state()) || finish_requested_ || shut_down_;
+}
+
+bool RunDriver::Adopt() {
   {
     absl::MutexLock lock(&mu_);
-    succeeded = run_.state() == v1::RUN_STATE_SUCCEEDED;
+    if (started_) return false;
+    started_ = true;
+    if (IsTerminal(run_.state())) {
+      thread_exited_ = true;
+      return false;
+    }
   }
-  if (!succeeded) StopServices();
+  adopting_ = true;
+  trainer_started_ = true;  // It may be training the run now: stop it if the run ends.
+  const absl::Status feed = OpenFeed();
+  {
+    absl::MutexLock lock(&mu_);
+    v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+    recovery.set_controller_readoptions(recovery.controller_readoptions() + 1);
+    (*recovery.mutable_restarts())["controller"] += 1;
+    run_.mutable_progress()->set_phase("re-adopted after a controller restart");
+    log::Info("run re-adopted", {{"run_id", run_id_},
+                                 {"state", v1::RunState_Name(run_.state())},
+                                 {"step", last_step_},
+                                 {"readoptions", recovery.controller_readoptions()}});
+    if (feed.ok()) {
+      TouchLocked();
+      PersistLocked(/*durable=*/true);
+    } else {
+      TransitionLocked(v1::RUN_STATE_FAILED,
+                       absl::StrCat("cannot re-adopt the run: prompt feed: ", feed.message()));
+    }
+  }
+  thread_ = std::thread([this] { Main(); });
+  return true;
+}
+
+absl::Status RunDriver::OpenFeed() {
+  absl::StatusOr<std::vector<v1::Prompt>> prompts =
+      options_.prompt_source ? options_.prompt_source(spec_) : BuildTrainingPrompts(spec_);
+  if (prompts.ok() && prompts->empty()) {
+    prompts = absl::FailedPreconditionError("the task has no training prompts");
+  }
+  if (!prompts.ok()) return prompts.status();
+  PromptFeedJournalOptions journal = options_.prompt_journal;
+  journal.path = files_.Path(RunFiles::kPromptFeed);
+  absl::StatusOr<std::unique_ptr<PromptFeed>> feed =
+      PromptFeed::Open(std::move(*prompts), spec_.seed(), options_.lease_ttl, journal);
+  if (!feed.ok()) return feed.status();
+  const PromptFeedRestore& restore = (*feed)->restore();
+  if (restore.restored) {
+    log::Info("prompt feed restored", {{"run_id", run_id_},
+                                       {"events", restore.events},
+                                       {"reissue_queued", restore.reissue_queued},
+                                       {"torn_tail_bytes", restore.torn_tail_bytes},
+                                       {"epoch", (*feed)->stats().epoch}});
+  }
+  absl::MutexLock lock(&mu_);
+  feed_ = std::move(*feed);
+  return absl::OkStatus();
+}
+
+absl::Status RunDriver::CallWhileAdopting(const std::function<absl::Status()>& call) {
+  const absl::Time deadline = absl::Now() + options_.adoption_timeout;
+  while (true) {
+    absl::Status status = call();
+    const bool transient = status.code() == absl::StatusCode::kUnavailable ||
+                           status.code() == absl::StatusCode::kDeadlineExceeded;
+    if (status.ok() || !adopting_ || !transient || absl::Now() >= deadline) return status;
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &RunDriver::WakeDriver),
+                         options_.service_free_poll);
+    if (IsTerminal(run_.state()) || shut_down_) return status;
+  }
+}
+
+void RunDriver::Main() {
+  if ((adopting_ || AwaitServicesFree()) && StartServices()) Watch();
+  v1::RunState state;
+  {
+    absl::MutexLock lock(&mu_);
+    state = run_.state();
+  }
+  // A run left by a stopping controller keeps its services for the next one.
+  if (state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED) StopServices();
   {
     absl::MutexLock lock(&mu_);
     thread_exited_ = true;
@@ -154,7 +246,7 @@ void RunDriver::Main() {
 bool RunDriver::AwaitServicesFree() {
   const absl::Time deadline = absl::Now() + options_.service_free_timeout;
   std::string phase;
-  while (!Terminal()) {
+  while (!Stopping()) {
     // Who still holds another run; "" when nobody does. A service that does
     // not answer is left to StartServices, which names the failure.
     std::string busy;
@@ -208,22 +300,38 @@ bool RunDriver::AwaitServicesFree() {
   return false;
 }
 
+void RunDriver::OfferToWorkers() {
+  if (clients_.workers == nullptr || workers_offered_) return;
+  v1::RolloutAssignment assignment;
+  assignment.set_run_id(run_id_);
+  *assignment.mutable_spec() = spec_;
+  *assignment.mutable_endpoints() = endpoints_;
+  assignment.set_max_prompt_tokens(sizes_.max_prompt_tokens);
+  clients_.workers->Offer(assignment, spec_.rollout().num_workers());
+  workers_offered_ = true;
+}
+
 bool RunDriver::StartServices() {
-  absl::StatusOr<std::vector<v1::Prompt>> prompts =
-      options_.prompt_source ? options_.prompt_source(spec_) : BuildTrainingPrompts(spec_);
-  if (prompts.ok() && prompts->empty()) {
-    prompts = absl::FailedPreconditionError("the task has no training prompts");
-  }
-  if (!prompts.ok()) {
-    Fail(absl::StrCat("task: ", prompts.status().message()));
-    return false;
-  }
+  // A re-adopted run's workers are still generating for it: they must find
+  // it in their next heartbeat's answer (not an empty one, which would stop
+  // them) even while the buffer and the trainer are asked again.
+  if (adopting_) OfferToWorkers();
+  bool have_feed = false;  // A re-adopted run's was restored by Adopt().
   {
     absl::MutexLock lock(&mu_);
-    feed_ = std::make_shared<PromptFeed>(std::move(*prompts), spec_.seed(), options_.lease_ttl);
+    have_feed = feed_ != nullptr;
+  }
+  if (!have_feed) {
+    if (absl::Status feed = OpenFeed(); !feed.ok()) {
+      Fail(absl::StrCat(absl::IsFailedPrecondition(feed) || absl::IsInvalidArgument(feed)
+                            ? "task: "
+                            : "prompt feed: ",
+                        feed.message()));
+      return false;
+    }
   }
 
-  if (Terminal()) return false;
+  if (Stopping()) return false;
   v1::ConfigureRunRequest configure;
   configure.set_run_id(run_id_);
   *configure.mutable_config() = spec_.buffer();
@@ -244,18 +352,25 @@ bool RunDriver::StartServices() {
   configure.set_max_sequence_tokens(sizes_.max_sequence_tokens);
   // The trainer's batches the buffer keeps until a checkpoint covers them.
   configure.set_retained_step_batches(run::RetainedStepBatches(spec_));
-  if (absl::Status status = clients_.replay_buffer->ConfigureRun(configure); !status.ok()) {
+  // A repeat for a run the buffer has (a re-adoption) is a no-op there.
+  if (absl::Status status =
+          CallWhileAdopting([&] { return clients_.replay_buffer->ConfigureRun(configure); });
+      !status.ok()) {
     Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
     return false;
   }
 
-  if (Terminal()) return false;
+  if (Stopping()) return false;
   start_training_.set_run_id(run_id_);
   *start_training_.mutable_spec() = spec_;
   *start_training_.mutable_endpoints() = endpoints_;
   start_training_.set_max_prompt_tokens(sizes_.max_prompt_tokens);
   trainer_started_ = true;  // Even a failed call may have started it.
-  if (absl::Status status = clients_.trainer->StartTraining(start_training_); !status.ok()) {
+  // A trainer already training the run answers OK; one that restarted
+  // resumes it from its checkpoint.
+  if (absl::Status status =
+          CallWhileAdopting([&] { return clients_.trainer->StartTraining(start_training_); });
+      !status.ok()) {
     Fail(CallFailure("trainer", clients_.trainer->address(), "StartTraining", status));
     return false;
   }
@@ -263,15 +378,7 @@ bool RunDriver::StartServices() {
   // Workers pull the run with their next heartbeat; the controller calls
   // none of them.
   if (Terminal()) return false;
-  if (clients_.workers != nullptr) {
-    v1::RolloutAssignment assignment;
-    assignment.set_run_id(run_id_);
-    *assignment.mutable_spec() = spec_;
-    *assignment.mutable_endpoints() = endpoints_;
-    assignment.set_max_prompt_tokens(sizes_.max_prompt_tokens);
-    clients_.workers->Offer(assignment, spec_.rollout().num_workers());
-    workers_offered_ = true;
-  }
+  OfferToWorkers();
   absl::MutexLock lock(&mu_);
   if (run_.state() == v1::RUN_STATE_PENDING && run_.progress().phase() == "starting services") {
     run_.mutable_progress()->set_phase("loading model");
@@ -288,7 +395,7 @@ void RunDriver::Watch() {
     {
       absl::MutexLock lock(&mu_);
       mu_.AwaitWithDeadline(absl::Condition(this, &RunDriver::WakeDriver), next_check);
-      terminal = IsTerminal(run_.state());
+      terminal = IsTerminal(run_.state()) || shut_down_;
       finish = finish_requested_;
     }
     if (terminal) return;
@@ -687,6 +794,10 @@ void RunDriver::Fail(const std::string& message) {
   if (TransitionLocked(v1::RUN_STATE_FAILED, message)) {
     log::Error("run failed", {{"run_id", run_id_}, {"error", message}});
   }
+  if (!started_) {  // Failed before its turn (a restored record): nothing to stop.
+    started_ = true;
+    thread_exited_ = true;
+  }
 }
 
 v1::Run RunDriver::Cancel(const std::string& reason) {
@@ -700,19 +811,37 @@ v1::Run RunDriver::Cancel(const std::string& reason) {
   return run;
 }
 
-void RunDriver::BeginShutdown(const std::string& reason) {
-  absl::MutexLock lock(&mu_);
-  TransitionLocked(v1::RUN_STATE_FAILED, reason);
-  shut_down_ = true;
-  if (!started_) {
-    started_ = true;  // Never starts now.
-    thread_exited_ = true;
+void RunDriver::BeginShutdown() {
+  std::shared_ptr<PromptFeed> feed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    if (!started_) {
+      started_ = true;  // Never starts now; the next controller will.
+      thread_exited_ = true;
+    }
+    if (!IsTerminal(run_.state())) {
+      log::Info("run left for the next controller",
+                {{"run_id", run_id_}, {"state", v1::RunState_Name(run_.state())}});
+      PersistLocked(/*durable=*/true);
+    }
+    feed = feed_;
+  }
+  if (feed != nullptr) {
+    if (absl::Status synced = feed->SyncJournal(); !synced.ok()) {
+      log::Warning("cannot sync the prompt feed's journal",
+                   {{"run_id", run_id_}, {"error", std::string(synced.message())}});
+    }
   }
 }
 
-void RunDriver::Shutdown(const std::string& reason) {
-  BeginShutdown(reason);
+void RunDriver::Shutdown() {
+  BeginShutdown();
   if (thread_.joinable()) thread_.join();
+  // Reports that arrived while the server drained.
+  absl::MutexLock lock(&mu_);
+  if (persist_pending_ && !IsTerminal(run_.state())) PersistLocked(/*durable=*/true);
 }
 
 bool RunDriver::WaitUntilStopped(absl::Duration timeout) const {
@@ -752,6 +881,13 @@ bool RunDriver::TransitionLocked(v1::RunState state, const std::string& error) {
                        : state == v1::RUN_STATE_FAILED  ? "failed"
                                                         : "cancelled");
     if (feed_) feed_->MarkDone();
+    FillFeedFiguresLocked(&run_);
+  }
+  SetTimestamp(now, run_.mutable_updated_at());
+  // The record first: a summary.json without it would be re-adopted as the
+  // active run it no longer is.
+  PersistLocked(/*durable=*/true);
+  if (IsTerminal(state)) {
     if (absl::Status written = files_.WriteSummary(summary); !written.ok()) {
       log::Warning("cannot write summary.json",
                    {{"run_id", run_id_}, {"error", std::string(written.message())}});
@@ -768,6 +904,46 @@ void RunDriver::TouchLocked() {
   ++generation_;
   SetTimestamp(Now(), run_.mutable_updated_at());
   if (observer_ != nullptr) observer_->OnRunUpdated(run_);
+  // Counters between state changes: at most every state_flush_interval.
+  persist_pending_ = true;
+  if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED &&
+      absl::Now() - last_persisted_at_ >= options_.state_flush_interval) {
+    PersistLocked(/*durable=*/false);
+  }
+}
+
+RunRecord RunDriver::RecordLocked() const {
+  RunRecord record;
+  record.run = run_;
+  FillFeedFiguresLocked(&record.run);
+  record.request_id = request_id_;
+  record.sequence = sequence_;
+  record.sizes = sizes_;
+  record.left_pending_at = left_pending_at_;
+  record.warm_start_started_at = warm_start_started_at_;
+  record.rl_started_at = rl_started_at_;
+  record.last_step = last_step_;
+  record.max_policy_version = max_policy_version_;
+  record.recent_step_rewards = recent_step_rewards_;
+  return record;
+}
+
+void RunDriver::PersistLocked(bool durable) {
+  last_persisted_at_ = absl::Now();
+  persist_pending_ = false;
+  if (absl::Status written = files_.WriteState(EncodeRunState(RecordLocked()), durable);
+      !written.ok()) {
+    log::Warning("cannot write state.json; a restarted controller would see an older state",
+                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
+  }
+}
+
+void RunDriver::FillFeedFiguresLocked(v1::Run* run) const {
+  if (feed_ == nullptr) return;
+  const PromptFeedStats stats = feed_->stats();
+  v1::RecoveryStats& recovery = *run->mutable_summary()->mutable_recovery();
+  recovery.set_prompts_reissued(stats.reissued);
+  recovery.set_prompt_leases_expired(stats.leases_expired);
 }
 
 double RunDriver::TokensPerSecondLocked(absl::Time now) const {
@@ -782,6 +958,7 @@ double RunDriver::TokensPerSecondLocked(absl::Time now) const {
 
 void RunDriver::FillLiveFiguresLocked(v1::Run* run, absl::Time now) const {
   if (IsTerminal(run->state())) return;  // Frozen at the transition.
+  FillFeedFiguresLocked(run);
   v1::RunProgress& progress = *run->mutable_progress();
   progress.set_generated_tokens_per_second(TokensPerSecondLocked(now));
   if (left_pending_at_ != absl::InfinitePast()) {
@@ -916,14 +1093,7 @@ void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
     if (seen.phase() == eval.phase() && seen.step() == eval.step()) return;
   }
   ProgressLocked();
-  v1::RunSummary& summary = *run_.mutable_summary();
-  v1::RunProgress& progress = *run_.mutable_progress();
-  *summary.add_evals() = eval;
-  progress.set_latest_eval_accuracy(eval.accuracy());
-  progress.set_latest_eval_step(eval.step());
-  if (eval.phase() == "before") summary.set_eval_before(eval.accuracy());
-  if (eval.phase() == "after") summary.set_eval_after(eval.accuracy());
-  if (eval.phase() == "warm_start") summary.set_warm_start_accuracy(eval.accuracy());
+  ApplyEvalFigures(eval, &run_);
   if (absl::Status written = files_.AppendEval(eval); !written.ok()) {
     log::Warning("cannot append to evals.jsonl",
                  {{"run_id", run_id_}, {"error", std::string(written.message())}});
@@ -931,35 +1101,17 @@ void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
 }
 
 void RunDriver::ApplyStepLocked(v1::TrainingStepMetrics step) {
-  if (step.step() <= last_step_) return;  // A repeated report.
+  // A repeated report, or a step redone by a trainer resumed from an older
+  // checkpoint: the run's figures keep the first.
+  if (step.step() <= last_step_) return;
   ProgressLocked();
   const absl::Time now = Now();
   last_step_ = step.step();
   step.set_rollout_tokens_per_second(TokensPerSecondLocked(now));
   NotePolicyVersionLocked(step.policy_version());
-
-  v1::RunProgress& progress = *run_.mutable_progress();
-  progress.set_step(step.step());
-  progress.set_reward_mean(step.reward_mean());
-  progress.set_pass_rate(step.pass_rate());
-  progress.set_staleness_mean(step.staleness_mean());
-  progress.set_staleness_max(step.staleness_max());
-  progress.set_trained_tokens_per_second(step.trainer_tokens_per_second());
-  progress.set_loss(step.loss());
-
-  v1::RunSummary& summary = *run_.mutable_summary();
-  summary.set_steps(step.step());
-  summary.set_groups_trained(summary.groups_trained() + step.groups());
-  summary.set_tokens_trained(summary.tokens_trained() + step.tokens_trained());
-  summary.set_max_staleness(std::max(summary.max_staleness(), step.staleness_max()));
-  progress.set_groups_trained(summary.groups_trained());
-  recent_step_rewards_.push_back(step.reward_mean());
-  while (recent_step_rewards_.size() > kFinalRewardSteps) recent_step_rewards_.pop_front();
-  summary.set_final_reward_mean(
-      std::accumulate(recent_step_rewards_.begin(), recent_step_rewards_.end(), 0.0) /
-      static_cast<double>(recent_step_rewards_.size()));
+  ApplyStepFigures(step, &run_, &recent_step_rewards_);
   if (rl_started_at_ != absl::InfinitePast()) {
-    summary.set_rl_seconds(Seconds(now - rl_started_at_));
+    run_.mutable_summary()->set_rl_seconds(Seconds(now - rl_started_at_));
   }
   if (absl::Status written = files_.AppendMetrics(step); !written.ok()) {
     log::Warning("cannot append to metrics.jsonl",

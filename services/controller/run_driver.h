@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 #include "services/controller/prompt_feed.h"
 #include "services/controller/run_files.h"
+#include "services/controller/run_record.h"
 #include "services/controller/service_clients.h"
 #include "sluice/v1/controller.pb.h"
 
@@ -60,15 +61,16 @@ struct RunDriverOptions {
   std::function<absl::Time()> clock;
   // The run's training prompts in task order. Null = BuildTrainingPrompts.
   std::function<absl::StatusOr<std::vector<v1::Prompt>>(const v1::RunSpec&)> prompt_source;
-};
-
-// What the controller measured of a run at submit (EstimateSpecMemory), passed
-// on to the services so that their own memory checks agree with its
-// estimate: StartTrainingRequest / StartRolloutsRequest.max_prompt_tokens and
-// ConfigureRunRequest.max_sequence_tokens. 0 = unknown.
-struct RunSizes {
-  int64_t max_prompt_tokens = 0;    // The longest tokenized prompt.
-  int64_t max_sequence_tokens = 0;  // The longest prompt + completion.
+  // state.json is rewritten on every state change, and for the counters in
+  // between at most this often (real clock): a controller killed -9 loses at
+  // most this much of the workers' token and group counts (run_record.h).
+  absl::Duration state_flush_interval = absl::Seconds(1);
+  // The prompt feed's journal (prompt_feed.jsonl): fsync cadence and
+  // compaction. `path` is set by the driver.
+  PromptFeedJournalOptions prompt_journal;
+  // A re-adopted run whose buffer or trainer is unreachable (restarting
+  // too) keeps asking this long before it fails naming it.
+  absl::Duration adoption_timeout = absl::Minutes(2);
 };
 
 // Told about every change of every run (metrics).
@@ -101,17 +103,36 @@ class RunObserver {
 // the workers' reports), which only update state under the lock and never
 // call another service.
 //
-// Files under <runs-dir>/<run-id>/: metrics.jsonl gets one line per step,
-// evals.jsonl one per evaluation, summary.json is written whenever the run
-// reaches a terminal state. (spec.json is written by the registry.)
+// Surviving the controller (docs/run-lifecycle.md, "Controller restart"):
+// the driver keeps the run's record in <runs-dir>/<run-id>/ (run_record.h):
+// state.json on every state change and at most every
+// options.state_flush_interval in between, metrics.jsonl and evals.jsonl
+// as they come, the prompt feed's journal. Only CancelRun or a failure ends
+// a run: a controller that stops (SIGTERM: Shutdown) or dies leaves it as it
+// is, its trainer and workers going on, and the next controller on the same
+// runs directory restores the record and calls Adopt() instead of Start():
+// no wait for free services and no new lifecycle (the state stays what it
+// was), the prompt feed restored from its journal, ConfigureRun and
+// StartTraining sent again (both answer OK for a run the service already
+// has; a restarted trainer resumes the run from its checkpoint), then the
+// same watch as above. RecoveryStats.controller_readoptions counts it.
+//
+// Files under <runs-dir>/<run-id>/: state.json (see above), metrics.jsonl
+// gets one line per step, evals.jsonl one per evaluation, prompt_feed.jsonl
+// the feed's journal, summary.json is written whenever the run reaches a
+// terminal state. (spec.json and the first state.json are written by the
+// registry.)
 //
 // Thread-safe.
 class RunDriver {
  public:
-  // `run` carries run_id, the resolved spec and created_at.
-  RunDriver(v1::Run run, RunFiles files, ServiceClients clients, v1::ServiceEndpoints endpoints,
-            RunDriverOptions options, RunObserver* observer, RunSizes sizes = {});
-  // Shuts the run down (FAILED) if still active and joins the thread.
+  // `record`: a run just submitted (NewRunRecord: QUEUED), or one restored
+  // from its directory (LoadRunRecord): a terminal one stays as it is (its
+  // files are not written again), a QUEUED one waits for Start(), an active
+  // one for Adopt().
+  RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
+            v1::ServiceEndpoints endpoints, RunDriverOptions options, RunObserver* observer);
+  // Shutdown(): leaves a non-terminal run as it is and joins the thread.
   ~RunDriver();
 
   RunDriver(const RunDriver&) = delete;
@@ -123,8 +144,20 @@ class RunDriver {
   void SetOnStopped(std::function<void()> on_stopped);
 
   // QUEUED -> PENDING and starts the driver thread; false (nothing started)
-  // when the run already ended (cancelled while queued). Call once.
+  // when the run already ended (cancelled while queued). Call once, and not
+  // with Adopt().
   bool Start() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Re-adopts a restored active run (PENDING to EVALUATING) after a
+  // controller restart: restores the prompt feed from its journal, counts
+  // the re-adoption (persisted at once), and starts the thread, which sends
+  // ConfigureRun and StartTraining again and watches the run (class
+  // comment). A feed that cannot be restored fails the run, naming the
+  // file. False (nothing started) for a terminal run. Blocks while the
+  // journal is read (O(events since its last checkpoint)); call once,
+  // before the run's RPC handlers can be reached, so that no completion
+  // report arrives before the feed is back.
+  bool Adopt() ABSL_LOCKS_EXCLUDED(mu_);
 
   // Run.queue_position while QUEUED (1 = next).
   void SetQueuePosition(int position) ABSL_LOCKS_EXCLUDED(mu_);
@@ -155,12 +188,18 @@ class RunDriver {
   // already terminal is left as it is. Returns the run after the call.
   v1::Run Cancel(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Controller shutdown: marks an active run FAILED with `reason`, wakes
-  // watchers, and returns once the thread has stopped the services and
-  // exited.
-  void Shutdown(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
-  // The first half of Shutdown: FAILED and watchers woken; does not wait.
-  void BeginShutdown(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  // Fails an active run with `message` (the thread then stops its
+  // services); no-op when terminal.
+  void Fail(const std::string& message) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Controller stop (SIGTERM): leaves the run in its state for the next
+  // controller to re-adopt (its record and feed journal flushed and
+  // synced, its trainer and workers left running), wakes watchers (AwaitUpdate
+  // returns true), and returns once the thread has exited without stopping
+  // any service. A run that is not started any more stays QUEUED.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+  // The first half of Shutdown; does not wait for the thread.
+  void BeginShutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
   // True once the thread has exited (the run is terminal and its services
   // were told to stop), waiting at most `timeout`.
@@ -194,6 +233,8 @@ class RunDriver {
   bool AwaitServicesFree();
   // Step 2 of the lifecycle; false when the run ended meanwhile.
   bool StartServices();
+  // Makes the run available to the registered workers (once).
+  void OfferToWorkers();
   // Health checks until the run is terminal or the trainer finished.
   void Watch();
   void CheckHealth();
@@ -217,9 +258,23 @@ class RunDriver {
 
   absl::Time Now() const;
   bool Terminal() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Terminal, or the controller is stopping: the thread should return.
+  bool Stopping() const ABSL_LOCKS_EXCLUDED(mu_);
   bool WakeDriver() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fails an active run; no-op when terminal.
-  void Fail(const std::string& message) ABSL_LOCKS_EXCLUDED(mu_);
+  // Builds the training prompts and opens the feed on its journal
+  // (restoring it when the journal holds events); sets feed_.
+  absl::Status OpenFeed() ABSL_LOCKS_EXCLUDED(mu_);
+  // `call` until it succeeds or fails otherwise than UNAVAILABLE /
+  // DEADLINE_EXCEEDED; only a re-adopted run retries (its services may be
+  // restarting too), for at most options_.adoption_timeout.
+  absl::Status CallWhileAdopting(const std::function<absl::Status()>& call)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The record as of now, and state.json written from it (`durable`: with
+  // the directory fsync). Write errors are logged.
+  RunRecord RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PersistLocked(bool durable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RecoveryStats from the prompt feed (re-issued prompts, expired leases).
+  void FillFeedFiguresLocked(v1::Run* run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to `state`, with the bookkeeping of terminal states (summary.json,
   // no more prompts). False (and nothing changes) when already terminal.
   bool TransitionLocked(v1::RunState state, const std::string& error)
@@ -238,6 +293,8 @@ class RunDriver {
 
   const std::string run_id_;
   const v1::RunSpec spec_;
+  const std::string request_id_;  // Kept in the record.
+  const int64_t sequence_;        // Kept in the record.
   const RunFiles files_;
   const ServiceClients clients_;
   const v1::ServiceEndpoints endpoints_;
@@ -248,6 +305,7 @@ class RunDriver {
   std::vector<HealthTarget> health_targets_;
   bool trainer_started_ = false;
   bool workers_offered_ = false;
+  bool adopting_ = false;  // Set by Adopt() before the thread starts.
   int trainer_mismatches_ = 0;
   // What StartTraining carried, re-sent to a restarted trainer.
   v1::StartTrainingRequest start_training_;
@@ -270,6 +328,9 @@ class RunDriver {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   bool thread_exited_ ABSL_GUARDED_BY(mu_) = false;
   bool started_ ABSL_GUARDED_BY(mu_) = false;
+  // state.json: when last written, and whether a change since is unwritten.
+  absl::Time last_persisted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  bool persist_pending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_progress_at_ ABSL_GUARDED_BY(mu_);
   absl::Time created_at_ ABSL_GUARDED_BY(mu_);
   absl::Time left_pending_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

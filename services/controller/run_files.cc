@@ -1,19 +1,139 @@
 #include "services/controller/run_files.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "services/controller/proto_json.h"
 
 namespace sluice::controller {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+absl::Status PosixError(absl::string_view what, const std::string& path) {
+  const int error = errno;
+  const std::string message = absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(error));
+  return error == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+}
+
+// Closes on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
+  while (!data.empty()) {
+    const ssize_t written = ::write(fd, data.data(), data.size());
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("write", path);
+    }
+    data.remove_prefix(static_cast<size_t>(written));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.ok()) return PosixError("open", path);
+  std::string text;
+  char buffer[64 * 1024];
+  while (true) {
+    const ssize_t got = ::read(fd.get(), buffer, sizeof(buffer));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return PosixError("read", path);
+    }
+    if (got == 0) break;
+    text.append(buffer, static_cast<size_t>(got));
+  }
+  return text;
+}
+
 std::string ToJson(const google::protobuf::Message& message, bool pretty) {
   return ProtoToJson(message, pretty);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, absl::string_view text, bool durable) {
+  const std::string temporary = path + ".tmp";
+  {
+    Fd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!fd.ok()) return PosixError("create", temporary);
+    if (absl::Status written = WriteAll(fd.get(), text, temporary); !written.ok()) return written;
+    if (!text.empty() && text.back() != '\n') {
+      if (absl::Status written = WriteAll(fd.get(), "\n", temporary); !written.ok()) return written;
+    }
+    // Without this a machine crash after the rename could leave an empty
+    // file under the new name (the data not yet on disk).
+    if (::fdatasync(fd.get()) != 0) return PosixError("fsync", temporary);
+  }
+  if (::rename(temporary.c_str(), path.c_str()) != 0) return PosixError("rename to", path);
+  if (durable) {
+    const std::string dir = fs::path(path).parent_path().string();
+    Fd dir_fd(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!dir_fd.ok()) return PosixError("open directory", dir);
+    if (::fsync(dir_fd.get()) != 0) return PosixError("fsync directory", dir);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AppendLineToFile(const std::string& path, absl::string_view line) {
+  Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
+  if (!fd.ok()) return PosixError("open", path);
+  std::string text(line);
+  text.push_back('\n');
+  return WriteAll(fd.get(), text, path);
+}
+
+absl::StatusOr<CompleteLines> ReadCompleteLines(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return text.status();
+  CompleteLines result;
+  size_t start = 0;
+  while (start < text->size()) {
+    const size_t end = text->find('\n', start);
+    if (end == std::string::npos) {
+      result.torn_tail_bytes = static_cast<int64_t>(text->size() - start);
+      break;
+    }
+    result.lines.emplace_back(text->substr(start, end - start));
+    start = end + 1;
+  }
+  return result;
+}
+
+absl::StatusOr<int64_t> DropTornTail(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) return 0;
+    return text.status();
+  }
+  if (text->empty() || text->back() == '\n') return 0;
+  const size_t last_newline = text->rfind('\n');
+  const size_t keep = last_newline == std::string::npos ? 0 : last_newline + 1;
+  if (::truncate(path.c_str(), static_cast<off_t>(keep)) != 0) return PosixError("truncate", path);
+  return static_cast<int64_t>(text->size() - keep);
 }
 
 absl::StatusOr<RunFiles> RunFiles::Create(const std::string& runs_dir, const std::string& run_id) {
@@ -27,49 +147,38 @@ absl::StatusOr<RunFiles> RunFiles::Create(const std::string& runs_dir, const std
   return RunFiles(dir.string());
 }
 
+std::string RunFiles::Path(absl::string_view name) const {
+  return (fs::path(dir_) / std::string(name)).string();
+}
+
 absl::Status RunFiles::WriteSpec(const google::protobuf::Message& spec) const {
-  return WriteWhole("spec.json", ToJson(spec, /*pretty=*/true));
+  return WriteFileAtomically(Path(kSpec), ToJson(spec, /*pretty=*/true), /*durable=*/true);
+}
+
+absl::Status RunFiles::WriteState(absl::string_view text, bool durable) const {
+  return WriteFileAtomically(Path(kState), text, durable);
 }
 
 absl::Status RunFiles::AppendMetrics(const google::protobuf::Message& step) const {
-  return AppendLine("metrics.jsonl", ToJson(step, /*pretty=*/false));
+  return AppendLineToFile(Path(kMetrics), ToJson(step, /*pretty=*/false));
 }
 
 absl::Status RunFiles::AppendEval(const google::protobuf::Message& eval) const {
-  return AppendLine("evals.jsonl", ToJson(eval, /*pretty=*/false));
+  return AppendLineToFile(Path(kEvals), ToJson(eval, /*pretty=*/false));
 }
 
 absl::Status RunFiles::WriteSummary(const google::protobuf::Message& summary) const {
-  return WriteWhole("summary.json", ToJson(summary, /*pretty=*/true));
+  return WriteFileAtomically(Path(kSummary), ToJson(summary, /*pretty=*/true), /*durable=*/true);
 }
 
-absl::Status RunFiles::WriteWhole(const std::string& name, const std::string& text) const {
-  const fs::path path = fs::path(dir_) / name;
-  const fs::path temporary = fs::path(dir_) / (name + ".tmp");
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << text;
-    if (!text.empty() && text.back() != '\n') out << "\n";
-    if (!out.flush()) {
-      return absl::InternalError(
-          absl::StrCat("cannot write ", temporary.string(), ": ", std::strerror(errno)));
+absl::Status RunFiles::RepairAppendedFiles() const {
+  for (const char* name : {kMetrics, kEvals}) {
+    absl::StatusOr<int64_t> dropped = DropTornTail(Path(name));
+    if (!dropped.ok()) return dropped.status();
+    if (*dropped > 0) {
+      log::Warning("dropped a partial last line (the controller was killed while appending it)",
+                   {{"file", Path(name)}, {"bytes", *dropped}});
     }
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) {
-    return absl::InternalError(absl::StrCat("cannot write ", path.string(), ": ", error.message()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status RunFiles::AppendLine(const std::string& name, const std::string& line) const {
-  const fs::path path = fs::path(dir_) / name;
-  std::ofstream out(path, std::ios::app);
-  out << line << "\n";
-  if (!out.flush()) {
-    return absl::InternalError(
-        absl::StrCat("cannot append to ", path.string(), ": ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }

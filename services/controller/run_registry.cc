@@ -153,20 +153,14 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   *run.mutable_spec() = std::move(spec);
   const absl::Time now = options_.driver.clock ? options_.driver.clock() : absl::Now();
   SetTimestamp(now, run.mutable_created_at());
-
-  v1::ServiceEndpoints endpoints;
-  endpoints.set_controller_address(controller_address_);
-  endpoints.set_reward_server_address(clients_.reward_server_address);
-  endpoints.set_replay_buffer_address(clients_.replay_buffer->address());
-  endpoints.set_trainer_address(clients_.trainer->address());
-
-  auto driver = std::make_shared<RunDriver>(std::move(run), std::move(*files), clients_,
-                                            std::move(endpoints), options_.driver, observer_,
-                                            sizes);
-  runs_.push_back(driver);
-  by_id_[run_id] = driver;
-  if (!request.request_id().empty()) by_request_id_[request.request_id()] = run_id;
-  driver->SetOnStopped([this] { OnRunStopped(); });
+  RunRecord record = NewRunRecord(std::move(run), request.request_id(), next_sequence_++, sizes);
+  // Recorded before it is acknowledged: a controller restarted from here on
+  // knows the run.
+  if (absl::Status written = files->WriteState(EncodeRunState(record), /*durable=*/true);
+      !written.ok()) {
+    return written;
+  }
+  std::shared_ptr<RunDriver> driver = AddDriverLocked(std::move(record), std::move(*files));
   queue_.push_back(driver);
   DispatchLocked();
   log::Info("run submitted", {{"run_id", run_id},
@@ -174,6 +168,136 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
                               {"state", v1::RunState_Name(driver->Get().run.state())},
                               {"runs_dir", options_.runs_dir}});
   return driver->Get().run;
+}
+
+v1::ServiceEndpoints RunRegistry::EndpointsLocked() const {
+  v1::ServiceEndpoints endpoints;
+  endpoints.set_controller_address(controller_address_);
+  endpoints.set_reward_server_address(clients_.reward_server_address);
+  if (clients_.replay_buffer) {
+    endpoints.set_replay_buffer_address(clients_.replay_buffer->address());
+  }
+  if (clients_.trainer) endpoints.set_trainer_address(clients_.trainer->address());
+  return endpoints;
+}
+
+std::shared_ptr<RunDriver> RunRegistry::AddDriverLocked(RunRecord record, RunFiles files) {
+  const std::string run_id = record.run.run_id();
+  const std::string request_id = record.request_id;
+  auto driver = std::make_shared<RunDriver>(std::move(record), std::move(files), clients_,
+                                            EndpointsLocked(), options_.driver, observer_);
+  runs_.push_back(driver);
+  by_id_[run_id] = driver;
+  if (!request_id.empty()) by_request_id_[request_id] = run_id;
+  driver->SetOnStopped([this] { OnRunStopped(); });
+  return driver;
+}
+
+absl::StatusOr<RunRegistryRestore> RunRegistry::Restore() {
+  namespace fs = std::filesystem;
+  struct Loaded {
+    std::string run_id;
+    std::string dir;
+    absl::StatusOr<RunRecord> record;
+  };
+  // Read before taking the lock: a long history only delays the start.
+  std::vector<Loaded> loaded;
+  std::error_code error;
+  if (fs::exists(options_.runs_dir, error)) {
+    fs::directory_iterator it(options_.runs_dir, error);
+    if (error) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot list the runs directory ",
+                                                      options_.runs_dir, ": ", error.message()));
+    }
+    for (const fs::directory_entry& entry : it) {
+      if (!entry.is_directory(error)) continue;
+      const std::string run_id = entry.path().filename().string();
+      absl::StatusOr<RunRecord> record = LoadRunRecord(entry.path().string(), run_id);
+      if (absl::IsNotFound(record.status())) continue;  // Not a run, e.g. quickstart's stack/.
+      loaded.push_back({run_id, entry.path().string(), std::move(record)});
+    }
+  }
+  // Submission order; unreadable records first (their order is unknown).
+  std::sort(loaded.begin(), loaded.end(), [](const Loaded& a, const Loaded& b) {
+    const int64_t sa = a.record.ok() ? a.record->sequence : 0;
+    const int64_t sb = b.record.ok() ? b.record->sequence : 0;
+    return sa != sb ? sa < sb : a.run_id < b.run_id;
+  });
+
+  absl::MutexLock lock(&mu_);
+  if (restored_ || !runs_.empty()) {
+    return absl::FailedPreconditionError(
+        "RunRegistry::Restore: call once, before the first Submit");
+  }
+  restored_ = true;
+  RunRegistryRestore report;
+  std::shared_ptr<RunDriver> adopt;
+  for (Loaded& run : loaded) {
+    if (!run.record.ok()) {
+      const std::string reason =
+          absl::StrCat("cannot restore the run after a controller restart: ",
+                       run.record.status().message(), " (in ", run.dir, ")");
+      log::Error("unreadable run record", {{"run_id", run.run_id}, {"error", reason}});
+      RunRecord failed;
+      failed.run.set_run_id(run.run_id);
+      failed.run.set_state(v1::RUN_STATE_FAILED);
+      failed.run.set_error_message(reason);
+      failed.run.mutable_progress()->set_phase("failed");
+      failed.run.mutable_summary()->set_run_id(run.run_id);
+      failed.run.mutable_summary()->set_state(v1::RunState_Name(v1::RUN_STATE_FAILED));
+      failed.run.mutable_summary()->set_error_message(reason);
+      AddDriverLocked(std::move(failed), RunFiles::At(run.dir));
+      ++report.unreadable;
+      continue;
+    }
+    RunRecord& record = *run.record;
+    next_sequence_ = std::max(next_sequence_, record.sequence + 1);
+    const v1::RunState state = record.run.state();
+    const RunFiles files = RunFiles::At(run.dir);
+    if (!IsTerminal(state)) {
+      if (absl::Status repaired = files.RepairAppendedFiles(); !repaired.ok()) {
+        log::Warning("cannot repair a run file",
+                     {{"run_id", run.run_id}, {"error", std::string(repaired.message())}});
+      }
+    }
+    const absl::Status configured =
+        IsTerminal(state) ? absl::OkStatus() : CheckServicesConfigured(record.run.spec());
+    std::shared_ptr<RunDriver> driver = AddDriverLocked(std::move(record), files);
+    if (IsTerminal(state)) {
+      ++report.terminal;
+    } else if (!configured.ok()) {
+      // Failing it would end a run over an operator's missing flag.
+      log::Error("run not resumed: this controller lacks a service it needs; it stays as "
+                 "recorded for a controller started with it",
+                 {{"run_id", run.run_id},
+                  {"state", v1::RunState_Name(state)},
+                  {"error", std::string(configured.message())}});
+      ++report.not_resumed;
+    } else if (state == v1::RUN_STATE_QUEUED) {
+      queue_.push_back(driver);
+      ++report.queued;
+    } else if (adopt != nullptr) {
+      driver->Fail(absl::StrCat("found active alongside run ", adopt->run_id(),
+                                " when the controller restarted; only one run is active at a "
+                                "time, and that one was re-adopted"));
+      ++report.failed;
+    } else {
+      adopt = driver;
+    }
+  }
+  if (adopt != nullptr && adopt->Adopt()) {
+    active_ = adopt;
+    ++report.adopted;
+  }
+  DispatchLocked();
+  log::Info("runs restored", {{"runs_dir", options_.runs_dir},
+                              {"terminal", report.terminal},
+                              {"queued", report.queued},
+                              {"adopted", report.adopted},
+                              {"failed", report.failed},
+                              {"not_resumed", report.not_resumed},
+                              {"unreadable", report.unreadable}});
+  return report;
 }
 
 void RunRegistry::DispatchLocked() {
@@ -306,10 +430,6 @@ absl::StatusOr<v1::ReportTrainerProgressResponse> RunRegistry::ReportTrainerProg
   return (*driver)->ReportTrainerProgress(request);
 }
 
-namespace {
-constexpr char kShutdownReason[] = "the controller shut down while the run was active";
-}  // namespace
-
 void RunRegistry::BeginShutdown() {
   std::vector<std::shared_ptr<RunDriver>> runs;
   {
@@ -317,7 +437,7 @@ void RunRegistry::BeginShutdown() {
     shut_down_ = true;
     runs = runs_;
   }
-  for (const auto& driver : runs) driver->BeginShutdown(kShutdownReason);
+  for (const auto& driver : runs) driver->BeginShutdown();
 }
 
 absl::StatusOr<v1::WorkerHeartbeatResponse> RunRegistry::WorkerHeartbeat(
@@ -367,15 +487,14 @@ absl::StatusOr<v1::ReportServiceFailureResponse> RunRegistry::ReportServiceFailu
 }
 
 void RunRegistry::Shutdown() {
-  // Fail them all first so that every watcher wakes at once, then join the
-  // threads, which stop the runs' services meanwhile.
+  // Wake every watcher first, then join the threads.
   BeginShutdown();
   std::vector<std::shared_ptr<RunDriver>> runs;
   {
     absl::MutexLock lock(&mu_);
     runs = runs_;
   }
-  for (const auto& driver : runs) driver->Shutdown(kShutdownReason);
+  for (const auto& driver : runs) driver->Shutdown();
 }
 
 }  // namespace sluice::controller

@@ -18,19 +18,35 @@
 namespace sluice::controller {
 
 struct RunRegistryOptions {
-  // Run files go to <runs_dir>/<run-id>/.
+  // Run files go to <runs_dir>/<run-id>/; Restore() reads them back.
   std::string runs_dir = "sluice-runs";
   RunDriverOptions driver;
 };
 
-// The controller's core: every run by id, in memory for the life of the
-// process (each with its RunDriver and thread), and the operations of
-// ControllerService on them with protos as plain data. The gRPC edge
-// (controller_service.h) only converts statuses.
+// What RunRegistry::Restore found in the runs directory.
+struct RunRegistryRestore {
+  int terminal = 0;    // Ended runs, listed as they ended.
+  int queued = 0;      // Back in the queue, in submission order.
+  int adopted = 0;     // The active run re-adopted (0 or 1).
+  int failed = 0;       // Active runs failed at restore: more than one was active.
+  int not_resumed = 0;  // Left as recorded: this controller lacks their services.
+  int unreadable = 0;   // Run directories whose record could not be read.
+};
+
+// The controller's core: every run by id (each with its RunDriver and
+// thread), and the operations of ControllerService on them with protos as
+// plain data. The gRPC edge (controller_service.h) only converts statuses.
 //
 // One run is active at a time (the services serve one run each): a run
 // submitted while another is active is QUEUED, and runs start in
 // submission order, each once the one before has stopped its services.
+//
+// The runs directory is the record (run_record.h): a controller started on
+// the runs directory of one that stopped or died calls Restore() and goes
+// on where it left off: ended runs are listed as before, queued runs queue
+// again in order, and the active run is re-adopted (RunDriver::Adopt). A
+// controller stop (Shutdown, SIGTERM) therefore ends no run: only CancelRun
+// or a failure does.
 //
 // Thread-safe. Operations on one run serialize on that run's lock; the
 // registry lock is held only to find, add or list runs.
@@ -42,6 +58,30 @@ class RunRegistry {
   RunRegistry(RunRegistryOptions options, ServiceClients clients, RunObserver* observer = nullptr);
   // Shutdown().
   ~RunRegistry();
+
+  // Loads every run of options.runs_dir (a fresh directory has none) and
+  // re-adopts the active one; call once, before the first Submit and
+  // before the server answers (a trainer's report about a run not yet
+  // loaded would be told to stop), after SetControllerAddress (the adopted
+  // run's services are given the endpoints again).
+  //   - terminal runs: listed (ListRuns, GetRun) as they ended; their files
+  //     are not written again;
+  //   - QUEUED runs: queued again in submission order;
+  //   - the active run (PENDING to EVALUATING; at most one): re-adopted.
+  //     Should a directory hold more than one, the oldest is adopted and
+  //     the others fail ("... active alongside ...");
+  //   - a run whose record cannot be read (spec.json or state.json missing
+  //     or corrupt): logged as an error and listed as FAILED with the
+  //     reason ("cannot restore the run after a controller restart: ..."),
+  //     its files left untouched for inspection. It never stops the others
+  //     from being restored or the controller from starting;
+  //   - a queued or active run that needs a service this controller was
+  //     started without is not resumed: logged as an error naming the flag,
+  //     listed as recorded (reports about it are still taken), and left for
+  //     a controller started with the flag. It neither fails nor queues.
+  // FAILED_PRECONDITION when called twice or after a Submit; an error only
+  // when the runs directory itself cannot be listed.
+  absl::StatusOr<RunRegistryRestore> Restore() ABSL_LOCKS_EXCLUDED(mu_);
 
   RunRegistry(const RunRegistry&) = delete;
   RunRegistry& operator=(const RunRegistry&) = delete;
@@ -93,12 +133,17 @@ class RunRegistry {
   absl::StatusOr<v1::ReportServiceFailureResponse> ReportServiceFailure(
       const v1::ReportServiceFailureRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Fails every active run ("the controller shut down ..."), which wakes
-  // their watchers, and joins the driver threads after they have stopped
-  // their services. Later Submit calls fail with UNAVAILABLE. Idempotent.
+  // Controller stop (SIGTERM): ends no run. Every run is left in its state
+  // for the next controller on the same runs directory to restore (records
+  // and prompt feed journals flushed and synced; the active run's trainer
+  // and workers go on), watchers are woken (WatchRun then ends UNAVAILABLE
+  // and `sluice runs watch` reconnects), and the driver threads are joined,
+  // which stop no service. Later Submit calls fail with UNAVAILABLE.
+  // Idempotent. A Kubernetes rollout of the controller pod thus costs the
+  // run a few seconds, as a kill -9 would, and never the run itself.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
-  // The first half of Shutdown, for the server's shutdown callback: fails
-  // the active runs and refuses new ones, without waiting for any thread.
+  // The first half of Shutdown, for the server's shutdown callback: wakes
+  // the watchers and refuses new runs, without waiting for any thread.
   void BeginShutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
@@ -110,6 +155,11 @@ class RunRegistry {
   // budget to check it against.
   absl::StatusOr<RunSizes> CheckAgainstServices(const v1::RunSpec& spec) const;
   std::string NewRunIdLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::ServiceEndpoints EndpointsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Creates the driver of `record` and indexes it (runs_, by_id_,
+  // by_request_id_).
+  std::shared_ptr<RunDriver> AddDriverLocked(RunRecord record, RunFiles files)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Starts the next queued run when none is active; renumbers the queue.
   void DispatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RenumberQueueLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -130,6 +180,9 @@ class RunRegistry {
   std::shared_ptr<RunDriver> active_ ABSL_GUARDED_BY(mu_);
   std::deque<std::shared_ptr<RunDriver>> queue_ ABSL_GUARDED_BY(mu_);
   std::mt19937_64 random_ ABSL_GUARDED_BY(mu_);
+  // RunRecord.sequence of the next run submitted.
+  int64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
+  bool restored_ ABSL_GUARDED_BY(mu_) = false;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

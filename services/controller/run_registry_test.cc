@@ -552,15 +552,23 @@ TEST_F(RunRegistryTest, ListIsNewestFirstPagedAndFiltered) {
   EXPECT_EQ(page->runs(0).run_id(), ids[1]);
 }
 
-TEST_F(RunRegistryTest, ShutdownFailsActiveRunsAndStopsTheirServices) {
+// A controller stop (SIGTERM, e.g. Kubernetes rolling the pod) ends no run:
+// the next controller on the runs directory re-adopts it
+// (run_registry_restore_test.cc).
+TEST_F(RunRegistryTest, ShutdownLeavesActiveRunsForTheNextControllerAndStopsNoService) {
   MakeRegistry();
   const std::string run_id = Submit(SmallSpec());
   AwaitServicesStarted(run_id);
   registry_->Shutdown();
   const v1::Run run = *registry_->Get(run_id);
-  EXPECT_EQ(run.state(), v1::RUN_STATE_FAILED);
-  EXPECT_THAT(run.error_message(), HasSubstr("controller shut down"));
-  EXPECT_TRUE(trainer_->stopped.HasBeenNotified());
+  EXPECT_EQ(run.state(), v1::RUN_STATE_PENDING);
+  EXPECT_EQ(run.error_message(), "");
+  EXPECT_FALSE(trainer_->stopped.HasBeenNotified());
+  EXPECT_FALSE(worker_->stopped.HasBeenNotified());
+  const nlohmann::json state =
+      nlohmann::json::parse(ReadFile(runs_dir_ + "/" + run_id + "/state.json"));
+  EXPECT_EQ(state["run"]["state"], "RUN_STATE_PENDING");
+  EXPECT_FALSE(std::filesystem::exists(runs_dir_ + "/" + run_id + "/summary.json"));
   v1::SubmitRunRequest request;
   *request.mutable_spec() = SmallSpec();
   EXPECT_EQ(registry_->Submit(request).status().code(), absl::StatusCode::kUnavailable);

@@ -1,0 +1,81 @@
+#ifndef SLUICE_SERVICES_CONTROLLER_PROMPT_FEED_JOURNAL_H_
+#define SLUICE_SERVICES_CONTROLLER_PROMPT_FEED_JOURNAL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+
+namespace sluice::controller {
+
+struct PromptFeedJournalOptions {
+  // The journal file, normally <runs-dir>/<run-id>/prompt_feed.jsonl.
+  std::string path;
+  // Every event is written with one write(2) before the feed's call returns,
+  // so it survives the controller being killed (kill -9, OOM, a crash): the
+  // kernel has it. fdatasync, which makes it survive a machine crash too,
+  // runs at most this often, on the event that finds the last one this old.
+  // Zero = after every event; absl::InfiniteDuration() = never.
+  absl::Duration sync_interval = absl::Seconds(1);
+  // Once this many events follow the last checkpoint, the feed rewrites the
+  // journal as a single checkpoint line, so that the file and the replay
+  // stay bounded by the prompts outstanding rather than the run's length.
+  int64_t compact_after_events = 10000;
+};
+
+// The append-only file behind a PromptFeed: one JSON object per line. The
+// feed defines the events (prompt_feed.h); this class only writes, syncs,
+// rewrites and reads lines. Not thread-safe: the feed calls it under its
+// lock.
+class PromptFeedJournal {
+ public:
+  // Opens `options.path` for appending, creating it if missing. Reads
+  // nothing.
+  static absl::StatusOr<std::unique_ptr<PromptFeedJournal>> Open(PromptFeedJournalOptions options);
+
+  // The events of the file at `path`, in order. A partial last line (a
+  // write cut short by kill -9) is left out and its size put in
+  // `torn_tail_bytes`; any complete line that is not a JSON object is
+  // DATA_LOSS naming its line number. NOT_FOUND when there is no file.
+  static absl::StatusOr<std::vector<nlohmann::json>> Read(const std::string& path,
+                                                          int64_t* torn_tail_bytes);
+
+  PromptFeedJournal(const PromptFeedJournal&) = delete;
+  PromptFeedJournal& operator=(const PromptFeedJournal&) = delete;
+  ~PromptFeedJournal();
+
+  // One line, one write(2); fdatasync per options.sync_interval.
+  absl::Status Append(const nlohmann::json& event);
+  // Replaces the whole file by `checkpoint` (one line) atomically: a
+  // temporary file, fsync, rename, directory fsync. A partial last line of
+  // the old file goes with it. Resets events_since_checkpoint().
+  absl::Status Rewrite(const nlohmann::json& checkpoint);
+  // fdatasync now (a graceful shutdown).
+  absl::Status Sync();
+
+  int64_t events_since_checkpoint() const { return events_since_checkpoint_; }
+  bool CompactionDue() const {
+    return events_since_checkpoint_ >= options_.compact_after_events;
+  }
+  int64_t syncs() const { return syncs_; }
+
+ private:
+  PromptFeedJournal(PromptFeedJournalOptions options, int fd)
+      : options_(std::move(options)), fd_(fd) {}
+
+  const PromptFeedJournalOptions options_;
+  int fd_ = -1;
+  int64_t events_since_checkpoint_ = 0;
+  int64_t syncs_ = 0;
+  bool dirty_ = false;  // Written since the last fdatasync.
+  absl::Time last_sync_ = absl::InfinitePast();
+};
+
+}  // namespace sluice::controller
+
+#endif  // SLUICE_SERVICES_CONTROLLER_PROMPT_FEED_JOURNAL_H_

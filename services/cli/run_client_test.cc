@@ -210,11 +210,13 @@ TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
     controller::ServiceClients clients;
     clients.trainer = trainer;
     clients.replay_buffer = std::make_shared<fakes::FakeBuffer>();
-    clients.rollout_workers = {worker};
+    clients.workers = std::make_shared<controller::WorkerRegistry>(
+        controller::WorkerRegistryOptions{.heartbeat_interval = absl::Milliseconds(5)});
     clients.reward_server_address = "reward:1";
     clients.health = std::make_shared<fakes::FakeHealth>();
     c.registry = std::make_unique<controller::RunRegistry>(options, clients);
     EXPECT_TRUE(c.registry->Restore().ok());
+    worker->Attach(clients.workers);
     c.service = std::make_unique<controller::ControllerServiceImpl>(c.registry.get());
     grpc::ServerBuilder builder;
     builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),

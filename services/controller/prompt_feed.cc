@@ -214,11 +214,7 @@ void PromptFeed::ObserveWorker(const std::string& worker_id, uint64_t worker_inc
       stale.push_back(lease_id);
     }
   }
-  for (const std::string& lease_id : stale) GiveBack(lease_id);
-  if (!stale.empty()) {
-    stats_.leases_expired += static_cast<int64_t>(stale.size());
-    JournalLocked({{"t", "expired"}, {"count", stale.size()}});
-  }
+  CountExpiredLocked(stale);
 }
 
 int PromptFeed::GiveBackWorker(const std::string& worker_id) {
@@ -228,7 +224,7 @@ int PromptFeed::GiveBackWorker(const std::string& worker_id) {
     if (lease.worker_id == worker_id) held.push_back(lease_id);
   }
   const size_t waiting = reissue_.size();
-  for (const std::string& lease_id : held) GiveBack(lease_id);
+  CountExpiredLocked(held);
   return static_cast<int>(reissue_.size() - waiting);
 }
 
@@ -237,22 +233,34 @@ void PromptFeed::ExpireLeases(absl::Time now) {
   for (const auto& [lease_id, lease] : leases_) {
     if (lease.expires_at <= now) expired.push_back(lease_id);
   }
-  if (expired.empty()) return;
-  for (const std::string& lease_id : expired) GiveBack(lease_id);
-  stats_.leases_expired += static_cast<int64_t>(expired.size());
-  JournalLocked({{"t", "expired"}, {"count", expired.size()}});
+  CountExpiredLocked(expired);
 }
 
-void PromptFeed::GiveBack(const std::string& lease_id) {
+void PromptFeed::CountExpiredLocked(const std::vector<std::string>& lease_ids) {
+  // A lease whose prompts were all completed just closes; one that gives
+  // prompts back expired unreported.
+  int64_t count = 0;
+  for (const std::string& lease_id : lease_ids) {
+    if (GiveBack(lease_id) > 0) ++count;
+  }
+  if (count == 0) return;
+  stats_.leases_expired += count;
+  JournalLocked({{"t", "expired"}, {"count", count}});
+}
+
+int PromptFeed::GiveBack(const std::string& lease_id) {
   auto lease = leases_.find(lease_id);
-  if (lease == leases_.end()) return;
+  if (lease == leases_.end()) return 0;
+  int given_back = 0;
   for (const std::string& id : lease->second.prompt_ids) {
     auto it = outstanding_.find(id);
     if (it == outstanding_.end() || it->second.lease_id != lease_id) continue;
     it->second.lease_id.clear();
     reissue_.push_back(id);
+    ++given_back;
   }
   leases_.erase(lease);
+  return given_back;
 }
 
 void PromptFeed::MarkDone() {

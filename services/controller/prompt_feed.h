@@ -187,7 +187,12 @@ class PromptFeed {
 
   void ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the lease's unfinished prompts to the re-issue queue and drops it.
-  void GiveBack(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Returns how many prompts went back.
+  int GiveBack(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives the leases back and counts (and journals) those that returned
+  // prompts as expired.
+  void CountExpiredLocked(const std::vector<std::string>& lease_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartEpoch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The next prompt of the order (starting the next epoch when this one is
   // through), its pool index in `pool_index`.

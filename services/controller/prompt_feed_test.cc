@@ -115,6 +115,21 @@ TEST(PromptFeedTest, ExpiredLeasesAreReissuedAndRenewedOnesAreNot) {
             absl::StatusCode::kNotFound);
 }
 
+// Only a lease that gives prompts back expired unreported; one whose prompts
+// were all completed just closes at its expiry.
+TEST(PromptFeedTest, OnlyLeasesWithUnfinishedPromptsCountAsExpired) {
+  PromptFeed feed(Pool(10), 1, absl::Seconds(10));
+  const PromptLease done = feed.Lease("w1", 1, 2, kT0);
+  feed.Lease("w2", 1, 2, kT0);
+  EXPECT_EQ(feed.Complete(Ids(done)), 2);
+  feed.Lease("w3", 1, 1, kT0 + absl::Seconds(11));
+  EXPECT_EQ(feed.stats().leases_expired, 1);
+  // A lost worker's lease with prompts out counts too.
+  feed.Lease("w4", 1, 1, kT0 + absl::Seconds(11));
+  EXPECT_EQ(feed.GiveBackWorker("w4"), 1);
+  EXPECT_EQ(feed.stats().leases_expired, 2);
+}
+
 TEST(PromptFeedTest, LateCompletionOfAnExpiredLeaseStillCounts) {
   PromptFeed feed(Pool(10), 1, absl::Seconds(10));
   const PromptLease lease = feed.Lease("w1", 1, 1, kT0);

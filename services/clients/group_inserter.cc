@@ -43,21 +43,7 @@ absl::Status GroupInserterOptions::Validate() const {
   if (max_attempts < 1) {
     problems.push_back(absl::StrCat("max_attempts: must be >= 1, got ", max_attempts));
   }
-  if (initial_backoff < absl::ZeroDuration()) {
-    problems.push_back(
-        absl::StrCat("initial_backoff: must be >= 0, got ", absl::FormatDuration(initial_backoff)));
-  }
-  if (max_backoff < initial_backoff) {
-    problems.push_back(absl::StrCat("max_backoff: must be >= initial_backoff (",
-                                    absl::FormatDuration(initial_backoff), "), got ",
-                                    absl::FormatDuration(max_backoff)));
-  }
-  if (!(backoff_multiplier >= 1.0)) {
-    problems.push_back(absl::StrCat("backoff_multiplier: must be >= 1, got ", backoff_multiplier));
-  }
-  if (!(jitter >= 0.0 && jitter <= 1.0)) {
-    problems.push_back(absl::StrCat("jitter: must be in [0, 1], got ", jitter));
-  }
+  CheckBackoff(initial_backoff, max_backoff, backoff_multiplier, jitter, problems);
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
 }

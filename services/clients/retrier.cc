@@ -43,8 +43,8 @@ bool RetryCancellation::WaitFor(absl::Duration timeout, const std::atomic<bool>*
 
 void RetryCancellation::Wake() const { absl::MutexLock lock(&mu_); }
 
-absl::Status RetryOptions::Validate() const {
-  std::vector<std::string> problems;
+void CheckBackoff(absl::Duration initial_backoff, absl::Duration max_backoff,
+                  double backoff_multiplier, double jitter, std::vector<std::string>& problems) {
   if (initial_backoff < absl::ZeroDuration()) {
     problems.push_back(
         absl::StrCat("initial_backoff: must be >= 0, got ", absl::FormatDuration(initial_backoff)));
@@ -60,6 +60,11 @@ absl::Status RetryOptions::Validate() const {
   if (!(jitter >= 0.0 && jitter <= 1.0)) {
     problems.push_back(absl::StrCat("jitter: must be in [0, 1], got ", jitter));
   }
+}
+
+absl::Status RetryOptions::Validate() const {
+  std::vector<std::string> problems;
+  CheckBackoff(initial_backoff, max_backoff, backoff_multiplier, jitter, problems);
   if (deadline < absl::ZeroDuration()) {
     problems.push_back(absl::StrCat("deadline: must be >= 0, got ", absl::FormatDuration(deadline)));
   }

@@ -8,6 +8,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -137,6 +138,11 @@ struct CallLimits {
 // than be retried again. Survives PrefixMessage.
 bool IsRetriesExhausted(const absl::Status& status);
 // `status` (not OK) marked as IsRetriesExhausted.
+// Appends to `problems` what is wrong with a backoff schedule (RetryOptions,
+// GroupInserterOptions): one line per field.
+void CheckBackoff(absl::Duration initial_backoff, absl::Duration max_backoff,
+                  double backoff_multiplier, double jitter, std::vector<std::string>& problems);
+
 absl::Status MarkRetriesExhausted(absl::Status status);
 // `status` with "<prefix>: " before its message, payloads kept.
 absl::Status PrefixMessage(const absl::Status& status, absl::string_view prefix);

@@ -31,6 +31,9 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   # Used by tests and scripts to talk HTTP to /metrics.
   curl procps
+  # Multi-host tests (network namespaces and veth pairs) and bench_weight_fanout's
+  # loopback baseline.
+  iproute2 iperf3
 )
 
 missing=()

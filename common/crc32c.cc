@@ -25,9 +25,41 @@ const Tables& GetTables() {
   return tables;
 }
 
+#if defined(__x86_64__)
+// The SSE4.2 crc32 instruction computes exactly this polynomial: 8 bytes per
+// instruction, ~8 GB/s on one core against ~1.5 for the tables.
+__attribute__((target("sse4.2"))) uint32_t Crc32cSse42(absl::string_view data, uint32_t crc) {
+  const auto* p = reinterpret_cast<const unsigned char*>(data.data());
+  size_t n = data.size();
+  uint64_t c = ~crc;
+  while (n >= 8) {
+    uint64_t word;
+    std::memcpy(&word, p, 8);
+    c = __builtin_ia32_crc32di(c, word);
+    p += 8;
+    n -= 8;
+  }
+  uint32_t c32 = static_cast<uint32_t>(c);
+  while (n-- > 0) c32 = __builtin_ia32_crc32qi(c32, *p++);
+  return ~c32;
+}
+
+bool HaveSse42() {
+  static const bool have = __builtin_cpu_supports("sse4.2");
+  return have;
+}
+#endif
+
 }  // namespace
 
 uint32_t Crc32c(absl::string_view data, uint32_t crc) {
+#if defined(__x86_64__)
+  if (HaveSse42()) return Crc32cSse42(data, crc);
+#endif
+  return Crc32cPortable(data, crc);
+}
+
+uint32_t Crc32cPortable(absl::string_view data, uint32_t crc) {
   const auto& t = GetTables().t;
   const auto* p = reinterpret_cast<const unsigned char*>(data.data());
   size_t n = data.size();

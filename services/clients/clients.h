@@ -2,6 +2,7 @@
 #define SLUICE_SERVICES_CLIENTS_CLIENTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -96,6 +97,26 @@ class TrainerClient {
   // CRC mismatch or a stream that does not add up to its manifest.
   virtual absl::StatusOr<FetchedWeights> FetchWeights(const std::string& run_id,
                                                       int64_t version) = 0;
+  // Where to download a version from (the trainer or a relaying worker).
+  // UNIMPLEMENTED from a trainer without relays: download from it directly.
+  virtual absl::StatusOr<v1::GetWeightSourceResponse> GetWeightSource(
+      const v1::GetWeightSourceRequest& request) {
+    return absl::UnimplementedError("GetWeightSource is not implemented by this trainer client");
+  }
+};
+
+// One weight stream: from the trainer (TrainerService.StreamWeights) or
+// from a worker relaying a version (WeightRelay.StreamWeights).
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  // Calls `on_chunk` with each message, the manifest first. An error from
+  // `on_chunk` cancels the stream and is returned. A stream that goes
+  // `stall` without a message (a source that hangs, or whose host was cut
+  // off) is cancelled: UNAVAILABLE.
+  virtual absl::Status StreamWeights(
+      const v1::StreamWeightsRequest& request, absl::Duration stall,
+      const std::function<absl::Status(v1::WeightsChunk& chunk)>& on_chunk) = 0;
 };
 
 // gRPC implementations; `target` is "host:port". Channels are created lazily
@@ -104,6 +125,9 @@ std::unique_ptr<RewardClient> NewGrpcRewardClient(const std::string& target);
 std::unique_ptr<ReplayBufferClient> NewGrpcReplayBufferClient(const std::string& target);
 std::unique_ptr<ControllerClient> NewGrpcControllerClient(const std::string& target);
 std::unique_ptr<TrainerClient> NewGrpcTrainerClient(const std::string& target);
+// The trainer's StreamWeights, and a worker's WeightRelay.StreamWeights.
+std::unique_ptr<WeightSource> NewGrpcTrainerWeightSource(const std::string& target);
+std::unique_ptr<WeightSource> NewGrpcRelayWeightSource(const std::string& target);
 
 }  // namespace sluice::clients
 

@@ -2,6 +2,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -347,9 +348,92 @@ class GrpcTrainerClient final : public TrainerClient {
     return fetched;
   }
 
+  absl::StatusOr<v1::GetWeightSourceResponse> GetWeightSource(
+      const v1::GetWeightSourceRequest& request) override {
+    return Unary<v1::GetWeightSourceResponse>(
+        "trainer GetWeightSource", target_, kUnaryTimeout,
+        [&](grpc::ClientContext* c, v1::GetWeightSourceResponse* r) {
+          return stub_->GetWeightSource(c, request, r);
+        });
+  }
+
  private:
   const std::string target_;
   std::unique_ptr<v1::TrainerService::Stub> stub_;
+};
+
+// A weight stream with a watchdog: gRPC's deadline covers the whole stream
+// (minutes), while a source that stops sending (a hung relay, a host cut
+// off the network, where TCP would wait for minutes) must be left within
+// `stall`.
+template <typename Stub>
+absl::Status StreamWeightsFrom(Stub& stub, const std::string& target, absl::string_view what,
+                               const v1::StreamWeightsRequest& request, absl::Duration stall,
+                               const std::function<absl::Status(v1::WeightsChunk&)>& on_chunk) {
+  grpc::ClientContext context;
+  SetDeadline(context, absl::Minutes(10));
+  absl::Mutex mu;
+  absl::Time last = absl::Now();
+  bool done = false;
+  bool stalled = false;
+  std::thread watchdog([&] {
+    absl::MutexLock lock(&mu);
+    while (!done) {
+      if (mu.AwaitWithDeadline(absl::Condition(&done), last + stall)) break;
+      if (absl::Now() - last >= stall) {
+        stalled = true;
+        context.TryCancel();
+        break;
+      }
+    }
+  });
+  auto reader = stub.StreamWeights(&context, request);
+  v1::WeightsChunk chunk;
+  absl::Status problem;
+  while (reader->Read(&chunk)) {
+    {
+      absl::MutexLock lock(&mu);
+      last = absl::Now();
+    }
+    problem = on_chunk(chunk);
+    if (!problem.ok()) {
+      context.TryCancel();
+      break;
+    }
+  }
+  {
+    absl::MutexLock lock(&mu);
+    done = true;
+  }
+  watchdog.join();
+  const grpc::Status status = reader->Finish();
+  if (!problem.ok()) return problem;
+  if (stalled) {
+    return absl::UnavailableError(absl::StrCat(what, " at ", target, " sent nothing for ",
+                                               absl::FormatDuration(stall)));
+  }
+  if (!status.ok()) return Annotate(status, what, target);
+  return absl::OkStatus();
+}
+
+template <typename Service>
+class GrpcWeightSource final : public WeightSource {
+ public:
+  GrpcWeightSource(std::string target, std::string what)
+      : target_(std::move(target)),
+        what_(std::move(what)),
+        stub_(Service::NewStub(MakeChannel(target_))) {}
+
+  absl::Status StreamWeights(
+      const v1::StreamWeightsRequest& request, absl::Duration stall,
+      const std::function<absl::Status(v1::WeightsChunk&)>& on_chunk) override {
+    return StreamWeightsFrom(*stub_, target_, what_, request, stall, on_chunk);
+  }
+
+ private:
+  const std::string target_;
+  const std::string what_;
+  std::unique_ptr<typename Service::Stub> stub_;
 };
 
 }  // namespace
@@ -365,6 +449,12 @@ std::unique_ptr<ControllerClient> NewGrpcControllerClient(const std::string& tar
 }
 std::unique_ptr<TrainerClient> NewGrpcTrainerClient(const std::string& target) {
   return std::make_unique<GrpcTrainerClient>(target);
+}
+std::unique_ptr<WeightSource> NewGrpcTrainerWeightSource(const std::string& target) {
+  return std::make_unique<GrpcWeightSource<v1::TrainerService>>(target, "trainer StreamWeights");
+}
+std::unique_ptr<WeightSource> NewGrpcRelayWeightSource(const std::string& target) {
+  return std::make_unique<GrpcWeightSource<v1::WeightRelay>>(target, "weight relay StreamWeights");
 }
 
 }  // namespace sluice::clients

@@ -160,6 +160,12 @@ absl::StatusOr<FetchedWeights> RetryingTrainerClient::FetchWeights(const std::st
                                        [&] { return inner_.FetchWeights(run_id, version); });
 }
 
+absl::StatusOr<v1::GetWeightSourceResponse> RetryingTrainerClient::GetWeightSource(
+    const v1::GetWeightSourceRequest& request) {
+  return retrier_.Call<v1::GetWeightSourceResponse>(
+      "GetWeightSource", RetryOn::kTransient, [&] { return inner_.GetWeightSource(request); });
+}
+
 // ---- factories -------------------------------------------------------------
 
 std::unique_ptr<RewardClient> WithRetries(std::unique_ptr<RewardClient> inner,

@@ -56,6 +56,11 @@
 //                                                       retries stay within its own
 //                                                       timeout and are never final
 //                  FetchWeights            transient    a read
+//                  GetWeightSource         transient    a placement in a fan-out tree;
+//                                                       a repeat re-places the worker
+//                                                       (weight streams are not retried
+//                                                       here: the relay fetcher resumes
+//                                                       them from another source)
 //
 // "transient": UNAVAILABLE until the deadline, and DEADLINE_EXCEEDED, ABORTED,
 // INTERNAL, UNKNOWN, CANCELLED up to RetryOptions::max_ambiguous_retries
@@ -144,6 +149,8 @@ class RetryingTrainerClient final : public TrainerClient {
                                                             absl::Duration timeout) override;
   absl::StatusOr<FetchedWeights> FetchWeights(const std::string& run_id,
                                               int64_t version) override;
+  absl::StatusOr<v1::GetWeightSourceResponse> GetWeightSource(
+      const v1::GetWeightSourceRequest& request) override;
 
  private:
   std::unique_ptr<TrainerClient> owned_;

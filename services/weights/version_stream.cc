@@ -75,6 +75,9 @@ absl::Status VersionStream::Append(v1::WeightsChunk chunk) {
   }
   tensor_index_ = index;
   tensor_received_ = received + static_cast<int64_t>(chunk.data().size());
+  // The version's checksum runs over the bytes in stream order: computed
+  // here, while the chunk is in cache, not in another pass at the end.
+  running_crc_ = Crc32c(chunk.data(), running_crc_);
   chunks_.push_back(std::make_shared<const v1::WeightsChunk>(std::move(chunk)));
   return absl::OkStatus();
 }
@@ -132,11 +135,18 @@ bool VersionStream::complete() const {
 absl::StatusOr<clients::FetchedWeights> VersionStream::Assemble() const {
   std::vector<std::shared_ptr<const v1::WeightsChunk>> chunks;
   clients::FetchedWeights fetched;
+  uint32_t running_crc = 0;
   {
     absl::MutexLock lock(&mu_);
     if (!have_manifest_) return absl::FailedPreconditionError("no manifest received");
     chunks = chunks_;
     fetched.manifest = manifest_;
+    running_crc = running_crc_;
+  }
+  const std::string checksum = absl::StrFormat("crc32c:%08x", running_crc);
+  if (!info_.checksum().empty() && checksum != info_.checksum()) {
+    return absl::DataLossError(absl::StrCat("version ", info_.version(), " has checksum ",
+                                            checksum, ", the trainer published ", info_.checksum()));
   }
   const int n = fetched.manifest.tensors_size();
   fetched.tensor_bytes.resize(n);
@@ -160,15 +170,13 @@ absl::StatusOr<clients::FetchedWeights> VersionStream::Assemble() const {
           "tensor ", spec.name(), ": ", fetched.tensor_bytes[i].size(), " of ", spec.size_bytes(),
           " bytes received"));
     }
-    if (spec.crc32c() != 0 && Crc32c(fetched.tensor_bytes[i]) != spec.crc32c()) {
+    // The version's checksum (from the trainer, not the relay) covers every
+    // byte; a tensor's own CRC is checked only when there is none.
+    if (info_.checksum().empty() && spec.crc32c() != 0 &&
+        Crc32c(fetched.tensor_bytes[i]) != spec.crc32c()) {
       return absl::DataLossError(absl::StrCat("tensor ", spec.name(), " of version ",
                                               info_.version(), " fails its CRC32C"));
     }
-  }
-  if (!info_.checksum().empty() && VersionChecksum(fetched.tensor_bytes) != info_.checksum()) {
-    return absl::DataLossError(absl::StrCat("version ", info_.version(), " has checksum ",
-                                            VersionChecksum(fetched.tensor_bytes),
-                                            ", the trainer published ", info_.checksum()));
   }
   return fetched;
 }

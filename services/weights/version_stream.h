@@ -42,8 +42,9 @@ class VersionStream {
   absl::Status Append(v1::WeightsChunk chunk) ABSL_LOCKS_EXCLUDED(mu_);
   // Data chunks received so far: where a resume starts (start_chunk).
   int64_t chunks() const ABSL_LOCKS_EXCLUDED(mu_);
-  // Ends receiving: checks every tensor is whole, each tensor's CRC32C and
-  // the version's checksum, and returns the version as the model loads it.
+  // Ends receiving: checks every tensor is whole and the version's checksum
+  // (or, without one, each tensor's CRC32C), and returns the version as the
+  // model loads it.
   // DATA_LOSS on a mismatch (the stream is failed).
   absl::StatusOr<clients::FetchedWeights> Complete() ABSL_LOCKS_EXCLUDED(mu_);
   // Ends receiving with an error: readers get UNAVAILABLE (they ask the
@@ -78,6 +79,7 @@ class VersionStream {
   std::vector<std::shared_ptr<const v1::WeightsChunk>> chunks_ ABSL_GUARDED_BY(mu_);
   int tensor_index_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t tensor_received_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the current tensor
+  uint32_t running_crc_ ABSL_GUARDED_BY(mu_) = 0;     // over all data so far
   bool complete_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status failure_ ABSL_GUARDED_BY(mu_);
 };

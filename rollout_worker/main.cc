@@ -18,6 +18,7 @@
 #include "sluice/v1/controller.grpc.pb.h"
 #include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
+#include "services/weights/weight_relay_service.h"
 
 int main(int argc, char** argv) {
   using sluice::runtime::ServiceContext;
@@ -44,6 +45,13 @@ int main(int argc, char** argv) {
                   "HOST:PORT of the controller; the worker registers with it, heartbeats, and "
                   "serves the runs it is assigned (the controller never calls the worker)");
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
+  bool weight_relay = true;
+  main.app()
+      .add_option("--weight-relay", weight_relay,
+                  "Serve the weight versions this worker receives to other workers (the "
+                  "trainer's fan-out tree; costs one more copy of the weights in memory). "
+                  "Turn off where other workers cannot reach this one")
+      ->capture_default_str();
   // Outlives the server: started once it has bound its port, stopped at
   // shutdown.
   std::shared_ptr<sluice::rollout_worker::ControllerLink> link;
@@ -63,6 +71,20 @@ int main(int argc, char** argv) {
     auto service = std::make_shared<rollout_worker::RolloutWorkerServiceImpl>(
         context.metrics_registry(), worker_id, budget);
     context.AddService(service, sluice::v1::RolloutWorkerService::service_full_name());
+    std::shared_ptr<weights::RelayCache> relay_cache;
+    if (weight_relay) {
+      relay_cache = std::make_shared<weights::RelayCache>();
+      context.AddService(
+          std::make_shared<weights::WeightRelayServiceImpl>(relay_cache, context.metrics_registry()),
+          sluice::v1::WeightRelay::service_full_name());
+    }
+    const std::string relay_listen_address = context.options().listen_address;
+    context.OnStarted([service, relay_cache, relay_listen_address](int port) {
+      if (relay_cache != nullptr) {
+        service->EnableWeightRelay(relay_cache,
+                                   runtime::DefaultAdvertiseAddress(relay_listen_address, port));
+      }
+    });
     if (!controller_address.empty()) {
       std::shared_ptr<v1::ControllerService::Stub> stub = v1::ControllerService::NewStub(
           grpc::CreateChannel(controller_address, grpc::InsecureChannelCredentials()));

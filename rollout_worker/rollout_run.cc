@@ -154,7 +154,7 @@ class RolloutRun::Impl {
       const absl::Time start = absl::Now();
       // Ask for the latest, not the announced one: a slow worker skips
       // versions rather than falling further behind.
-      auto fetched = deps_.trainer->FetchWeights(run_id_, /*version=*/-1);
+      auto fetched = Download();
       if (!fetched.ok()) {
         log::Warning("weight download failed", {{"run_id", run_id_},
                                                 {"error", std::string(fetched.status().message())}});
@@ -193,6 +193,29 @@ class RolloutRun::Impl {
     }
   }
 
+  // The latest version: through the relay tree when the worker has a
+  // fetcher and the trainer places workers, else straight from the trainer.
+  absl::StatusOr<clients::FetchedWeights> Download() {
+    if (deps_.weight_fetcher != nullptr && !relay_unsupported_) {
+      auto relayed = deps_.weight_fetcher->FetchLatest(run_id_);
+      if (relayed.ok()) {
+        if (relayed->depth > 1 || relayed->attempts > 1) {
+          log::Debug("weights relayed", {{"run_id", run_id_},
+                                         {"version", relayed->version},
+                                         {"depth", relayed->depth},
+                                         {"source", relayed->source},
+                                         {"attempts", relayed->attempts}});
+        }
+        return std::move(relayed->weights);
+      }
+      if (!absl::IsUnimplemented(relayed.status())) return relayed.status();
+      log::Info("the trainer does not place weight downloads; fetching from it directly",
+                {{"run_id", run_id_}});
+      relay_unsupported_ = true;
+    }
+    return deps_.trainer->FetchWeights(run_id_, /*version=*/-1);
+  }
+
   absl::StatusOr<std::shared_ptr<const model::Transformer>> BuildModel(
       const clients::FetchedWeights& fetched) {
     torch::NoGradGuard no_grad;
@@ -222,6 +245,9 @@ class RolloutRun::Impl {
     RETURN_IF_ERROR(model->LoadWeights(tensors));
     return std::shared_ptr<const model::Transformer>(std::move(model));
   }
+
+  // The trainer answered GetWeightSource with UNIMPLEMENTED (follower thread only).
+  bool relay_unsupported_ = false;
 
   model::PolicySnapshot Latest() const {
     absl::MutexLock lock(&mu_);

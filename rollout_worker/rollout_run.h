@@ -10,6 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "services/clients/clients.h"
+#include "services/weights/relay_fetcher.h"
 #include "services/clients/retrier.h"
 #include "sluice/v1/rollout_worker.pb.h"
 
@@ -44,6 +45,10 @@ struct RolloutRunDeps {
   // How long inserts keep trying to reach the buffer before the run fails:
   // the clients' RetryOptions::deadline.
   absl::Duration retry_deadline = clients::RetryOptions().deadline;
+  // Downloads versions through the trainer's fan-out tree, relaying them to
+  // other workers (services/weights). Null: FetchWeights straight from the
+  // trainer, as with a trainer that has no GetWeightSource.
+  std::shared_ptr<weights::RelayFetcher> weight_fetcher;
 };
 
 // One run on a rollout worker (docs/run-lifecycle.md, step 5). Two threads:

@@ -101,6 +101,8 @@ struct RolloutWorkerServiceImpl::ActiveRun {
   std::unique_ptr<clients::ReplayBufferClient> buffer;
   std::unique_ptr<clients::ControllerClient> controller;
   std::unique_ptr<clients::RewardClient> reward;
+  // Where the run relays the versions it receives (null: it does not).
+  std::shared_ptr<weights::RelayCache> relay_cache;
   std::unique_ptr<RolloutRun> run;
   std::thread thread;
   // Joins `thread` once, however many callers stop the run at once.
@@ -182,6 +184,13 @@ void RolloutWorkerServiceImpl::StopRun(const std::string& run_id) {
 }
 
 v1::RolloutWorkerStatus RolloutWorkerServiceImpl::Status() { return CurrentStatus(); }
+
+void RolloutWorkerServiceImpl::EnableWeightRelay(std::shared_ptr<weights::RelayCache> cache,
+                                                 std::string relay_address) {
+  absl::MutexLock lock(&mu_);
+  relay_cache_ = std::move(cache);
+  relay_address_ = std::move(relay_address);
+}
 
 absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1::RunSpec& spec,
                                              const v1::ServiceEndpoints& endpoints,
@@ -280,6 +289,21 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1
   deps.on_late_groups_refused = [m](int64_t groups) {
     m->late_groups_refused.Increment(static_cast<double>(groups));
   };
+  {
+    absl::MutexLock lock(&mu_);
+    weights::RelayFetcherOptions fetch;
+    fetch.worker_id = worker_id_;
+    fetch.relay_address = relay_cache_ != nullptr ? relay_address_ : "";
+    const std::string trainer_address = endpoints.trainer_address();
+    deps.weight_fetcher = std::make_shared<weights::RelayFetcher>(
+        *active->trainer,
+        [trainer_address](const std::string& address) {
+          return address.empty() ? clients::NewGrpcTrainerWeightSource(trainer_address)
+                                 : clients::NewGrpcRelayWeightSource(address);
+        },
+        relay_cache_, std::move(fetch));
+    active->relay_cache = relay_cache_;
+  }
   active->run = std::make_unique<RolloutRun>(run_id, spec, std::move(deps));
   ActiveRun* raw = active.get();
   active->thread = std::thread([raw] {
@@ -288,6 +312,8 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1
       absl::MutexLock lock(&raw->mu);
       raw->last_error = std::string(status.message());
     }
+    // What it relayed is no use to anyone now.
+    if (raw->relay_cache != nullptr) raw->relay_cache->Forget(raw->run_id);
     raw->finished.store(true);
   });
   log::Info("rollouts started", {{"run_id", run_id}, {"worker_id", worker_id_}});

@@ -10,6 +10,7 @@
 #include "absl/time/time.h"
 #include "rollout_worker/controller_link.h"
 #include "rollout_worker/rollout_run.h"
+#include "services/weights/version_stream.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
 
 namespace prometheus {
@@ -61,6 +62,12 @@ class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service,
   const std::string& worker_id() const { return worker_id_; }
   uint64_t incarnation() const { return incarnation_; }
 
+  // Runs started from now on relay the weight versions they receive through
+  // `cache` (served by this worker's WeightRelay service at
+  // `relay_address`, host:port as other workers reach it).
+  void EnableWeightRelay(std::shared_ptr<weights::RelayCache> cache, std::string relay_address)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct ActiveRun;
   // StartRollouts and StartRun: checks the request, then starts the run on
@@ -86,6 +93,8 @@ class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service,
   // status until another run starts.
   std::string refused_run_id_ ABSL_GUARDED_BY(mu_);
   std::string refused_error_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<weights::RelayCache> relay_cache_ ABSL_GUARDED_BY(mu_);
+  std::string relay_address_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::rollout_worker

@@ -25,6 +25,19 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
+  sluice::weights::RelayTreeOptions relay;
+  main.app()
+      .add_option("--weight-relay-root-fanout", relay.root_fanout,
+                  "Workers the trainer streams each weight version to itself; the others get it "
+                  "from workers that hold it (a fan-out tree), so the trainer's egress stays "
+                  "about this many versions per version however many workers there are")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  main.app()
+      .add_option("--weight-relay-fanout", relay.fanout,
+                  "Workers each relaying worker streams a weight version to")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
     const int64_t budget = memory_budget.Apply(context);
@@ -34,7 +47,7 @@ int main(int argc, char** argv) {
                                 {"inter_op", threads.inter_op},
                                 {"tensor_memory_resident", resident}});
     auto service =
-        std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry(), budget);
+        std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry(), budget, relay);
     context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::TrainerService::service_full_name());
     return absl::OkStatus();

@@ -86,6 +86,22 @@ struct TrainerMetrics {
                          .Register(registry)
                          .Add({}, prometheus::Histogram::BucketBoundaries{
                                       0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
+        weight_bytes_sent(prometheus::BuildCounter()
+                              .Name("sluice_trainer_weight_bytes_sent_total")
+                              .Help("Weight bytes the trainer streamed (its egress for weights; "
+                                    "with relays about one version per version)")
+                              .Register(registry)
+                              .Add({})),
+        weight_streams(prometheus::BuildCounter()
+                           .Name("sluice_trainer_weight_streams_total")
+                           .Help("Weight streams the trainer served")
+                           .Register(registry)
+                           .Add({})),
+        weight_sources(prometheus::BuildCounter()
+                           .Name("sluice_trainer_weight_sources_total")
+                           .Help("GetWeightSource answers, by source: trainer (streamed from "
+                                 "the trainer) or relay (from a worker holding the version)")
+                           .Register(registry)),
         client_retries(registry) {}
 
   void OnStep(const v1::TrainingStepMetrics& m) {
@@ -112,6 +128,9 @@ struct TrainerMetrics {
   prometheus::Counter& updates_skipped;
   prometheus::Counter& groups_invalid;
   prometheus::Histogram& step_seconds;
+  prometheus::Counter& weight_bytes_sent;
+  prometheus::Counter& weight_streams;
+  prometheus::Family<prometheus::Counter>& weight_sources;
   // sluice_client_retries_total{service} of every run's clients.
   clients::ClientRetryMetrics client_retries;
 };
@@ -130,9 +149,11 @@ struct TrainerServiceImpl::ActiveRun {
 };
 
 TrainerServiceImpl::TrainerServiceImpl(prometheus::Registry& registry,
-                                       int64_t memory_budget_bytes)
+                                       int64_t memory_budget_bytes,
+                                       weights::RelayTreeOptions relay)
     : memory_budget_bytes_(memory_budget_bytes),
       incarnation_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())),
+      relay_tree_(relay),
       metrics_(std::make_unique<TrainerMetrics>(registry)) {}
 
 TrainerServiceImpl::~TrainerServiceImpl() { Shutdown(); }
@@ -280,6 +301,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
         clients::NewGrpcControllerClient(endpoints.controller_address()), retry);
   }
   weights_.Reset(request->run_id());
+  relay_tree_.Reset();
   TrainerRunDeps deps;
   deps.buffer = active->buffer.get();
   deps.reward = active->reward.get();
@@ -378,11 +400,16 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
       selected.push_back(static_cast<size_t>(it - version->tensors.begin()));
     }
   }
+  if (request->start_chunk() < 0) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "start_chunk must be >= 0"};
+  }
+  metrics_->weight_streams.Increment();
   v1::WeightsChunk first;
   first.set_version(version->info.version());
   *first.mutable_manifest()->mutable_version() = version->info;
   for (size_t i : selected) *first.mutable_manifest()->add_tensors() = version->tensors[i];
   if (!writer->Write(first)) return grpc::Status::OK;
+  int64_t index = 0;  // data chunks so far, sent or skipped (start_chunk)
   for (size_t i : selected) {
     const v1::TensorSpec& spec = version->tensors[i];
     const std::string& bytes = version->bytes[i];
@@ -390,6 +417,10 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
     do {
       if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "client cancelled"};
       const int64_t n = std::min<int64_t>(chunk_size, static_cast<int64_t>(bytes.size()) - offset);
+      if (index++ < request->start_chunk()) {
+        offset += n;
+        continue;
+      }
       v1::WeightsChunk chunk;
       chunk.set_version(version->info.version());
       chunk.set_tensor_name(spec.name());
@@ -401,6 +432,7 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
       chunk.set_is_last_chunk_of_tensor(offset + n == static_cast<int64_t>(bytes.size()));
       chunk.set_crc32c(Crc32c(chunk.data()));
       if (!writer->Write(chunk)) return grpc::Status::OK;
+      metrics_->weight_bytes_sent.Increment(static_cast<double>(n));
       offset += n;
     } while (offset < static_cast<int64_t>(bytes.size()));
   }
@@ -411,6 +443,27 @@ grpc::Status TrainerServiceImpl::GetTrainerStatus(grpc::ServerContext*,
                                                   const v1::GetTrainerStatusRequest*,
                                                   v1::GetTrainerStatusResponse* response) {
   *response->mutable_status() = CurrentStatus();
+  return grpc::Status::OK;
+}
+
+grpc::Status TrainerServiceImpl::GetWeightSource(grpc::ServerContext*,
+                                                 const v1::GetWeightSourceRequest* request,
+                                                 v1::GetWeightSourceResponse* response) {
+  auto found = request->has_version() ? weights_.Get(request->run_id(), request->version())
+                                      : weights_.Latest(request->run_id());
+  if (!found.ok()) return ToGrpcStatus(found.status());
+  if (request->worker_id().empty()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT, "worker_id is required"};
+  }
+  const std::vector<std::string> failed(request->failed_sources().begin(),
+                                        request->failed_sources().end());
+  const weights::RelayAssignment placed = relay_tree_.Assign(
+      (*found)->info.version(), request->worker_id(), request->relay_address(), failed);
+  *response->mutable_version() = (*found)->info;
+  response->set_source_address(placed.source_address);
+  response->set_depth(placed.depth);
+  metrics_->weight_sources.Add({{"source", placed.source_address.empty() ? "trainer" : "relay"}})
+      .Increment();
   return grpc::Status::OK;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "sluice/v1/trainer.grpc.pb.h"
 #include "services/clients/clients.h"
+#include "services/weights/relay_tree.h"
 #include "trainer/trainer.h"
 #include "trainer/weight_store.h"
 
@@ -42,7 +43,8 @@ struct TrainerMetrics;
 class TrainerServiceImpl final : public v1::TrainerService::Service {
  public:
   // `memory_budget_bytes` <= 0: none (nothing is checked).
-  explicit TrainerServiceImpl(prometheus::Registry& registry, int64_t memory_budget_bytes = 0);
+  explicit TrainerServiceImpl(prometheus::Registry& registry, int64_t memory_budget_bytes = 0,
+                              weights::RelayTreeOptions relay = {});
   ~TrainerServiceImpl() override;
 
   // Stops the current run and wakes streams (server shutdown).
@@ -62,6 +64,13 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
   grpc::Status GetTrainerStatus(grpc::ServerContext* context,
                                 const v1::GetTrainerStatusRequest* request,
                                 v1::GetTrainerStatusResponse* response) override;
+  grpc::Status GetWeightSource(grpc::ServerContext* context,
+                               const v1::GetWeightSourceRequest* request,
+                               v1::GetWeightSourceResponse* response) override;
+
+  // The versions this trainer serves. For benchmarks and tests that publish
+  // without training (bench_weight_fanout).
+  WeightStore& weight_store() { return weights_; }
 
  private:
   struct ActiveRun;
@@ -77,6 +86,8 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
   const int64_t memory_budget_bytes_;
   const uint64_t incarnation_;
   WeightStore weights_;
+  // Who streams each version to whom (GetWeightSource).
+  weights::RelayTree relay_tree_;
   std::unique_ptr<TrainerMetrics> metrics_;
   mutable absl::Mutex mu_;
   std::shared_ptr<ActiveRun> run_ ABSL_GUARDED_BY(mu_);

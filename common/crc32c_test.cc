@@ -23,5 +23,22 @@ TEST(Crc32cTest, ExtendsARunningValue) {
   }
 }
 
+TEST(Crc32cTest, HardwareAndTablesAgreeOnEveryLengthAndAlignment) {
+  std::string data(4096 + 64, '\0');
+  uint32_t x = 12345;
+  for (char& c : data) {
+    x = x * 1103515245u + 12345u;
+    c = static_cast<char>(x >> 16);
+  }
+  EXPECT_EQ(Crc32cPortable("123456789"), 0xE3069283u);
+  for (size_t offset = 0; offset < 9; ++offset) {
+    for (size_t length : {0, 1, 7, 8, 9, 15, 16, 63, 64, 65, 1000, 4096}) {
+      absl::string_view piece = absl::string_view(data).substr(offset, length);
+      EXPECT_EQ(Crc32c(piece), Crc32cPortable(piece)) << offset << " " << length;
+      EXPECT_EQ(Crc32c(piece, 0xdeadbeef), Crc32cPortable(piece, 0xdeadbeef));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace sluice

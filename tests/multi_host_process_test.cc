@@ -63,7 +63,7 @@ namespace {
 namespace fs = std::filesystem;
 
 // Long enough that the partition, the heal and worker-a's first new groups
-// (5-10 s: 200-350 steps on the loaded 2-core development machine, more on
+// (5-10 s: 100-320 steps on the loaded 2-core development machine, more on
 // a faster one) fall well inside the run.
 constexpr int64_t kSteps = 1500;
 constexpr int kBatchGroups = 4;

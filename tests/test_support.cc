@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace sluice::testing {
@@ -50,6 +51,39 @@ bool WaitForPidExit(pid_t pid, absl::Time deadline) {
   }
   close(fd);
   return exited;
+}
+
+v1::Run AwaitRun(v1::ControllerService::StubInterface& controller, const std::string& run_id,
+                 const std::function<bool(const v1::Run&)>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::Run last;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(deadline));
+    v1::WatchRunRequest request;
+    request.set_run_id(run_id);
+    request.set_min_interval_ms(100);
+    std::unique_ptr<grpc::ClientReaderInterface<v1::RunUpdate>> reader =
+        controller.WatchRun(&context, request);
+    v1::RunUpdate update;
+    while (reader->Read(&update)) {
+      last = update.run();
+      if (done(last)) {
+        context.TryCancel();
+        reader->Finish().IgnoreError();
+        return last;
+      }
+    }
+    reader->Finish().IgnoreError();
+    if (RunEnded(last)) return last;  // It will not change any more.
+    absl::SleepFor(absl::Milliseconds(200));  // The controller cannot be reached; again.
+  }
+  return last;
+}
+
+bool RunEnded(const v1::Run& run) {
+  return run.state() == v1::RUN_STATE_SUCCEEDED || run.state() == v1::RUN_STATE_FAILED ||
+         run.state() == v1::RUN_STATE_CANCELLED;
 }
 
 }  // namespace sluice::testing

@@ -3,9 +3,11 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
+#include "sluice/v1/controller.grpc.pb.h"
 
 namespace sluice::testing {
 
@@ -20,6 +22,15 @@ std::string ReadFile(const std::string& path);
 // Blocks until process `pid` (not necessarily our child) has exited, through
 // a pidfd; false when it is still alive at `deadline`.
 bool WaitForPidExit(pid_t pid, absl::Time deadline);
+
+// Follows the run with WatchRun (reopened while the controller cannot be
+// reached) until `done` holds for a snapshot or `timeout` passes; returns
+// that snapshot, or the last one seen (a default Run if none).
+v1::Run AwaitRun(v1::ControllerService::StubInterface& controller, const std::string& run_id,
+                 const std::function<bool(const v1::Run&)>& done, absl::Duration timeout);
+
+// The run is SUCCEEDED, FAILED or CANCELLED.
+bool RunEnded(const v1::Run& run);
 
 }  // namespace sluice::testing
 

@@ -46,13 +46,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/runtime/health_client.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "tests/netns.h"
 #include "tests/test_support.h"
@@ -100,6 +104,7 @@ v1::RunSpec Spec(const std::string& checkpoint_dir) {
 struct Service {
   std::string host;
   std::string grpc;  // As its ready line reports it: the address others dial.
+  std::string metrics;  // Its /metrics URL, from its ready line.
   std::string log_path;
   std::unique_ptr<Subprocess> process;
 };
@@ -206,8 +211,24 @@ class MultiHostProcessTest : public ::testing::Test {
       ASSERT_EQ(info.value("grpc", ""), address) << *ready;
     }
     service.grpc = address;
+    service.metrics = info.value("metrics", "");
     // `ip netns exec` and `env` exec: the pid we signal is the service's.
     ASSERT_EQ(info.value("pid", int64_t{0}), service.process->pid()) << *ready;
+  }
+
+  // The sum of the samples whose line starts with `prefix` on `host`'s /metrics.
+  double MetricSum(const std::string& host, const std::string& prefix) {
+    absl::StatusOr<std::string> text =
+        runtime::HttpGet(services_[host].metrics, absl::Seconds(5));
+    EXPECT_TRUE(text.ok()) << host << ": " << text.status();
+    if (!text.ok()) return 0;
+    double sum = 0;
+    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+      if (!absl::StartsWith(line, prefix)) continue;
+      double value = 0;
+      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) sum += value;
+    }
+    return sum;
   }
 
   WorkerView Worker(const std::string& worker_id, const std::string& run_id) {
@@ -389,6 +410,15 @@ TEST_F(MultiHostProcessTest, AWorkersHostIsPartitionedMidRunAndHealedAndTheRunSu
   // Both at the start, and worker-a again after the heal.
   EXPECT_GE(recovery.value("workers_joined", int64_t{0}), 3) << summary;
   EXPECT_EQ(recovery["restarts"].value("rollout_worker", int64_t{0}), 0) << summary;
+
+  // Weights crossed between the workers' hosts: the trainer sent versions
+  // to one worker and placed the other under it (docs/weight-fanout.md),
+  // and the partitioned worker's child moved to another source.
+  EXPECT_GT(MetricSum("trainer", "sluice_trainer_weight_sources_total{source=\"relay\"}"), 0)
+      << Logs();
+  EXPECT_GT(MetricSum("worker-a", "sluice_weight_relay_bytes_sent_total") +
+                MetricSum("worker-b", "sluice_weight_relay_bytes_sent_total"),
+            0);
 
   // Each service wrote only under its own host's directory.
   bool checkpointed = false;

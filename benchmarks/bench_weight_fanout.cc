@@ -59,6 +59,7 @@ struct Flags {
   int64_t version_mib = 64;
   std::string workers = "1,2,4,8";
   int repeats = 3;
+  int64_t chunk_kib = 0;
   bool quick = false;
 };
 
@@ -114,7 +115,8 @@ double CounterValue(prometheus::Registry& registry, const std::string& name) {
 class Worker {
  public:
   // Follows versions newer than `after_version` (what earlier workers got).
-  Worker(int index, const std::string& trainer_address, bool relay, int64_t after_version)
+  Worker(int index, const std::string& trainer_address, bool relay, int64_t after_version,
+         int64_t chunk_size_bytes)
       : id_(absl::StrCat("worker-", index)), relay_(relay), after_version_(after_version) {
     trainer_ = clients::NewGrpcTrainerClient(trainer_address);
     if (relay_) {
@@ -125,6 +127,7 @@ class Worker {
       weights::RelayFetcherOptions options;
       options.worker_id = id_;
       options.relay_address = absl::StrCat("127.0.0.1:", port);
+      options.chunk_size_bytes = chunk_size_bytes;
       fetcher_ = std::make_unique<weights::RelayFetcher>(
           *trainer_,
           [trainer_address](const std::string& source) {
@@ -233,9 +236,11 @@ double Median(std::vector<double> v) {
 
 // Publishes `repeats` versions to `n` fresh workers; the median time to all
 // of them and the trainer's egress per version.
-absl::StatusOr<json> Measure(Trainer& trainer, int n, bool relay, int64_t bytes, int repeats) {
+absl::StatusOr<json> Measure(Trainer& trainer, int n, bool relay, int64_t bytes, int repeats,
+                             int64_t chunk_size_bytes) {
   std::vector<std::unique_ptr<Worker>> workers;
-  for (int i = 0; i < n; ++i) workers.push_back(std::make_unique<Worker>(i, trainer.address, relay, trainer.next_version - 1));
+  for (int i = 0; i < n; ++i) workers.push_back(std::make_unique<Worker>(i, trainer.address, relay, trainer.next_version - 1,
+                                                     chunk_size_bytes));
   absl::SleepFor(absl::Milliseconds(300));  // every follower watching
   std::vector<double> seconds;
   double egress = 0;
@@ -306,6 +311,9 @@ int Main(int argc, char** argv) {
   app.add_option("--repeats", flags.repeats, "versions published per worker count (median)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  app.add_option("--chunk-kib", flags.chunk_kib,
+                 "chunk size asked of the trainer through relays, KiB (0 = its default, 1 MiB)")
+      ->capture_default_str();
   app.add_flag("--quick", flags.quick, "4 MiB versions, 1 and 4 workers, 1 repeat (smoke test)");
   CLI11_PARSE(app, argc, argv);
   if (flags.quick) {
@@ -340,8 +348,9 @@ int Main(int argc, char** argv) {
   std::printf("%8s %6s %14s %12s %16s %14s\n", "workers", "mode", "egress/version", "to all (s)",
               "vs one transfer", "relay speedup");
   for (int n : counts) {
-    auto star = Measure(trainer, n, /*relay=*/false, bytes, flags.repeats);
-    auto relay = Measure(trainer, n, /*relay=*/true, bytes, flags.repeats);
+    auto star = Measure(trainer, n, /*relay=*/false, bytes, flags.repeats, 0);
+    auto relay = Measure(trainer, n, /*relay=*/true, bytes, flags.repeats,
+                         flags.chunk_kib << 10);
     if (!star.ok() || !relay.ok()) {
       std::cerr << "bench_weight_fanout: "
                 << (star.ok() ? relay.status() : star.status()).message() << "\n";

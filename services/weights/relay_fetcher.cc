@@ -56,6 +56,7 @@ absl::StatusOr<RelayFetchResult> RelayFetcher::FetchLatest(const std::string& ru
     request.set_run_id(run_id);
     request.set_version(result.version);
     request.set_start_chunk(stream->chunks());
+    request.set_chunk_size_bytes(options_.chunk_size_bytes);
     bool manifest_seen = false;
     last = Source(address).StreamWeights(
         request, options_.stall, [&](v1::WeightsChunk& chunk) -> absl::Status {

@@ -24,6 +24,9 @@ struct RelayFetcherOptions {
   int max_attempts = 6;
   // A source silent this long is left for another (see WeightSource).
   absl::Duration stall = absl::Seconds(10);
+  // Data bytes per chunk asked of the trainer (relays forward its chunks as
+  // they are); 0 = the trainer's default (1 MiB).
+  int64_t chunk_size_bytes = 0;
   // Pause before asking again after the trainer itself failed a stream.
   absl::Duration trainer_backoff = absl::Milliseconds(200);
 };

@@ -49,16 +49,6 @@ v1::RunSpec LongSpec() {
   return spec;
 }
 
-double MetricSum(const std::string& text, const std::string& prefix) {
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (!absl::StartsWith(line, prefix)) continue;
-    double value = 0;
-    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) sum += value;
-  }
-  return sum;
-}
-
 class ElasticWorkersProcessTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -180,7 +170,7 @@ TEST_F(ElasticWorkersProcessTest, AWorkerJoinsARunningRunAndLeavesIt) {
   // It generated and inserted groups for the run.
   absl::StatusOr<std::string> scraped = runtime::HttpGet(metrics, absl::Seconds(5));
   ASSERT_TRUE(scraped.ok()) << scraped.status();
-  EXPECT_GT(MetricSum(*scraped, "sluice_rollout_groups_inserted_total"), 0) << *scraped;
+  EXPECT_GT(testing::MetricSum(*scraped, "sluice_rollout_groups_inserted_total"), 0) << *scraped;
 
   // Leave: a graceful stop (a scale-down) tells the controller at once; the
   // run goes on with one worker.

@@ -119,17 +119,6 @@ class LoopProcessTest : public ::testing::Test {
   std::unique_ptr<v1::ControllerService::Stub> controller_;
 };
 
-// Sum of every sample of a Prometheus metric whose line starts with `prefix`.
-double MetricSum(const std::string& text, const std::string& prefix) {
-  double sum = 0;
-  for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    if (absl::StartsWith(line, prefix)) {
-      sum += std::stod(std::string(line.substr(line.rfind(' ') + 1)));
-    }
-  }
-  return sum;
-}
-
 class LoopInvariantsTest : public LoopProcessTest, public ::testing::WithParamInterface<int> {};
 
 TEST_P(LoopInvariantsTest, GroupsFlowVersionsAdvanceAndNothingStalerThanEtaIsTrained) {
@@ -173,12 +162,12 @@ TEST_P(LoopInvariantsTest, GroupsFlowVersionsAdvanceAndNothingStalerThanEtaIsTra
   // The reward came from the reward server (every rollout and eval batch
   // went through ScoreBatch), the worker followed the versions, the buffer
   // saw the groups.
-  EXPECT_GT(MetricSum(Metrics("reward_server"),
+  EXPECT_GT(testing::MetricSum(Metrics("reward_server"),
                       "grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"ScoreBatch\""),
             12);
-  EXPECT_GE(MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_syncs_total"), 2);
-  EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_policy_version"), 12);
-  EXPECT_GT(MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_tokens_generated_total"), 0);
+  EXPECT_GE(testing::MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_syncs_total"), 2);
+  EXPECT_EQ(testing::MetricSum(Metrics("trainer"), "sluice_trainer_policy_version"), 12);
+  EXPECT_GT(testing::MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_tokens_generated_total"), 0);
 
   // The buffer's own account: every trained group was sampled from it, none
   // staler than eta.
@@ -337,10 +326,10 @@ TEST_F(LoopProcessTest, PoisonedGroupsInsertedIntoALiveRunAreRefusedAndTheRunSuc
   v1::GetStatsResponse stats;
   ASSERT_TRUE(buffer->GetStats(&context, request, &stats).ok());
   EXPECT_GE(stats.stats().rejected_inserts(), 5);
-  EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_updates_skipped_total"), 0);
-  EXPECT_EQ(MetricSum(Metrics("trainer"), "sluice_trainer_groups_invalid_total"), 0);
+  EXPECT_EQ(testing::MetricSum(Metrics("trainer"), "sluice_trainer_updates_skipped_total"), 0);
+  EXPECT_EQ(testing::MetricSum(Metrics("trainer"), "sluice_trainer_groups_invalid_total"), 0);
   EXPECT_EQ(
-      MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_versions_refused_total"), 0);
+      testing::MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_versions_refused_total"), 0);
 }
 
 TEST_F(LoopProcessTest, AnInvalidSpecIsRefusedNamingTheField) {

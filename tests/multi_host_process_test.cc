@@ -221,14 +221,7 @@ class MultiHostProcessTest : public ::testing::Test {
     absl::StatusOr<std::string> text =
         runtime::HttpGet(services_[host].metrics, absl::Seconds(5));
     EXPECT_TRUE(text.ok()) << host << ": " << text.status();
-    if (!text.ok()) return 0;
-    double sum = 0;
-    for (absl::string_view line : absl::StrSplit(*text, '\n')) {
-      if (!absl::StartsWith(line, prefix)) continue;
-      double value = 0;
-      if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) sum += value;
-    }
-    return sum;
+    return text.ok() ? testing::MetricSum(*text, prefix) : 0;
   }
 
   WorkerView Worker(const std::string& worker_id, const std::string& run_id) {

@@ -10,6 +10,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -84,6 +87,16 @@ v1::Run AwaitRun(v1::ControllerService::StubInterface& controller, const std::st
 bool RunEnded(const v1::Run& run) {
   return run.state() == v1::RUN_STATE_SUCCEEDED || run.state() == v1::RUN_STATE_FAILED ||
          run.state() == v1::RUN_STATE_CANCELLED;
+}
+
+double MetricSum(const std::string& text, const std::string& prefix) {
+  double sum = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, prefix)) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) sum += value;
+  }
+  return sum;
 }
 
 }  // namespace sluice::testing

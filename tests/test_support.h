@@ -32,6 +32,10 @@ v1::Run AwaitRun(v1::ControllerService::StubInterface& controller, const std::st
 // The run is SUCCEEDED, FAILED or CANCELLED.
 bool RunEnded(const v1::Run& run);
 
+// Sum of the samples in Prometheus text `text` whose line starts with
+// `prefix` (a metric name, optionally with the start of its labels).
+double MetricSum(const std::string& text, const std::string& prefix);
+
 }  // namespace sluice::testing
 
 #endif  // SLUICE_TESTS_TEST_SUPPORT_H_

@@ -180,6 +180,7 @@ class PromptFeedJournalTest : public ::testing::Test {
     journal.path = path_;
     journal.sync_interval = absl::InfiniteDuration();
     journal.compact_after_events = compact_after;
+    journal.min_compaction_interval = absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<PromptFeed>> feed =
         PromptFeed::Open(Pool(pool), /*seed=*/5, absl::Seconds(10), journal);
     EXPECT_TRUE(feed.ok()) << feed.status();

@@ -130,9 +130,10 @@ struct LaneStats {
 
 double Percentile(std::vector<double>* values, double q) {
   if (values->empty()) return 0;
-  const size_t k = std::min(values->size() - 1,
-                            static_cast<size_t>(std::ceil(q * static_cast<double>(values->size())) - 1));
-  std::nth_element(values->begin(), values->begin() + static_cast<std::ptrdiff_t>(k), values->end());
+  const double rank = std::ceil(q * static_cast<double>(values->size())) - 1;
+  const size_t k = std::min(values->size() - 1, static_cast<size_t>(std::max(0.0, rank)));
+  const auto kth = values->begin() + static_cast<std::ptrdiff_t>(k);
+  std::nth_element(values->begin(), kth, values->end());
   return (*values)[k];
 }
 
@@ -175,7 +176,7 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
 // the next Sample and reported to the controller). No model.
 class StandInTrainer final : public v1::TrainerService::Service {
  public:
-  StandInTrainer(std::string buffer_address) : buffer_address_(std::move(buffer_address)) {}
+  explicit StandInTrainer(std::string buffer_address) : buffer_address_(std::move(buffer_address)) {}
   ~StandInTrainer() override { Stop(); }
 
   void SetControllerAddress(const std::string& address) { controller_address_ = address; }
@@ -502,13 +503,12 @@ class Lane {
     }
     {
       const Clock::time_point start = Clock::now();
-      std::string error = InsertOnStream(insert);
+      const std::string error = InsertOnStream(insert);
+      Record(kInsert, start, grpc::Status::OK);
       if (error.empty()) {
-        Record(kInsert, start, grpc::Status::OK);
         ++worker.groups_inserted;
         if (window_.Contains(start)) ++stats_.groups_stored;
       } else {
-        Record(kInsert, start, grpc::Status::OK);
         RecordError(kInsert, start, error);
       }
     }
@@ -751,7 +751,8 @@ int Main(int argc, char** argv) {
   const bool made_dir = flags.work_dir.empty();
   if (made_dir) {
     const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/bench_control_plane.XXXXXX");
+    std::string pattern =
+        absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/bench_control_plane.XXXXXX");
     if (mkdtemp(pattern.data()) == nullptr) {
       std::fprintf(stderr, "cannot make a work directory under %s\n", pattern.c_str());
       return 1;
@@ -952,8 +953,8 @@ int Main(int argc, char** argv) {
   const ExitStatus buffer_exit = buffer->process->Stop(absl::Seconds(20));
 
   // Report.
-  const double expected_heartbeats =
-      static_cast<double>(flags.workers) * 1000.0 / static_cast<double>(flags.heartbeat_interval_ms);
+  const double expected_heartbeats = static_cast<double>(flags.workers) * 1000.0 /
+                                     static_cast<double>(flags.heartbeat_interval_ms);
   const double expected_cycles =
       static_cast<double>(flags.workers) * 1000.0 / static_cast<double>(flags.cycle_ms);
   std::printf("\n%-24s %10s %10s %10s %8s %12s\n", "rpc", "per_s", "p50_ms", "p99_ms", "errors",
@@ -996,7 +997,8 @@ int Main(int argc, char** argv) {
   std::printf("groups stored %.0f/s; slots refused at the gate %lld, empty leases %lld; trainer "
               "steps %.1f/s; run %s, %d workers live\n",
               static_cast<double>(total.groups_stored) / flags.seconds,
-              static_cast<long long>(total.slots_denied), static_cast<long long>(total.empty_leases),
+              static_cast<long long>(total.slots_denied),
+              static_cast<long long>(total.empty_leases),
               static_cast<double>(steps_in_window) / flags.seconds,
               v1::RunState_Name(run.state()).c_str(), run.progress().workers_live());
   std::printf("CPU in the window (cores): controller %.2f, replay buffer %.2f, bench client %.2f "

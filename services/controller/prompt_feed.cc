@@ -1,7 +1,11 @@
 #include "services/controller/prompt_feed.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <utility>
@@ -103,6 +107,7 @@ v1::Prompt PromptFeed::NextFresh(uint32_t* pool_index) {
 PromptLease PromptFeed::Lease(const std::string& worker_id, uint64_t worker_incarnation,
                               int max_prompts, absl::Time now) {
   PromptLease lease;
+  const SyncAfter sync{this};
   absl::MutexLock lock(&mu_);
   if (done_ || max_prompts <= 0 || pool_.empty()) return lease;
   ExpireLeases(now);
@@ -150,11 +155,13 @@ PromptLease PromptFeed::Lease(const std::string& worker_id, uint64_t worker_inca
   if (!fresh.empty()) event["fresh"] = fresh;
   if (!reissued.empty()) event["reissued"] = std::move(reissued);
   JournalLocked(event);
+  lease_expiry_.emplace(record.expires_at, lease.lease_id);
   leases_.emplace(lease.lease_id, std::move(record));
   return lease;
 }
 
 absl::StatusOr<absl::Time> PromptFeed::Renew(const std::string& lease_id, absl::Time now) {
+  const SyncAfter sync{this};
   absl::MutexLock lock(&mu_);
   ExpireLeases(now);
   auto it = leases_.find(lease_id);
@@ -170,19 +177,29 @@ absl::StatusOr<absl::Time> PromptFeed::Renew(const std::string& lease_id, absl::
     }
   }
   if (!live) {
+    lease_expiry_.erase({it->second.expires_at, lease_id});
     leases_.erase(it);
     return absl::NotFoundError(absl::StrCat("lease ", lease_id, " has no prompts left"));
   }
+  lease_expiry_.erase({it->second.expires_at, lease_id});
   it->second.expires_at = now + lease_ttl_;
+  lease_expiry_.emplace(it->second.expires_at, lease_id);
   return it->second.expires_at;
 }
 
 int PromptFeed::Complete(const std::vector<std::string>& prompt_ids) {
+  const SyncAfter sync{this};
   absl::MutexLock lock(&mu_);
   nlohmann::json completed = nlohmann::json::array();
   for (const std::string& id : prompt_ids) {
-    if (outstanding_.erase(id) > 0) {
+    auto it = outstanding_.find(id);
+    if (it != outstanding_.end()) {
+      const std::string lease_id = std::move(it->second.lease_id);
+      outstanding_.erase(it);
       completed.push_back(id);
+      // Without this a completed lease would stay until its TTL, and every
+      // lease of the last lease_ttl would be kept (and looked at).
+      if (!lease_id.empty()) CloseIfDoneLocked(lease_id);
     } else {
       ++stats_.completions_ignored;
     }
@@ -198,12 +215,15 @@ void PromptFeed::Abandon(const std::vector<std::string>& prompt_ids) {
   for (const std::string& id : prompt_ids) {
     auto it = outstanding_.find(id);
     if (it == outstanding_.end() || it->second.lease_id.empty()) continue;
+    const std::string lease_id = std::move(it->second.lease_id);
     it->second.lease_id.clear();
     reissue_.push_back(id);
+    CloseIfDoneLocked(lease_id);
   }
 }
 
 void PromptFeed::ObserveWorker(const std::string& worker_id, uint64_t worker_incarnation) {
+  const SyncAfter sync{this};
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = incarnations_.try_emplace(worker_id, worker_incarnation);
   if (inserted || worker_incarnation <= it->second) return;
@@ -218,6 +238,7 @@ void PromptFeed::ObserveWorker(const std::string& worker_id, uint64_t worker_inc
 }
 
 int PromptFeed::GiveBackWorker(const std::string& worker_id) {
+  const SyncAfter sync{this};
   absl::MutexLock lock(&mu_);
   std::vector<std::string> held;
   for (const auto& [lease_id, lease] : leases_) {
@@ -230,10 +251,21 @@ int PromptFeed::GiveBackWorker(const std::string& worker_id) {
 
 void PromptFeed::ExpireLeases(absl::Time now) {
   std::vector<std::string> expired;
-  for (const auto& [lease_id, lease] : leases_) {
-    if (lease.expires_at <= now) expired.push_back(lease_id);
+  for (auto it = lease_expiry_.begin(); it != lease_expiry_.end() && it->first <= now; ++it) {
+    expired.push_back(it->second);
   }
   CountExpiredLocked(expired);
+}
+
+void PromptFeed::CloseIfDoneLocked(const std::string& lease_id) {
+  auto lease = leases_.find(lease_id);
+  if (lease == leases_.end()) return;
+  for (const std::string& id : lease->second.prompt_ids) {
+    auto it = outstanding_.find(id);
+    if (it != outstanding_.end() && it->second.lease_id == lease_id) return;
+  }
+  lease_expiry_.erase({lease->second.expires_at, lease_id});
+  leases_.erase(lease);
 }
 
 void PromptFeed::CountExpiredLocked(const std::vector<std::string>& lease_ids) {
@@ -259,6 +291,7 @@ int PromptFeed::GiveBack(const std::string& lease_id) {
     reissue_.push_back(id);
     ++given_back;
   }
+  lease_expiry_.erase({lease->second.expires_at, lease_id});
   leases_.erase(lease);
   return given_back;
 }
@@ -287,6 +320,26 @@ PromptFeedStats PromptFeed::stats() const {
 absl::Status PromptFeed::SyncJournal() {
   absl::MutexLock lock(&mu_);
   return journal_ == nullptr ? absl::OkStatus() : journal_->Sync();
+}
+
+void PromptFeed::SyncIfDue() {
+  int fd = -1;
+  {
+    absl::MutexLock lock(&mu_);
+    if (journal_ != nullptr) fd = journal_->BeginSync();
+  }
+  if (fd < 0) return;
+  const bool synced = ::fdatasync(fd) == 0;
+  const std::string error = synced ? "" : std::strerror(errno);
+  ::close(fd);
+  if (synced) return;
+  absl::MutexLock lock(&mu_);
+  ++stats_.journal_errors;
+  if (stats_.journal_errors == 1 || stats_.journal_errors % 1000 == 0) {
+    log::Warning("cannot fdatasync the prompt feed's journal; a machine crash may lose its "
+                 "latest events",
+                 {{"error", error}, {"journal_errors", stats_.journal_errors}});
+  }
 }
 
 void PromptFeed::JournalLocked(const nlohmann::json& event) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -128,7 +129,8 @@ class PromptFeed {
 
   // Up to `max_prompts` (> 0) prompts for `worker_id`: given-back ones first,
   // then fresh ones. Expires overdue leases first. Empty after MarkDone().
-  // Journaled before it returns. O(max_prompts + leases).
+  // Journaled before it returns. O(max_prompts + log leases), plus
+  // O(log leases) per lease it expires.
   PromptLease Lease(const std::string& worker_id, uint64_t worker_incarnation, int max_prompts,
                     absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -139,6 +141,7 @@ class PromptFeed {
 
   // Prompts whose groups are in the buffer: never handed out again. Unknown
   // or already completed ids are ignored (counted in completions_ignored).
+  // A lease left with no prompt out closes (Renew then answers NOT_FOUND).
   // Journaled before it returns. Returns how many were newly completed.
   int Complete(const std::vector<std::string>& prompt_ids) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -185,7 +188,18 @@ class PromptFeed {
     int64_t sequence = 0;
   };
 
+  // fdatasyncs the journal when a sync is due (PromptFeedJournal::BeginSync),
+  // outside the lock. Every public call that journals ends with it (through
+  // a SyncAfter declared before its lock).
+  void SyncIfDue() ABSL_LOCKS_EXCLUDED(mu_);
+  struct SyncAfter {
+    PromptFeed* feed;
+    ~SyncAfter() { feed->SyncIfDue(); }
+  };
   void ExpireLeases(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the lease (and its expiry entry) once none of its prompts is out
+  // under it any more: completed, or re-issued under another lease.
+  void CloseIfDoneLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves the lease's unfinished prompts to the re-issue queue and drops it.
   // Returns how many prompts went back.
   int GiveBack(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -225,6 +239,9 @@ class PromptFeed {
   absl::flat_hash_map<std::string, Outstanding> outstanding_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> reissue_ ABSL_GUARDED_BY(mu_);  // Ids, oldest first.
   std::map<std::string, LeaseRecord> leases_ ABSL_GUARDED_BY(mu_);
+  // (expires_at, lease_id) of every lease in leases_, soonest first: expiry
+  // looks at the front only, not at every lease.
+  std::set<std::pair<absl::Time, std::string>> lease_expiry_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> incarnations_ ABSL_GUARDED_BY(mu_);
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   PromptFeedStats stats_ ABSL_GUARDED_BY(mu_);

@@ -69,12 +69,21 @@ absl::Status PromptFeedJournal::Append(const nlohmann::json& event) {
   }
   ++events_since_checkpoint_;
   dirty_ = true;
-  if (options_.sync_interval == absl::InfiniteDuration()) return absl::OkStatus();
-  if (options_.sync_interval <= absl::ZeroDuration() ||
-      absl::Now() - last_sync_ >= options_.sync_interval) {
-    return Sync();
-  }
+  if (options_.sync_interval <= absl::ZeroDuration()) return Sync();
   return absl::OkStatus();
+}
+
+int PromptFeedJournal::BeginSync() {
+  if (!dirty_ || options_.sync_interval == absl::InfiniteDuration() ||
+      absl::Now() - last_sync_ < options_.sync_interval) {
+    return -1;
+  }
+  const int fd = ::dup(fd_);
+  if (fd < 0) return -1;  // Tried again after the next event.
+  dirty_ = false;
+  ++syncs_;
+  last_sync_ = absl::Now();
+  return fd;
 }
 
 absl::Status PromptFeedJournal::Sync() {
@@ -100,6 +109,7 @@ absl::Status PromptFeedJournal::Rewrite(const nlohmann::json& checkpoint) {
   events_since_checkpoint_ = 0;
   dirty_ = false;
   last_sync_ = absl::Now();
+  last_rewrite_ = last_sync_;
   return absl::OkStatus();
 }
 

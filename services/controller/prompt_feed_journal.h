@@ -19,13 +19,21 @@ struct PromptFeedJournalOptions {
   // Every event is written with one write(2) before the feed's call returns,
   // so it survives the controller being killed (kill -9, OOM, a crash): the
   // kernel has it. fdatasync, which makes it survive a machine crash too,
-  // runs at most this often, on the event that finds the last one this old.
-  // Zero = after every event; absl::InfiniteDuration() = never.
+  // runs at most this often, after the event that finds the last one this
+  // old, by the feed's caller once the feed's lock is released (BeginSync):
+  // a sync that takes tens of milliseconds on a busy disk then delays one
+  // call, not every worker's. Zero = after every event, under the lock;
+  // absl::InfiniteDuration() = never.
   absl::Duration sync_interval = absl::Seconds(1);
-  // Once this many events follow the last checkpoint, the feed rewrites the
-  // journal as a single checkpoint line, so that the file and the replay
-  // stay bounded by the prompts outstanding rather than the run's length.
+  // Once this many events follow the last checkpoint, and the last rewrite
+  // is min_compaction_interval old, the feed rewrites the journal as a
+  // single checkpoint line, so that the file and the replay stay bounded by
+  // the prompts outstanding and this interval's events rather than the
+  // run's length. The rewrite (two fsyncs) holds the feed's lock: the
+  // interval keeps a fleet of thousands of workers (thousands of events a
+  // second) from paying it every few seconds.
   int64_t compact_after_events = 10000;
+  absl::Duration min_compaction_interval = absl::Seconds(30);
 };
 
 // The append-only file behind a PromptFeed: one JSON object per line. The
@@ -49,8 +57,15 @@ class PromptFeedJournal {
   PromptFeedJournal& operator=(const PromptFeedJournal&) = delete;
   ~PromptFeedJournal();
 
-  // One line, one write(2); fdatasync per options.sync_interval.
+  // One line, one write(2); fdatasync here only with a zero
+  // options.sync_interval (else see BeginSync).
   absl::Status Append(const nlohmann::json& event);
+  // When an fdatasync is due (written since the last one, which is
+  // options.sync_interval old): a duplicate of the file's descriptor for
+  // the caller to fdatasync and close outside its lock, counted as done;
+  // else -1. (A rewrite meanwhile syncs the new file itself; syncing the
+  // replaced one is harmless.)
+  int BeginSync();
   // Replaces the whole file by `checkpoint` (one line) atomically: a
   // temporary file, fsync, rename, directory fsync. A partial last line of
   // the old file goes with it. Resets events_since_checkpoint().
@@ -60,7 +75,8 @@ class PromptFeedJournal {
 
   int64_t events_since_checkpoint() const { return events_since_checkpoint_; }
   bool CompactionDue() const {
-    return events_since_checkpoint_ >= options_.compact_after_events;
+    return events_since_checkpoint_ >= options_.compact_after_events &&
+           absl::Now() - last_rewrite_ >= options_.min_compaction_interval;
   }
   int64_t syncs() const { return syncs_; }
 
@@ -74,6 +90,7 @@ class PromptFeedJournal {
   int64_t syncs_ = 0;
   bool dirty_ = false;  // Written since the last fdatasync.
   absl::Time last_sync_ = absl::InfinitePast();
+  absl::Time last_rewrite_ = absl::InfinitePast();
 };
 
 }  // namespace sluice::controller

@@ -1,5 +1,7 @@
 #include "services/controller/prompt_feed.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -115,6 +117,27 @@ TEST(PromptFeedTest, ExpiredLeasesAreReissuedAndRenewedOnesAreNot) {
             absl::StatusCode::kNotFound);
 }
 
+// A lease closes when its last prompt completes (so that the feed keeps only
+// the leases still out, not every lease of the last TTL); one with a prompt
+// still out stays renewable.
+TEST(PromptFeedTest, ALeaseClosesWhenItsLastPromptCompletes) {
+  PromptFeed feed(Pool(10), 1, absl::Seconds(10));
+  const PromptLease lease = feed.Lease("w1", 1, 2, kT0);
+  ASSERT_EQ(lease.prompts.size(), 2u);
+  EXPECT_EQ(feed.Complete({lease.prompts[0].prompt_id()}), 1);
+  EXPECT_TRUE(feed.Renew(lease.lease_id, kT0 + absl::Seconds(1)).ok());
+  EXPECT_EQ(feed.Complete({lease.prompts[1].prompt_id()}), 1);
+  EXPECT_EQ(feed.Renew(lease.lease_id, kT0 + absl::Seconds(2)).status().code(),
+            absl::StatusCode::kNotFound);
+  // Nothing of it comes back at its expiry, and nothing counts as expired.
+  const PromptLease later = feed.Lease("w2", 1, 1, kT0 + absl::Seconds(20));
+  ASSERT_EQ(later.prompts.size(), 1u);
+  EXPECT_NE(later.prompts[0].prompt_id(), lease.prompts[0].prompt_id());
+  EXPECT_NE(later.prompts[0].prompt_id(), lease.prompts[1].prompt_id());
+  EXPECT_EQ(feed.stats().leases_expired, 0);
+  EXPECT_EQ(feed.stats().reissued, 0);
+}
+
 // Only a lease that gives prompts back expired unreported; one whose prompts
 // were all completed just closes at its expiry.
 TEST(PromptFeedTest, OnlyLeasesWithUnfinishedPromptsCountAsExpired) {
@@ -180,6 +203,7 @@ class PromptFeedJournalTest : public ::testing::Test {
     journal.path = path_;
     journal.sync_interval = absl::InfiniteDuration();
     journal.compact_after_events = compact_after;
+    journal.min_compaction_interval = absl::ZeroDuration();
     absl::StatusOr<std::unique_ptr<PromptFeed>> feed =
         PromptFeed::Open(Pool(pool), /*seed=*/5, absl::Seconds(10), journal);
     EXPECT_TRUE(feed.ok()) << feed.status();
@@ -328,6 +352,26 @@ TEST_F(PromptFeedJournalTest, CompactionKeepsTheFeedAndBoundsTheJournal) {
   EXPECT_EQ(feed->stats().completed, 20);
   EXPECT_EQ(feed->stats().issued, 40);
   EXPECT_THAT(Ids(feed->Lease("w", 1, 20, kT0)), ElementsAreArray(out));
+}
+
+// The fdatasync is handed to the caller (outside the feed's lock) at most
+// once per sync_interval, and only when something was written since.
+TEST_F(PromptFeedJournalTest, ASyncIsDueOncePerIntervalAndOnlyAfterAWrite) {
+  PromptFeedJournalOptions options;
+  options.path = path_;
+  options.sync_interval = absl::Hours(1);
+  absl::StatusOr<std::unique_ptr<PromptFeedJournal>> journal = PromptFeedJournal::Open(options);
+  ASSERT_TRUE(journal.ok()) << journal.status();
+  EXPECT_EQ((*journal)->BeginSync(), -1);  // Nothing written yet.
+  ASSERT_TRUE((*journal)->Append({{"t", "expired"}, {"count", 1}}).ok());
+  const int fd = (*journal)->BeginSync();
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(::fdatasync(fd), 0);
+  ::close(fd);
+  EXPECT_EQ((*journal)->syncs(), 1);
+  ASSERT_TRUE((*journal)->Append({{"t", "expired"}, {"count", 1}}).ok());
+  EXPECT_EQ((*journal)->BeginSync(), -1);  // The last one is not an hour old.
+  EXPECT_EQ((*journal)->syncs(), 1);
 }
 
 TEST_F(PromptFeedJournalTest, ExpiredLeasesAreCountedAcrossRestarts) {

@@ -403,6 +403,7 @@ void RunDriver::Watch() {
       Finish();
       return;
     }
+    FlushState();
     if (absl::Now() >= next_check) {
       CheckHealth();
       ReconcileTrainer();
@@ -613,8 +614,8 @@ void RunDriver::ReconcileWorkers() {
       TouchLocked();
     }
   }
-  const std::vector<RunWorker> workers = clients_.workers->RunWorkers(run_id_);
-  for (const RunWorker& worker : workers) {
+  const WorkerRegistry::RunWorkerSummary workers = clients_.workers->SummarizeRunWorkers(run_id_);
+  for (const RunWorker& worker : workers.failed) {
     const bool serving = std::any_of(worker.status.runs().begin(), worker.status.runs().end(),
                                      [&](const v1::RolloutRunStatus& r) {
                                        return r.run_id() == run_id_;
@@ -626,7 +627,7 @@ void RunDriver::ReconcileWorkers() {
       return;
     }
   }
-  const int live = static_cast<int>(workers.size());
+  const int live = workers.live;
   const int min_workers = std::max(1, spec_.rollout().min_workers());
   {
     absl::MutexLock lock(&mu_);
@@ -904,11 +905,33 @@ void RunDriver::TouchLocked() {
   ++generation_;
   SetTimestamp(Now(), run_.mutable_updated_at());
   if (observer_ != nullptr) observer_->OnRunUpdated(run_);
-  // Counters between state changes: at most every state_flush_interval.
+  // Counters between state changes: written by the driver thread
+  // (FlushState), not here: the workers' reports must not wait for a disk.
   persist_pending_ = true;
-  if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED &&
-      absl::Now() - last_persisted_at_ >= options_.state_flush_interval) {
-    PersistLocked(/*durable=*/false);
+}
+
+void RunDriver::FlushState() {
+  RunRecord record;
+  int64_t generation = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!persist_pending_ || IsTerminal(run_.state()) || run_.state() == v1::RUN_STATE_QUEUED ||
+        absl::Now() - last_persisted_at_ < options_.state_flush_interval) {
+      return;
+    }
+    record = RecordLocked();
+    generation = generation_;
+    last_persisted_at_ = absl::Now();
+    persist_pending_ = false;
+  }
+  const std::string text = EncodeRunState(record);
+  absl::MutexLock files(&files_mu_);
+  // A state change written meanwhile (PersistLocked) is newer: keep it.
+  if (generation <= written_generation_) return;
+  written_generation_ = generation;
+  if (absl::Status written = files_.WriteState(text, /*durable=*/false); !written.ok()) {
+    log::Warning("cannot write state.json; a restarted controller would see an older state",
+                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
   }
 }
 
@@ -931,8 +954,10 @@ RunRecord RunDriver::RecordLocked() const {
 void RunDriver::PersistLocked(bool durable) {
   last_persisted_at_ = absl::Now();
   persist_pending_ = false;
-  if (absl::Status written = files_.WriteState(EncodeRunState(RecordLocked()), durable);
-      !written.ok()) {
+  const std::string text = EncodeRunState(RecordLocked());
+  absl::MutexLock files(&files_mu_);
+  written_generation_ = std::max(written_generation_, generation_);
+  if (absl::Status written = files_.WriteState(text, durable); !written.ok()) {
     log::Warning("cannot write state.json; a restarted controller would see an older state",
                  {{"run_id", run_id_}, {"error", std::string(written.message())}});
   }

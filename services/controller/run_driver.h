@@ -62,8 +62,10 @@ struct RunDriverOptions {
   // The run's training prompts in task order. Null = BuildTrainingPrompts.
   std::function<absl::StatusOr<std::vector<v1::Prompt>>(const v1::RunSpec&)> prompt_source;
   // state.json is rewritten on every state change, and for the counters in
-  // between at most this often (real clock): a controller killed -9 loses at
-  // most this much of the workers' token and group counts (run_record.h).
+  // between at most this often (real clock), by the driver thread on its
+  // next wake-up (health_check_interval at the latest): a controller killed
+  // -9 loses at most about this much plus that of the workers' token and
+  // group counts (run_record.h).
   absl::Duration state_flush_interval = absl::Seconds(1);
   // The prompt feed's journal (prompt_feed.jsonl): fsync cadence and
   // compaction. `path` is set by the driver.
@@ -273,6 +275,11 @@ class RunDriver {
   // the directory fsync). Write errors are logged.
   RunRecord RecordLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void PersistLocked(bool durable) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The driver thread's write of state.json between state changes: when a
+  // change is unwritten and the last write is options_.state_flush_interval
+  // old, the record is taken under mu_ and written outside it, so that the
+  // RPC handlers (the workers' reports) never wait for the disk.
+  void FlushState() ABSL_LOCKS_EXCLUDED(mu_, files_mu_);
   // RecoveryStats from the prompt feed (re-issued prompts, expired leases).
   void FillFeedFiguresLocked(v1::Run* run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to `state`, with the bookkeeping of terminal states (summary.json,
@@ -342,6 +349,11 @@ class RunDriver {
   v1::TrainerState last_trainer_state_ ABSL_GUARDED_BY(mu_) = v1::TRAINER_STATE_UNSPECIFIED;
   std::deque<double> recent_step_rewards_ ABSL_GUARDED_BY(mu_);  // Last 10 steps.
   std::deque<std::pair<absl::Time, int64_t>> token_reports_ ABSL_GUARDED_BY(mu_);
+
+  // Serialises the writes of state.json (taken after mu_ where both are).
+  absl::Mutex files_mu_ ABSL_ACQUIRED_AFTER(mu_);
+  // generation_ of the newest record written to state.json.
+  int64_t written_generation_ ABSL_GUARDED_BY(files_mu_) = -1;
 
   std::thread thread_;
 };

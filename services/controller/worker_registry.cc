@@ -61,8 +61,9 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
                                          {"address", request.address()}});
     it->second.registered_at = now;
   }
-  given_up_.erase(request.worker_id());
+  if (!given_up_.empty()) given_up_.erase(request.worker_id());
   Worker& worker = it->second;
+  UnindexLocked(request.worker_id(), worker);
   if (request.leaving()) {
     if (worker.live) {
       log::Info("rollout worker leaving", {{"worker_id", request.worker_id()}});
@@ -76,8 +77,14 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
   }
   worker.live = true;
   worker.last_heartbeat = now;
+  IndexLocked(request.worker_id(), worker);
   worker.address = request.address();
   worker.status = request.status();
+  if (worker.status.state() == v1::ROLLOUT_WORKER_STATE_FAILED) {
+    failed_.insert(request.worker_id());
+  } else if (!failed_.empty()) {
+    failed_.erase(request.worker_id());
+  }
 
   for (auto& [run_id, offered] : offers_) {
     auto assigned = offered.assigned.find(request.worker_id());
@@ -121,6 +128,27 @@ std::vector<RunWorker> WorkerRegistry::RunWorkers(const std::string& run_id) {
     result.push_back(ViewLocked(worker_id, it->second));
   }
   return result;
+}
+
+WorkerRegistry::RunWorkerSummary WorkerRegistry::SummarizeRunWorkers(const std::string& run_id) {
+  absl::MutexLock lock(&mu_);
+  ExpireLocked(Now());
+  RunWorkerSummary summary;
+  auto offered = offers_.find(run_id);
+  if (offered == offers_.end()) return summary;
+  // Assignments end when a worker is lost, leaves or restarts, so every one
+  // left is a live worker's current incarnation.
+  summary.live = static_cast<int>(offered->second.assigned.size());
+  for (const std::string& worker_id : failed_) {
+    auto assigned = offered->second.assigned.find(worker_id);
+    auto it = workers_.find(worker_id);
+    if (assigned == offered->second.assigned.end() || it == workers_.end() ||
+        it->second.incarnation != assigned->second) {
+      continue;
+    }
+    summary.failed.push_back(ViewLocked(worker_id, it->second));
+  }
+  return summary;
 }
 
 std::vector<WorkerEvent> WorkerRegistry::TakeEvents(const std::string& run_id) {
@@ -180,11 +208,21 @@ v1::ListWorkersResponse WorkerRegistry::List() {
   return response;
 }
 
+void WorkerRegistry::IndexLocked(const std::string& worker_id, const Worker& worker) {
+  if (worker.live) live_by_heartbeat_.emplace(worker.last_heartbeat, worker_id);
+}
+
+void WorkerRegistry::UnindexLocked(const std::string& worker_id, const Worker& worker) {
+  if (worker.live) live_by_heartbeat_.erase({worker.last_heartbeat, worker_id});
+}
+
 void WorkerRegistry::ExpireLocked(absl::Time now) {
-  for (auto& [worker_id, worker] : workers_) {
-    if (!worker.live) continue;
+  while (!live_by_heartbeat_.empty() &&
+         now - live_by_heartbeat_.begin()->first >= options_.worker_ttl) {
+    const std::string worker_id = live_by_heartbeat_.begin()->second;
+    live_by_heartbeat_.erase(live_by_heartbeat_.begin());
+    Worker& worker = workers_.at(worker_id);
     const absl::Duration silent = now - worker.last_heartbeat;
-    if (silent < options_.worker_ttl) continue;
     worker.live = false;
     log::Warning("rollout worker lost: no heartbeat",
                  {{"worker_id", worker_id},

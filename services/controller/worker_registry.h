@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -67,7 +68,10 @@ struct RunWorker {
 //   `leaving`, sent at shutdown) is gone at once (kLeft). If it heartbeats again (a partition healed), it
 //   is re-admitted like a new worker.
 // Expiry is checked on every call (no thread of its own), so the driver's
-// periodic RunWorkers() call bounds how late a loss is noticed.
+// periodic RunWorkers() call bounds how late a loss is noticed. Live workers
+// are indexed by their last heartbeat, so the check costs O(log n) per worker
+// it expires and nothing for the others: a heartbeat is O(log n + runs) with
+// n workers (docs/scaling.md measures it at 10,000).
 //
 // Every run has an event queue (TakeEvents) so its driver can count
 // recovery and give back a lost worker's leases. Thread-safe.
@@ -76,7 +80,7 @@ class WorkerRegistry {
   explicit WorkerRegistry(WorkerRegistryOptions options = {});
 
   // Registers or refreshes the worker and answers with its assignments.
-  // INVALID_ARGUMENT without worker_id or incarnation.
+  // INVALID_ARGUMENT without worker_id or incarnation. O(log n + runs).
   absl::StatusOr<v1::WorkerHeartbeatResponse> Heartbeat(const v1::WorkerHeartbeatRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -89,7 +93,18 @@ class WorkerRegistry {
   void Withdraw(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The live workers assigned to the run (expires lost workers first).
+  // O(workers of the run), copies included: for a look at every worker.
   std::vector<RunWorker> RunWorkers(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What a run's driver checks every second: how many live workers serve
+  // the run, and those of them whose last heartbeat said FAILED. O(log n +
+  // failed), so that a fleet of thousands costs its driver nothing per check
+  // (RunWorkers would copy every worker's status under the lock).
+  struct RunWorkerSummary {
+    int live = 0;
+    std::vector<RunWorker> failed;
+  };
+  RunWorkerSummary SummarizeRunWorkers(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Events of the run since the last call, oldest first.
   std::vector<WorkerEvent> TakeEvents(const std::string& run_id) ABSL_LOCKS_EXCLUDED(mu_);
   // The last status of every live worker (any run or none).
@@ -126,7 +141,14 @@ class WorkerRegistry {
   };
 
   absl::Time Now() const;
+  // Marks the workers silent for worker_ttl lost: O(log n) for each.
   void ExpireLocked(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps live_by_heartbeat_ in step with a worker's live flag and last
+  // heartbeat: call before changing either (Unindex) and after (Index).
+  void IndexLocked(const std::string& worker_id, const Worker& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UnindexLocked(const std::string& worker_id, const Worker& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Ends the worker's assignments with an event of `kind`.
   void UnassignLocked(const std::string& worker_id, uint64_t incarnation, WorkerEvent::Kind kind,
                       absl::Duration silent_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -136,8 +158,13 @@ class WorkerRegistry {
   const WorkerRegistryOptions options_;
   mutable absl::Mutex mu_;
   std::map<std::string, Worker> workers_ ABSL_GUARDED_BY(mu_);
+  // (last heartbeat, worker_id) of every live worker, oldest first: the
+  // ones to expire are at the front.
+  std::set<std::pair<absl::Time, std::string>> live_by_heartbeat_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, Offered> offers_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::string> given_up_ ABSL_GUARDED_BY(mu_);
+  // Workers whose last heartbeat's status was ROLLOUT_WORKER_STATE_FAILED.
+  std::set<std::string> failed_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::controller

@@ -6,6 +6,7 @@
 namespace sluice::controller {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::Field;
 using ::testing::IsEmpty;
@@ -144,6 +145,59 @@ TEST_F(WorkerRegistryTest, ALeavingWorkerIsGoneAtOnce) {
   EXPECT_THAT(registry_.RunWorkers("run-a"), IsEmpty());
   EXPECT_THAT(Kinds(registry_.TakeEvents("run-a")), ElementsAre(WorkerEvent::Kind::kLeft));
   EXPECT_THAT(registry_.LiveWorkers(), IsEmpty());
+}
+
+// Expiry looks at an index of heartbeats: it must still lose exactly the
+// workers silent for the TTL, whatever their ids' order, and only once.
+TEST_F(WorkerRegistryTest, OnlyWorkersSilentForTheTtlAreLost) {
+  registry_.Offer(Assignment("run-a"), 0);
+  Beat("z-early", 1);
+  now_ += absl::Seconds(4);
+  Beat("a-late", 1);
+  Beat("m-late", 1);
+  registry_.TakeEvents("run-a");
+  now_ += absl::Seconds(6);  // z-early silent 10 s, the others 6 s.
+  Beat("m-late", 1);
+  EXPECT_THAT(registry_.TakeEvents("run-a"),
+              ElementsAre(AllOf(Field(&WorkerEvent::kind, WorkerEvent::Kind::kLost),
+                                Field(&WorkerEvent::worker_id, "z-early"))));
+  EXPECT_EQ(registry_.SummarizeRunWorkers("run-a").live, 2);
+  now_ += absl::Seconds(4);  // a-late silent 10 s; m-late 4 s.
+  EXPECT_THAT(registry_.RunWorkers("run-a"), ElementsAre(Field(&RunWorker::worker_id, "m-late")));
+  EXPECT_THAT(registry_.TakeEvents("run-a"),
+              ElementsAre(Field(&WorkerEvent::worker_id, "a-late")));
+  now_ += absl::Seconds(30);
+  EXPECT_EQ(registry_.SummarizeRunWorkers("run-a").live, 0);
+  EXPECT_THAT(registry_.TakeEvents("run-a"),
+              ElementsAre(Field(&WorkerEvent::worker_id, "m-late")));
+  EXPECT_THAT(registry_.TakeEvents("run-a"), IsEmpty());
+}
+
+TEST_F(WorkerRegistryTest, SummaryCountsTheRunsWorkersAndNamesTheFailedOnes) {
+  registry_.Offer(Assignment("run-a"), 0);
+  Beat("w0", 1);
+  Beat("w1", 1);
+  v1::WorkerHeartbeatRequest failed;
+  failed.set_worker_id("w2");
+  failed.set_incarnation(1);
+  failed.mutable_status()->set_state(v1::ROLLOUT_WORKER_STATE_FAILED);
+  failed.mutable_status()->set_last_error("out of memory");
+  ASSERT_TRUE(registry_.Heartbeat(failed).ok());
+  WorkerRegistry::RunWorkerSummary summary = registry_.SummarizeRunWorkers("run-a");
+  EXPECT_EQ(summary.live, 3);
+  ASSERT_THAT(summary.failed, SizeIs(1));
+  EXPECT_EQ(summary.failed[0].worker_id, "w2");
+  EXPECT_EQ(summary.failed[0].status.last_error(), "out of memory");
+  EXPECT_EQ(registry_.SummarizeRunWorkers("run-b").live, 0);
+
+  // It recovered (its next heartbeat says so): no longer listed.
+  failed.mutable_status()->set_state(v1::ROLLOUT_WORKER_STATE_RUNNING);
+  ASSERT_TRUE(registry_.Heartbeat(failed).ok());
+  EXPECT_THAT(registry_.SummarizeRunWorkers("run-a").failed, IsEmpty());
+  // A lost worker is counted no more.
+  now_ += absl::Seconds(11);
+  Beat("w0", 1);
+  EXPECT_EQ(registry_.SummarizeRunWorkers("run-a").live, 1);
 }
 
 TEST_F(WorkerRegistryTest, ListShowsLiveWorkersFirst) {

@@ -269,8 +269,9 @@ absl::StatusOr<json> Measure(Trainer& trainer, int n, bool relay, int64_t bytes,
               {"seconds_each", seconds}};
 }
 
-// Loopback TCP bytes/s, measured by iperf3 (one stream, 2 s).
-absl::StatusOr<double> Iperf3BytesPerSecond() {
+// Loopback TCP bytes/s, measured by iperf3 (`streams` parallel streams,
+// 2 s): the aggregate.
+absl::StatusOr<double> Iperf3BytesPerSecond(int streams = 1) {
   const int port = 15201 + static_cast<int>(getpid() % 1000);
   SubprocessOptions server;
   server.argv = {"/usr/bin/iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", std::to_string(port)};
@@ -283,7 +284,7 @@ absl::StatusOr<double> Iperf3BytesPerSecond() {
   }
   absl::SleepFor(absl::Milliseconds(300));
   const std::string command =
-      absl::StrCat("/usr/bin/iperf3 -c 127.0.0.1 -p ", port, " -t 2 -J 2>/dev/null");
+      absl::StrCat("/usr/bin/iperf3 -c 127.0.0.1 -p ", port, " -t 2 -P ", streams, " -J 2>/dev/null");
   std::string out;
   if (FILE* pipe = popen(command.c_str(), "r")) {
     char buffer[4096];
@@ -345,8 +346,8 @@ int Main(int argc, char** argv) {
   Trainer trainer;
   json runs = json::array();
   json baseline = json::array();
-  std::printf("%8s %6s %14s %12s %16s %14s\n", "workers", "mode", "egress/version", "to all (s)",
-              "vs one transfer", "relay speedup");
+  std::printf("%8s %6s %14s %12s %16s %18s %14s\n", "workers", "mode", "egress/version",
+              "to all (s)", "vs one transfer", "vs N at once", "relay speedup");
   for (int n : counts) {
     auto star = Measure(trainer, n, /*relay=*/false, bytes, flags.repeats, 0);
     auto relay = Measure(trainer, n, /*relay=*/true, bytes, flags.repeats,
@@ -356,8 +357,20 @@ int Main(int argc, char** argv) {
                 << (star.ok() ? relay.status() : star.status()).message() << "\n";
       return 1;
     }
+    // The machine's floor for N copies at once: N parallel iperf3 streams
+    // (on loopback every stream costs the same CPUs the workers share).
+    auto parallel = n == 1 ? iperf : Iperf3BytesPerSecond(n);
+    if (!parallel.ok()) {
+      std::cerr << "bench_weight_fanout: " << parallel.status().message() << "\n";
+      return 1;
+    }
+    const double n_transfers = static_cast<double>(bytes) * n / *parallel;
     for (json* run : {&*star, &*relay}) {
       (*run)["vs_one_loopback_transfer"] = (*run)["seconds_to_all_workers"].get<double>() / one_transfer;
+      (*run)["iperf3_parallel_bytes_per_s"] = *parallel;
+      (*run)["seconds_n_loopback_transfers_at_once"] = n_transfers;
+      (*run)["vs_n_loopback_transfers_at_once"] =
+          (*run)["seconds_to_all_workers"].get<double>() / n_transfers;
     }
     const double speedup = (*star)["seconds_to_all_workers"].get<double>() /
                            (*relay)["seconds_to_all_workers"].get<double>();
@@ -365,11 +378,12 @@ int Main(int argc, char** argv) {
     (*relay)["egress_ratio_vs_star"] = (*relay)["trainer_egress_bytes_per_version"].get<double>() /
                                        (*star)["trainer_egress_bytes_per_version"].get<double>();
     for (const json* run : {&*star, &*relay}) {
-      std::printf("%8d %6s %14.2f %12.3f %16.2f %14s\n", n,
+      std::printf("%8d %6s %14.2f %12.3f %16.2f %18.2f %14s\n", n,
                   (*run)["mode"].get<std::string>().c_str(),
                   (*run)["trainer_egress_versions_per_version"].get<double>(),
                   (*run)["seconds_to_all_workers"].get<double>(),
                   (*run)["vs_one_loopback_transfer"].get<double>(),
+                  (*run)["vs_n_loopback_transfers_at_once"].get<double>(),
                   run == &*relay ? absl::StrCat(speedup).substr(0, 5).c_str() : "");
     }
     baseline.push_back(*star);

@@ -45,6 +45,12 @@ int main(int argc, char** argv) {
                   "HOST:PORT of the controller; the worker registers with it, heartbeats, and "
                   "serves the runs it is assigned (the controller never calls the worker)");
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
+  std::string advertise_address;
+  main.app().add_option(
+      "--advertise-address", advertise_address,
+      "HOST:PORT other hosts reach this worker at: reported in heartbeats and told to the "
+      "trainer for relayed weights (default: the listen address, or 127.0.0.1 with a wildcard "
+      "listen address, which only workers on this host can reach)");
   bool weight_relay = true;
   main.app()
       .add_option("--weight-relay", weight_relay,
@@ -79,10 +85,12 @@ int main(int argc, char** argv) {
           sluice::v1::WeightRelay::service_full_name());
     }
     const std::string relay_listen_address = context.options().listen_address;
-    context.OnStarted([service, relay_cache, relay_listen_address](int port) {
+    context.OnStarted([service, relay_cache, relay_listen_address, advertise_address](int port) {
       if (relay_cache != nullptr) {
         service->EnableWeightRelay(relay_cache,
-                                   runtime::DefaultAdvertiseAddress(relay_listen_address, port));
+                                   advertise_address.empty()
+                                       ? runtime::DefaultAdvertiseAddress(relay_listen_address, port)
+                                       : advertise_address);
       }
     });
     if (!controller_address.empty()) {
@@ -98,12 +106,14 @@ int main(int argc, char** argv) {
         return response;
       };
       const std::string listen_address = context.options().listen_address;
-      context.OnStarted([&link, service, heartbeat, listen_address](int port) {
+      context.OnStarted([&link, service, heartbeat, listen_address, advertise_address](int port) {
         link = std::make_shared<rollout_worker::ControllerLink>(
             rollout_worker::ControllerLinkOptions{
                 .worker_id = service->worker_id(),
                 .incarnation = service->incarnation(),
-                .address = runtime::DefaultAdvertiseAddress(listen_address, port)},
+                .address = advertise_address.empty()
+                               ? runtime::DefaultAdvertiseAddress(listen_address, port)
+                               : advertise_address},
             heartbeat, service.get());
         link->Start();
       });

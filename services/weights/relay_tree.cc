@@ -68,7 +68,10 @@ RelayAssignment RelayTree::Assign(int64_t version, const std::string& worker_id,
   // (that would wait on itself); ties go to the first by worker id.
   Node* best = nullptr;
   for (auto& [id, node] : tree.nodes) {
+    // Not a node at the asker's own address either: two workers advertising
+    // the same one (127.0.0.1:port on different hosts) would dial themselves.
     if (node.dead || node.address.empty() || id == worker_id) continue;
+    if (!relay_address.empty() && node.address == relay_address) continue;
     if (node.children >= std::max(1, options_.fanout)) continue;
     if (IsAncestor(tree, worker_id, id)) continue;
     if (best == nullptr || node.depth < best->depth) best = &node;

@@ -78,6 +78,14 @@ TEST(RelayTreeTest, ReplacedWorkerIsNeverPutUnderItsOwnSubtree) {
   EXPECT_EQ(a.depth, 1);
 }
 
+TEST(RelayTreeTest, NeverPlacedUnderANodeAtItsOwnAddress) {
+  RelayTree tree({.root_fanout = 1, .fanout = 2});
+  ASSERT_EQ(tree.Assign(1, Id(0), "127.0.0.1:50052", {}).source_address, "");
+  // Another host's worker advertising the same loopback address.
+  EXPECT_EQ(tree.Assign(1, Id(1), "127.0.0.1:50052", {}).source_address, "");
+  EXPECT_EQ(tree.Assign(1, Id(2), Addr(2), {}).source_address, "127.0.0.1:50052");
+}
+
 TEST(RelayTreeTest, EveryoneFailedFallsBackToTheTrainer) {
   RelayTree tree({.root_fanout = 1, .fanout = 2});
   std::vector<std::string> failed;

@@ -89,6 +89,13 @@ RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
   last_step_ = record.last_step;
   max_policy_version_ = record.max_policy_version;
   recent_step_rewards_ = std::move(record.recent_step_rewards);
+  known_incarnations_ = record.incarnations;
+  if (auto it = record.incarnations.find("replay_buffer"); it != record.incarnations.end()) {
+    buffer_incarnation_ = it->second;
+  }
+  if (auto it = record.incarnations.find("reward_server"); it != record.incarnations.end()) {
+    reward_incarnation_ = it->second;
+  }
   if (IsTerminal(run_.state())) {
     started_ = true;  // A record of a run that ended: nothing to start or stop.
     thread_exited_ = true;
@@ -471,10 +478,17 @@ void RunDriver::NoteIncarnation(const std::string& service, uint64_t incarnation
   if (incarnation == 0 || incarnation == *known) return;
   const bool restarted = *known != 0;
   *known = incarnation;
-  if (!restarted) return;
-  log::Warning("service restarted", {{"run_id", run_id_}, {"service", service}});
   absl::MutexLock lock(&mu_);
+  known_incarnations_[service] = incarnation;
+  if (!restarted) {
+    persist_pending_ = true;
+    return;
+  }
+  log::Warning("service restarted", {{"run_id", run_id_}, {"service", service}});
   AddRestartLocked(service);
+  // Written now, not at the next flush: a controller killed within the
+  // flush interval would otherwise forget the restart (a rare event).
+  if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED) PersistLocked(false);
 }
 
 void RunDriver::ReconcileTrainer() {
@@ -948,6 +962,7 @@ RunRecord RunDriver::RecordLocked() const {
   record.last_step = last_step_;
   record.max_policy_version = max_policy_version_;
   record.recent_step_rewards = recent_step_rewards_;
+  record.incarnations = known_incarnations_;
   return record;
 }
 

@@ -321,6 +321,8 @@ class RunDriver {
   std::map<uint64_t, int64_t> steps_redone_;
   uint64_t buffer_incarnation_ = 0;
   uint64_t reward_incarnation_ = 0;
+  // The same, for state.json (RunRecord::incarnations).
+  std::map<std::string, uint64_t> known_incarnations_ ABSL_GUARDED_BY(mu_);
   // Since when fewer than rollout.min_workers workers serve the run.
   absl::Time workers_short_since_ = absl::InfiniteFuture();
   std::optional<v1::TrainerStatus> last_trainer_status_;

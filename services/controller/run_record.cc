@@ -193,6 +193,9 @@ std::string EncodeRunState(const RunRecord& record) {
   PutTime(times, "rl_started_at_unix_ns", record.rl_started_at);
   for (const auto& [key, value] : times.items()) driver[key] = value;
   driver["recent_step_rewards"] = record.recent_step_rewards;
+  nlohmann::ordered_json incarnations = nlohmann::ordered_json::object();
+  for (const auto& [service, incarnation] : record.incarnations) incarnations[service] = incarnation;
+  driver["incarnations"] = std::move(incarnations);
   state["driver"] = std::move(driver);
   return state.dump(2);
 }
@@ -244,6 +247,15 @@ absl::StatusOr<RunRecord> DecodeRunState(absl::string_view text) {
     for (const nlohmann::json& reward : *rewards) {
       if (!reward.is_number()) return absl::DataLossError("a recent step reward is not a number");
       record.recent_step_rewards.push_back(reward.get<double>());
+    }
+  }
+  if (auto incarnations = driver->find("incarnations"); incarnations != driver->end()) {
+    if (!incarnations->is_object()) return absl::DataLossError("\"incarnations\" is not an object");
+    for (const auto& [service, incarnation] : incarnations->items()) {
+      if (!incarnation.is_number_unsigned()) {
+        return absl::DataLossError(absl::StrCat("incarnation of ", service, " is not a number"));
+      }
+      record.incarnations[service] = incarnation.get<uint64_t>();
     }
   }
   return record;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -61,6 +62,10 @@ struct RunRecord {
   int64_t max_policy_version = -1;
   // Mean rewards of the last steps (at most 10), for final_reward_mean.
   std::deque<double> recent_step_rewards;
+  // The last incarnation seen of each service the driver watches for
+  // restarts ("replay_buffer", "reward_server"), so that a restarted
+  // controller still counts a restart that happened around its own.
+  std::map<std::string, uint64_t> incarnations;
 };
 
 // The record of a run just submitted: QUEUED, nothing measured yet. `run`

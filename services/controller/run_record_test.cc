@@ -84,6 +84,7 @@ class RunRecordTest : public ::testing::Test {
     record.last_step = 3;
     record.max_policy_version = 3;
     record.recent_step_rewards = {0.1, 0.2, 0.3};
+    record.incarnations = {{"replay_buffer", 1764000000123456789ull}, {"reward_server", 7}};
     return record;
   }
 
@@ -106,6 +107,8 @@ TEST_F(RunRecordTest, StateRoundTripsEverythingButTheSpecAndEvals) {
   EXPECT_EQ(decoded->last_step, 3);
   EXPECT_EQ(decoded->max_policy_version, 3);
   EXPECT_THAT(decoded->recent_step_rewards, ::testing::ElementsAre(0.1, 0.2, 0.3));
+  EXPECT_EQ(decoded->incarnations.at("replay_buffer"), 1764000000123456789ull);
+  EXPECT_EQ(decoded->incarnations.at("reward_server"), 7u);
   // The spec lives in spec.json, the evaluations in evals.jsonl.
   v1::Run expected = record.run;
   expected.clear_spec();

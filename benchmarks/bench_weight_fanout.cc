@@ -44,6 +44,7 @@
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
 #include "services/weights/relay_fetcher.h"
+#include "services/weights/version_stream.h"
 #include "services/weights/weight_relay_service.h"
 #include "trainer/trainer_service.h"
 
@@ -75,7 +76,6 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, int* port) {
 // publishes one.
 std::shared_ptr<trainer::PublishedVersion> MakeVersion(int64_t version, int64_t bytes) {
   auto v = std::make_shared<trainer::PublishedVersion>();
-  uint32_t checksum = 0;
   for (int64_t left = bytes, t = 0; left > 0; ++t) {
     const int64_t n = std::min<int64_t>(left, 16 << 20);
     std::string data(static_cast<size_t>(n), '\0');
@@ -86,7 +86,6 @@ std::shared_ptr<trainer::PublishedVersion> MakeVersion(int64_t version, int64_t 
     spec.add_shape(n / 4);
     spec.set_size_bytes(n);
     spec.set_crc32c(Crc32c(data));
-    checksum = Crc32c(data, checksum);
     v->tensors.push_back(std::move(spec));
     v->bytes.push_back(std::move(data));
     left -= n;
@@ -95,9 +94,7 @@ std::shared_ptr<trainer::PublishedVersion> MakeVersion(int64_t version, int64_t 
   v->info.set_version(version);
   v->info.set_total_size_bytes(bytes);
   v->info.set_tensor_count(static_cast<int32_t>(v->tensors.size()));
-  char hex[16];
-  std::snprintf(hex, sizeof(hex), "%08x", checksum);
-  v->info.set_checksum(absl::StrCat("crc32c:", hex));
+  v->info.set_checksum(weights::VersionChecksum(v->bytes));
   return v;
 }
 

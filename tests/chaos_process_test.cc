@@ -123,32 +123,11 @@ class ChaosProcessTest : public ::testing::Test {
     return services;
   }
 
-  // Follows the run (reopening WatchRun while the controller is away) until
-  // `done` holds for a snapshot or `timeout` passes; returns that snapshot.
+  // Follows the run (testing::AwaitRun: WatchRun, reopened while the
+  // controller is away) until `done` holds or `timeout` passes.
   v1::Run AwaitRun(const std::string& run_id, const std::function<bool(const v1::Run&)>& done,
                    absl::Duration timeout) {
-    const absl::Time deadline = absl::Now() + timeout;
-    v1::Run last;
-    while (absl::Now() < deadline) {
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(deadline));
-      v1::WatchRunRequest request;
-      request.set_run_id(run_id);
-      request.set_min_interval_ms(100);
-      auto reader = controller_->WatchRun(&context, request);
-      v1::RunUpdate update;
-      while (reader->Read(&update)) {
-        last = update.run();
-        if (done(last)) {
-          context.TryCancel();
-          reader->Finish().IgnoreError();
-          return last;
-        }
-      }
-      reader->Finish().IgnoreError();
-      absl::SleepFor(absl::Milliseconds(200));  // The controller is restarting.
-    }
-    return last;
+    return testing::AwaitRun(*controller_, run_id, done, timeout);
   }
 
   // kill -9 of `name`, then waits until sluice up has restarted it and the

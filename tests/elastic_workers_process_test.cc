@@ -86,27 +86,13 @@ class ElasticWorkersProcessTest : public ::testing::Test {
     return response.run();
   }
 
-  // Follows WatchRun until `done` holds (or `timeout`).
+  // Follows the run (testing::AwaitRun: WatchRun, reopened while the
+  // controller is away) until `done` holds or `timeout` passes.
   v1::Run AwaitRun(const std::string& run_id, const std::function<bool(const v1::Run&)>& done,
                    absl::Duration timeout) {
-    grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-    v1::WatchRunRequest request;
-    request.set_run_id(run_id);
-    request.set_min_interval_ms(100);
-    auto reader = controller_->WatchRun(&context, request);
-    v1::RunUpdate update;
-    v1::Run last;
-    while (reader->Read(&update)) {
-      last = update.run();
-      if (done(last)) {
-        context.TryCancel();
-        break;
-      }
-    }
-    reader->Finish().IgnoreError();
-    return last;
+    return testing::AwaitRun(*controller_, run_id, done, timeout);
   }
+
 
   // Completion tokens per second over the next `steps` steps.
   double Rate(const std::string& run_id, int steps) {

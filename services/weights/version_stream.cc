@@ -9,10 +9,17 @@
 
 namespace sluice::weights {
 
+namespace {
+
+// PolicyVersionInfo.checksum's text for a crc32c over a version's bytes.
+std::string FormatChecksum(uint32_t crc) { return absl::StrFormat("crc32c:%08x", crc); }
+
+}  // namespace
+
 std::string VersionChecksum(const std::vector<std::string>& tensor_bytes) {
   uint32_t crc = 0;
   for (const std::string& bytes : tensor_bytes) crc = Crc32c(bytes, crc);
-  return absl::StrFormat("crc32c:%08x", crc);
+  return FormatChecksum(crc);
 }
 
 VersionStream::VersionStream(std::string run_id, v1::PolicyVersionInfo info)
@@ -79,6 +86,7 @@ absl::Status VersionStream::Append(v1::WeightsChunk chunk) {
   // here, while the chunk is in cache, not in another pass at the end.
   running_crc_ = Crc32c(chunk.data(), running_crc_);
   chunks_.push_back(std::make_shared<const v1::WeightsChunk>(std::move(chunk)));
+  chunk_tensors_.push_back(index);
   return absl::OkStatus();
 }
 
@@ -134,16 +142,18 @@ bool VersionStream::complete() const {
 
 absl::StatusOr<clients::FetchedWeights> VersionStream::Assemble() const {
   std::vector<std::shared_ptr<const v1::WeightsChunk>> chunks;
+  std::vector<int> tensors;
   clients::FetchedWeights fetched;
   uint32_t running_crc = 0;
   {
     absl::MutexLock lock(&mu_);
     if (!have_manifest_) return absl::FailedPreconditionError("no manifest received");
     chunks = chunks_;
+    tensors = chunk_tensors_;
     fetched.manifest = manifest_;
     running_crc = running_crc_;
   }
-  const std::string checksum = absl::StrFormat("crc32c:%08x", running_crc);
+  const std::string checksum = FormatChecksum(running_crc);
   if (!info_.checksum().empty() && checksum != info_.checksum()) {
     return absl::DataLossError(absl::StrCat("version ", info_.version(), " has checksum ",
                                             checksum, ", the trainer published ", info_.checksum()));
@@ -153,15 +163,9 @@ absl::StatusOr<clients::FetchedWeights> VersionStream::Assemble() const {
   for (int i = 0; i < n; ++i) {
     fetched.tensor_bytes[i].reserve(static_cast<size_t>(fetched.manifest.tensors(i).size_bytes()));
   }
-  int index = -1;
-  for (const auto& chunk : chunks) {
-    if (index < 0 || (chunk->offset_bytes() == 0 &&
-                      static_cast<int64_t>(fetched.tensor_bytes[index].size()) ==
-                          fetched.manifest.tensors(index).size_bytes())) {
-      ++index;
-    }
-    if (index >= n) return absl::DataLossError("more weight chunks than the manifest's tensors");
-    fetched.tensor_bytes[index].append(chunk->data());
+  // Append placed every chunk (its tensor, contiguous offsets).
+  for (size_t c = 0; c < chunks.size(); ++c) {
+    fetched.tensor_bytes[tensors[c]].append(chunks[c]->data());
   }
   for (int i = 0; i < n; ++i) {
     const v1::TensorSpec& spec = fetched.manifest.tensors(i);

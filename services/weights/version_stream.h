@@ -77,6 +77,7 @@ class VersionStream {
   bool have_manifest_ ABSL_GUARDED_BY(mu_) = false;
   v1::WeightsManifest manifest_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const v1::WeightsChunk>> chunks_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> chunk_tensors_ ABSL_GUARDED_BY(mu_);  // manifest index, parallel to chunks_
   int tensor_index_ ABSL_GUARDED_BY(mu_) = -1;
   int64_t tensor_received_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of the current tensor
   uint32_t running_crc_ ABSL_GUARDED_BY(mu_) = 0;     // over all data so far

@@ -98,9 +98,10 @@ int main(int argc, char** argv) {
                          std::make_shared<const reward::VerifierRegistry>(std::move(registry)),
                          scorer_options));
     std::shared_ptr<reward::Scorer> shared_scorer = std::move(scorer);
-    context.AddService(std::make_shared<reward::RewardServerServiceImpl>(
-                           shared_scorer, context.metrics_registry(), service_options),
-                       sluice::v1::RewardService::service_full_name());
+    auto service = std::make_shared<reward::RewardServerServiceImpl>(
+        shared_scorer, context.metrics_registry(), service_options);
+    context.AddService(service, sluice::v1::RewardService::service_full_name());
+    context.OnMetricsCollect([service] { service->UpdateScorerGauges(); });
     // In-flight batches return at once with UNAVAILABLE items instead of
     // holding the drain for up to an item deadline.
     context.OnShutdown([shared_scorer] { shared_scorer->Shutdown(); });

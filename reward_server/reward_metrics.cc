@@ -37,7 +37,29 @@ RewardMetrics::RewardMetrics(prometheus::Registry& registry, size_t mean_window)
       mean_(prometheus::BuildGauge()
                 .Name("sluice_reward_mean")
                 .Help("Mean reward of the most recent items, by verifier.")
-                .Register(registry)) {}
+                .Register(registry)),
+      queued_items_(prometheus::BuildGauge()
+                        .Name("sluice_reward_queued_items")
+                        .Help("Verifier jobs waiting for a verifier thread (the score queue).")
+                        .Register(registry)
+                        .Add({})),
+      busy_workers_(prometheus::BuildGauge()
+                        .Name("sluice_reward_busy_workers")
+                        .Help("Verifier threads running a verifier now.")
+                        .Register(registry)
+                        .Add({})),
+      abandoned_workers_(prometheus::BuildGauge()
+                             .Name("sluice_reward_abandoned_workers")
+                             .Help("Threads still inside a verifier past its deadline "
+                                   "(in-process verifiers cannot be interrupted).")
+                             .Register(registry)
+                             .Add({})) {}
+
+void RewardMetrics::RecordScorerStats(const Scorer::Stats& stats) {
+  queued_items_.Set(static_cast<double>(stats.queued_jobs));
+  busy_workers_.Set(stats.busy_workers);
+  abandoned_workers_.Set(stats.abandoned_workers);
+}
 
 RewardMetrics::PerVerifier& RewardMetrics::ForVerifierLocked(const std::string& verifier) {
   auto [it, inserted] = verifiers_.try_emplace(verifier);

@@ -24,6 +24,11 @@ namespace sluice::reward_server {
 //   sluice_reward_item_seconds{verifier}            verification time (histogram)
 //   sluice_reward_mean{verifier}                    mean reward of the last
 //                                                   `mean_window` items
+//   sluice_reward_queued_items                      verifier jobs waiting for a
+//                                                   thread (the score queue)
+//   sluice_reward_busy_workers                      threads running a verifier
+//   sluice_reward_abandoned_workers                 threads left inside a
+//                                                   verifier past its deadline
 //
 // `verifier` is the item's top-level verifier ("math", "composite"); an
 // unknown name is labelled "unknown" and an item rejected before any verifier
@@ -37,6 +42,9 @@ class RewardMetrics {
   explicit RewardMetrics(prometheus::Registry& registry, size_t mean_window = 1000);
 
   void RecordBatch(const BatchScores& scores) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The scorer's state now (Scorer::GetStats), for the queue gauges.
+  void RecordScorerStats(const Scorer::Stats& stats);
 
  private:
   struct PerVerifier {
@@ -53,6 +61,9 @@ class RewardMetrics {
   prometheus::Family<prometheus::Counter>& items_;
   prometheus::Family<prometheus::Histogram>& item_seconds_;
   prometheus::Family<prometheus::Gauge>& mean_;
+  prometheus::Gauge& queued_items_;
+  prometheus::Gauge& busy_workers_;
+  prometheus::Gauge& abandoned_workers_;
   absl::Mutex mu_;
   std::map<std::string, PerVerifier> verifiers_ ABSL_GUARDED_BY(mu_);
 };

@@ -47,6 +47,10 @@ class RewardServerServiceImpl final : public v1::RewardService::Service {
   grpc::Status ListVerifiers(grpc::ServerContext* context, const v1::ListVerifiersRequest* request,
                              v1::ListVerifiersResponse* response) override;
 
+  // Sets the scorer's gauges (queued items, busy and abandoned verifier
+  // threads) to its state now; run before each scrape of /metrics.
+  void UpdateScorerGauges() { metrics_.RecordScorerStats(scorer_->GetStats()); }
+
  private:
   const std::shared_ptr<Scorer> scorer_;
   const RewardServiceOptions options_;

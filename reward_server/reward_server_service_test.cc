@@ -104,6 +104,22 @@ TEST_F(RewardServiceTest, ScoreBatchScoresArithmeticAnswers) {
   EXPECT_THAT(metrics, HasSubstr("sluice_reward_mean{verifier=\"math\"} 0.5"));
 }
 
+TEST_F(RewardServiceTest, ScorerGaugesReadTheScorerWhenUpdated) {
+  Start();
+  service_->UpdateScorerGauges();
+  std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_queued_items 0"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_busy_workers 0"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_abandoned_workers 0"));
+  RewardMetrics direct(metrics_);  // A second set on the same registry is the same families.
+  direct.RecordScorerStats(Scorer::Stats{.workers = 4, .busy_workers = 3, .abandoned_workers = 1,
+                                         .queued_jobs = 17});
+  metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_queued_items 17"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_busy_workers 3"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_abandoned_workers 1"));
+}
+
 TEST_F(RewardServiceTest, EmptyBatchIsOk) {
   Start();
   v1::ScoreBatchResponse response;

@@ -48,6 +48,36 @@ struct TrainerMetrics {
                         .Help("Mean training reward of the latest batch")
                         .Register(registry)
                         .Add({})),
+        pass_rate(prometheus::BuildGauge()
+                 .Name("sluice_trainer_pass_rate")
+                 .Help("Fraction of the latest batch's trajectories with reward >= 1")
+                 .Register(registry)
+                 .Add({})),
+        kl_to_behaviour(prometheus::BuildGauge()
+                 .Name("sluice_trainer_kl_to_behaviour")
+                 .Help("KL of the trained policy to the behaviour policy on the latest batch")
+                 .Register(registry)
+                 .Add({})),
+        entropy(prometheus::BuildGauge()
+                 .Name("sluice_trainer_entropy")
+                 .Help("Mean token entropy of the policy on the latest batch")
+                 .Register(registry)
+                 .Add({})),
+        clip_fraction(prometheus::BuildGauge()
+                 .Name("sluice_trainer_clip_fraction")
+                 .Help("Fraction of tokens whose ratio was clipped in the latest step")
+                 .Register(registry)
+                 .Add({})),
+        grad_norm(prometheus::BuildGauge()
+                 .Name("sluice_trainer_grad_norm")
+                 .Help("Gradient norm of the latest step before clipping")
+                 .Register(registry)
+                 .Add({})),
+        staleness_mean(prometheus::BuildGauge()
+                 .Name("sluice_trainer_staleness_mean")
+                 .Help("Mean group staleness (versions) of the latest batch")
+                 .Register(registry)
+                 .Add({})),
         staleness_max(prometheus::BuildGauge()
                           .Name("sluice_trainer_batch_staleness_max")
                           .Help("Maximum group staleness (versions) in the latest batch")
@@ -109,6 +139,12 @@ struct TrainerMetrics {
     policy_version.Set(static_cast<double>(m.policy_version()));
     loss.Set(m.loss());
     reward_mean.Set(m.reward_mean());
+    pass_rate.Set(m.pass_rate());
+    kl_to_behaviour.Set(m.kl_to_behaviour());
+    entropy.Set(m.entropy());
+    clip_fraction.Set(m.clip_fraction());
+    grad_norm.Set(m.grad_norm());
+    staleness_mean.Set(m.staleness_mean());
     staleness_max.Set(static_cast<double>(m.staleness_max()));
     tokens_trained.Increment(static_cast<double>(m.tokens_trained()));
     wait_seconds.Increment(m.trainer_wait_seconds());
@@ -121,6 +157,12 @@ struct TrainerMetrics {
   prometheus::Gauge& policy_version;
   prometheus::Gauge& loss;
   prometheus::Gauge& reward_mean;
+  prometheus::Gauge& pass_rate;
+  prometheus::Gauge& kl_to_behaviour;
+  prometheus::Gauge& entropy;
+  prometheus::Gauge& clip_fraction;
+  prometheus::Gauge& grad_norm;
+  prometheus::Gauge& staleness_mean;
   prometheus::Gauge& staleness_max;
   prometheus::Gauge& eval_accuracy;
   prometheus::Counter& tokens_trained;

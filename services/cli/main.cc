@@ -72,6 +72,45 @@ int ExecModelCommand(int argc, char** argv) {
   return 1;
 }
 
+// `sluice report` is python/sluice/report.py (matplotlib draws the plots):
+// runs `python3 -m sluice.report ARGS...` with the package on PYTHONPATH,
+// found beside this binary (<bin>/../python in a build tree,
+// <bin>/../lib/sluice/python installed). SLUICE_PYTHON picks another
+// interpreter (default Debian's /usr/bin/python3, which sees Debian's
+// python3-matplotlib). Returns only if the exec failed.
+int ExecReportCommand(int argc, char** argv) {
+  const fs::path self = SelfDirectory();
+  std::string package;
+  for (const fs::path& candidate : {self / ".." / "python", self / ".." / "lib" / "sluice" / "python"}) {
+    std::error_code error;
+    if (fs::exists(candidate / "sluice" / "report.py", error)) {
+      package = fs::weakly_canonical(candidate, error).string();
+      break;
+    }
+  }
+  if (package.empty()) {
+    std::cerr << "sluice report: cannot find the sluice Python package beside " << self.string()
+              << " (looked in ../python and ../lib/sluice/python; it is built with sluice)\n";
+    return 1;
+  }
+  const char* existing = getenv("PYTHONPATH");
+  const std::string path =
+      existing != nullptr && *existing != '\0' ? package + ":" + existing : package;
+  setenv("PYTHONPATH", path.c_str(), 1);
+  const char* python_env = getenv("SLUICE_PYTHON");
+  const std::string python =
+      python_env != nullptr && *python_env != '\0' ? python_env : "/usr/bin/python3";
+  std::vector<std::string> words = {python, "-m", "sluice.report"};
+  for (int i = 2; i < argc; ++i) words.emplace_back(argv[i]);
+  std::vector<char*> args;
+  for (std::string& word : words) args.push_back(word.data());
+  args.push_back(nullptr);
+  execv(python.c_str(), args.data());
+  std::cerr << "sluice report: cannot run " << python << ": " << strerror(errno)
+            << " (install python3 and python3-matplotlib: scripts/install-deps.sh)\n";
+  return 1;
+}
+
 void PrintEndpoints(const LocalStack& stack) {
   std::cout << "\n  service          grpc                   metrics\n";
   for (const auto& endpoint : stack.endpoints()) {
@@ -423,6 +462,9 @@ int main(int argc, char** argv) {
                     std::string(argv[1]) == "init-model")) {
     return ExecModelCommand(argc, argv);
   }
+  if (argc >= 2 && std::string(argv[1]) == "report") {
+    return ExecReportCommand(argc, argv);
+  }
   // Before any thread exists: `sluice up` reads SIGTERM/SIGINT from a signalfd.
   sluice::runtime::BlockTerminationSignals();
   sluice::log::Init("sluice", sluice::log::Level::kWarning, sluice::log::Format::kText);
@@ -542,6 +584,9 @@ int main(int argc, char** argv) {
       ->allow_extras();
   app.add_subcommand("generate", "Continue token ids or a prompt with a Hugging Face model "
                                  "(JSON); see `sluice generate --help`")
+      ->allow_extras();
+  app.add_subcommand("report", "Plot a run's metrics and evaluations (PNG/SVG and an HTML page) "
+                               "from its run directory; see `sluice report --help`")
       ->allow_extras();
   app.add_subcommand("init-model", "Write a builtin model as a Hugging Face directory (a run's "
                                    "hf_model_dir); see `sluice init-model --help`")

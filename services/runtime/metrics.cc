@@ -94,7 +94,16 @@ absl::StatusOr<int> Metrics::Serve(const std::string& bind_address) {
 
 void Metrics::StopServing() { http_.reset(); }
 
+void Metrics::OnCollect(std::function<void()> hook) {
+  absl::MutexLock lock(&hooks_mu_);
+  collect_hooks_.push_back(std::move(hook));
+}
+
 std::string Metrics::Serialize() const {
+  {
+    absl::MutexLock lock(&hooks_mu_);
+    for (const std::function<void()>& hook : collect_hooks_) hook();
+  }
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
 

@@ -1,11 +1,14 @@
 #ifndef SLUICE_SERVICES_RUNTIME_METRICS_H_
 #define SLUICE_SERVICES_RUNTIME_METRICS_H_
 
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 #include "absl/strings/string_view.h"
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -60,10 +63,18 @@ class Metrics {
   // Stops the HTTP endpoint; idempotent.
   void StopServing();
 
-  // The text exposition format, as /metrics would serve it.
+  // The text exposition format, as /metrics would serve it. Runs the
+  // OnCollect hooks first.
   std::string Serialize() const;
 
+  // `hook` runs before every collection (each scrape of /metrics): the place
+  // to set gauges that read a component's state (a queue's depth) rather
+  // than follow its events. Must be cheap and thread-safe.
+  void OnCollect(std::function<void()> hook);
+
  private:
+  mutable absl::Mutex hooks_mu_;
+  std::vector<std::function<void()>> collect_hooks_ ABSL_GUARDED_BY(hooks_mu_);
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<RpcMetrics> rpc_;
   std::unique_ptr<MetricsHttpServer> http_;

@@ -39,6 +39,22 @@ TEST(MetricsTest, ExportsBuildInfo) {
   EXPECT_THAT(metrics.Serialize(), HasSubstr("sluice_build_info{component=\"trainer\""));
 }
 
+TEST(MetricsTest, CollectHooksRunBeforeEveryScrape) {
+  Metrics metrics("reward_server");
+  prometheus::Gauge& depth =
+      prometheus::BuildGauge().Name("queue_depth").Help("test").Register(metrics.registry()).Add({});
+  int depth_now = 3;
+  metrics.OnCollect([&] { depth.Set(depth_now); });
+  EXPECT_THAT(metrics.Serialize(), HasSubstr("queue_depth 3"));
+  depth_now = 7;
+  absl::StatusOr<int> port = metrics.Serve("127.0.0.1:0");
+  ASSERT_TRUE(port.ok()) << port.status();
+  absl::StatusOr<std::string> body =
+      HttpGet("http://127.0.0.1:" + std::to_string(*port) + "/metrics", absl::Seconds(10));
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_THAT(*body, HasSubstr("queue_depth 7"));
+}
+
 TEST(MetricsTest, ServesOverHttpOnAFreePort) {
   Metrics metrics("controller");
   absl::StatusOr<int> port = metrics.Serve("127.0.0.1:0");

@@ -1,5 +1,10 @@
 #include "services/runtime/server_options.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -74,11 +79,37 @@ std::string ServerOptions::MetricsBindAddress() const {
   return absl::StrCat(host, ":", metrics_port);
 }
 
+std::string NonLoopbackAddressOf(const std::string& hostname) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (hostname.empty() || getaddrinfo(hostname.c_str(), nullptr, &hints, &found) != 0) return "";
+  std::string address;
+  for (const addrinfo* a = found; a != nullptr && address.empty(); a = a->ai_next) {
+    const auto* in = reinterpret_cast<const sockaddr_in*>(a->ai_addr);
+    // 127.0.0.0/8 (Debian maps the hostname to 127.0.1.1) and 0.0.0.0 are
+    // no address another host can use.
+    const uint32_t ip = ntohl(in->sin_addr.s_addr);
+    if ((ip >> 24) == 127 || ip == 0) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    if (inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text)) != nullptr) address = text;
+  }
+  freeaddrinfo(found);
+  return address;
+}
+
 std::string DefaultAdvertiseAddress(const std::string& listen_address, int port) {
   absl::StatusOr<HostPort> listen = ParseHostPort(listen_address, "listen_address");
   const std::string host = listen.ok() ? listen->host : "0.0.0.0";
-  if (host == "0.0.0.0" || host == "[::]" || host == "localhost" || host == "127.0.0.1") {
-    return absl::StrCat("127.0.0.1:", port);
+  if (host == "localhost" || host == "127.0.0.1") return absl::StrCat("127.0.0.1:", port);
+  if (host == "0.0.0.0" || host == "[::]") {
+    // In a container or a pod the hostname resolves to the address the
+    // others reach it at; on a workstation to loopback, which is right there.
+    char name[256] = {};
+    std::string address;
+    if (gethostname(name, sizeof(name) - 1) == 0) address = NonLoopbackAddressOf(name);
+    return absl::StrCat(address.empty() ? "127.0.0.1" : address, ":", port);
   }
   return absl::StrCat(host, ":", port);
 }

@@ -20,9 +20,16 @@ struct HostPort {
 absl::StatusOr<HostPort> ParseHostPort(const std::string& value, const std::string& what);
 
 // How other services reach a server listening on `listen_address` and bound
-// to `port`: 127.0.0.1:<port> for wildcard and loopback hosts, else
-// <host>:<port>.
+// to `port`: <host>:<port> for a named host; 127.0.0.1:<port> for loopback;
+// for a wildcard host (0.0.0.0, [::]) the IPv4 address this machine's
+// hostname resolves to (a container's or a Kubernetes pod's own address,
+// from /etc/hosts), or 127.0.0.1 where it resolves only to loopback (a
+// workstation). --advertise-address overrides it.
 std::string DefaultAdvertiseAddress(const std::string& listen_address, int port);
+
+// The first non-loopback IPv4 address `hostname` resolves to, or "" when
+// it resolves to none (only loopback, or not at all).
+std::string NonLoopbackAddressOf(const std::string& hostname);
 
 // What every Sluice service needs to serve: where, how big, how to stop, how
 // to log. Filled from flags and/or a YAML file (see config_file.h) and checked

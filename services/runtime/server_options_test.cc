@@ -56,5 +56,27 @@ TEST(ServerOptionsTest, MetricsBindsOnTheListenHost) {
   EXPECT_EQ(options.MetricsBindAddress(), "9091");
 }
 
+TEST(ServerOptionsTest, AdvertisesNamedHostsAsIsAndLoopbackAsLoopback) {
+  EXPECT_EQ(DefaultAdvertiseAddress("10.1.2.3:50052", 50052), "10.1.2.3:50052");
+  EXPECT_EQ(DefaultAdvertiseAddress("127.0.0.1:0", 41000), "127.0.0.1:41000");
+  EXPECT_EQ(DefaultAdvertiseAddress("localhost:0", 41000), "127.0.0.1:41000");
+}
+
+TEST(ServerOptionsTest, WildcardAdvertisesTheHostnamesAddressOrLoopback) {
+  // "localhost" resolves only to loopback: no address for others.
+  EXPECT_EQ(NonLoopbackAddressOf("localhost"), "");
+  EXPECT_EQ(NonLoopbackAddressOf(""), "");
+  EXPECT_EQ(NonLoopbackAddressOf("no-such-host.invalid"), "");
+  // A numeric host resolves to itself.
+  EXPECT_EQ(NonLoopbackAddressOf("10.20.30.40"), "10.20.30.40");
+  EXPECT_EQ(NonLoopbackAddressOf("127.0.1.1"), "");
+  // Whatever this machine's hostname resolves to, the wildcard's address is
+  // that (a container's own) or loopback, with the bound port.
+  const std::string advertised = DefaultAdvertiseAddress("0.0.0.0:0", 43210);
+  EXPECT_THAT(advertised, ::testing::EndsWith(":43210"));
+  EXPECT_NE(advertised.rfind("0.0.0.0", 0), 0u) << advertised;
+  EXPECT_EQ(DefaultAdvertiseAddress("[::]:0", 43210), advertised);
+}
+
 }  // namespace
 }  // namespace sluice::runtime

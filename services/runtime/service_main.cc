@@ -146,6 +146,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
     std::cerr << info_.binary << ": " << status.message() << "\n";
     return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
+  for (const std::function<void()>& hook : context.collect_hooks()) metrics.OnCollect(hook);
 
   const HostPort listen = *ParseHostPort(options_.listen_address, "listen_address");
   int metrics_port = -1;

@@ -64,6 +64,11 @@ class ServiceContext {
     started_callbacks_.push_back(std::move(callback));
   }
 
+  // Runs before every scrape of /metrics (Metrics::OnCollect): for gauges
+  // that read state, such as a queue's depth.
+  void OnMetricsCollect(std::function<void()> hook) { collect_hooks_.push_back(std::move(hook)); }
+
+  const std::vector<std::function<void()>>& collect_hooks() const { return collect_hooks_; }
   const std::vector<std::pair<std::shared_ptr<grpc::Service>, std::string>>& services() const {
     return services_;
   }
@@ -80,6 +85,7 @@ class ServiceContext {
   std::vector<std::pair<std::shared_ptr<grpc::Service>, std::string>> services_;
   std::vector<std::function<void()>> shutdown_callbacks_;
   std::vector<std::function<void(int)>> started_callbacks_;
+  std::vector<std::function<void()>> collect_hooks_;
 };
 
 // The main() of every Sluice service: flags and YAML config, validation,

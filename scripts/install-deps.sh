@@ -34,6 +34,10 @@ packages=(
   # Multi-host tests (network namespaces and veth pairs) and bench_weight_fanout's
   # loopback baseline.
   iproute2 iperf3
+  # Deployment (tests/deploy/compose_test.sh): the Docker engine and
+  # docker-compose, debootstrap for an offline Debian 12 base image
+  # (deploy/docker/build-images.sh), Prometheus (server and promtool).
+  docker.io docker-compose debootstrap prometheus
 )
 
 missing=()

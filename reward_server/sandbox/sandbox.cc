@@ -441,6 +441,14 @@ std::string SandboxSetupHint(const std::string& bwrap_stderr) {
     return "the program to run is missing from the sandbox: check the interpreter path and "
            "read_only_paths";
   }
+  if (absl::StrContains(bwrap_stderr, "Can't mount proc")) {
+    // The namespaces were made; the container runtime's masked /proc (paths
+    // overmounted or read-only) makes the kernel refuse a new procfs in them.
+    return "the user namespace was created but a fresh /proc cannot be mounted in it: the "
+           "container runtime masks /proc paths. Docker: --security-opt systempaths=unconfined "
+           "(with seccomp=unconfined); Kubernetes: securityContext.procMount: Unmasked with "
+           "hostUsers: false (docs/deployment.md, \"The code sandbox in a container\")";
+  }
   if (!namespaces_refused) return "";
   return "unprivileged user namespaces seem to be disabled or blocked: the sandbox needs an "
          "unprivileged uid to create user, pid, mount and network namespaces. Set "
@@ -448,7 +456,8 @@ std::string SandboxSetupHint(const std::string& bwrap_stderr) {
          "`sysctl -w user.max_user_namespaces=15000`; under AppArmor (Ubuntu >= 23.10) "
          "`sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`; in a container, allow "
          "unshare/clone(CLONE_NEWUSER) (Docker: --security-opt seccomp=unconfined "
-         "--security-opt apparmor=unconfined, or a profile permitting them). Check with "
+         "--security-opt systempaths=unconfined, and apparmor=unconfined under AppArmor, or "
+         "a profile permitting them; Kubernetes: docs/deployment.md). Check with "
          "`setpriv --reuid 990000 --regid 990000 --clear-groups unshare -Ur true`";
 }
 

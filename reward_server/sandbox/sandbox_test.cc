@@ -676,6 +676,9 @@ TEST(SandboxSetupTest, SetupHintRecognisesRefusedNamespaces) {
   EXPECT_THAT(SandboxSetupHint("bwrap: No permissions to creating new namespace"),
               HasSubstr("user namespaces"));
   EXPECT_EQ(SandboxSetupHint("something else"), "");
+  // Inside Docker with seccomp=unconfined but the default masked /proc.
+  EXPECT_THAT(SandboxSetupHint("bwrap: Can't mount proc on /newroot/proc: Operation not permitted"),
+              HasSubstr("systempaths=unconfined"));
 }
 
 }  // namespace

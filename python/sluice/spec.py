@@ -75,7 +75,31 @@ def _construct_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> _Text:
     return text
 
 
+class _List(list):
+    line: Optional[int] = None
+
+
+class _Dict(dict):
+    line: Optional[int] = None
+
+
+def _construct_list(loader: yaml.SafeLoader, node: yaml.SequenceNode):
+    data = _List()
+    data.line = node.start_mark.line + 1
+    yield data
+    data.extend(loader.construct_sequence(node))
+
+
+def _construct_dict(loader: yaml.SafeLoader, node: yaml.MappingNode):
+    data = _Dict()
+    data.line = node.start_mark.line + 1
+    yield data
+    data.update(loader.construct_mapping(node))
+
+
 _SpecLoader.add_constructor("tag:yaml.org,2002:str", _construct_text)
+_SpecLoader.add_constructor("tag:yaml.org,2002:seq", _construct_list)
+_SpecLoader.add_constructor("tag:yaml.org,2002:map", _construct_dict)
 # Explicitly tagged scalars (!!int 3, !!bool true) are text too.
 for _tag in ("bool", "int", "float", "timestamp", "binary"):
     _SpecLoader.add_constructor("tag:yaml.org,2002:" + _tag, _construct_text)

@@ -23,7 +23,7 @@ its <g> element.
 A run still in progress can be reported on: a torn last line of a .jsonl file
 (being written) is skipped with a warning. Bad input (no such directory, no
 metrics.jsonl, no steps, a malformed line elsewhere) is an error with exit
-status 2.
+status 2; a missing matplotlib is exit status 1.
 """
 
 from __future__ import annotations
@@ -41,6 +41,10 @@ EXIT_BAD_INPUT = 2
 
 class ReportError(Exception):
     """Input that cannot be reported on; the message says what and where."""
+
+
+class MissingDependency(Exception):
+    """The plotting library is not installed."""
 
 
 def _warn(message: str) -> None:
@@ -203,7 +207,13 @@ class Figures:
     """Builds the figures with matplotlib and records each series' data."""
 
     def __init__(self, run: RunFiles):
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError as error:
+            raise MissingDependency(
+                "matplotlib is not installed for %s (%s); on Debian: apt-get install "
+                "python3-matplotlib (scripts/install-deps.sh installs it)"
+                % (sys.executable, error)) from None
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
@@ -300,10 +310,11 @@ class Figures:
         warm = [e for e in evals if e.get("phase") == "warm_start"]
         cols = 2 if warm else 1
         size = (11.0, 4.2) if warm else (9.0, 4.2)
-        _, axes = self._new("eval", "Evaluation accuracy",
-                            "Greedy accuracy on the held-out split before RL, every "
-                            "eval.every_n_steps and at the end (left); the warm start's accuracy "
-                            "on its dev split per SFT step (right).", cols=cols, size=size,
+        caption = ("Greedy accuracy on the held-out split before RL, every eval.every_n_steps "
+                   "and at the end")
+        caption += ("" if not warm else " (left); the warm start's accuracy on its dev split "
+                    "per SFT step (right)") + "."
+        _, axes = self._new("eval", "Evaluation accuracy", caption, cols=cols, size=size,
                             sharex=False)
         ax = axes[0][0]
         if held_out:
@@ -703,6 +714,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ReportError as error:
         print("sluice report: error: %s" % error, file=sys.stderr)
         return EXIT_BAD_INPUT
+    except MissingDependency as error:
+        print("sluice report: error: %s" % error, file=sys.stderr)
+        return 1
     out_dir = args.out or os.path.join(args.run_dir, "report")
     print("sluice report: %d steps of %s -> %s" % (
         report["steps"], report["run_id"], os.path.join(out_dir, "index.html")))

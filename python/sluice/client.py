@@ -20,7 +20,7 @@ import json
 import os
 import time
 import uuid
-from typing import Iterable, Iterator, List, Optional, Sequence, Union
+from typing import Iterable, Iterator, List, Optional, Union
 
 import grpc
 

@@ -297,7 +297,8 @@ class Figures:
         self._line("reward", ax, "reward_mean_smoothed", steps, moving_mean(reward, window),
                    "reward mean (mean of %d)" % window, color="C0", linewidth=2)
         self._line("reward", ax, "pass_rate_smoothed", steps, moving_mean(pass_rate, window),
-                   "pass rate (mean of %d)" % window, color="C1", linewidth=2)
+                   "pass rate (mean of %d)" % window, color="C1", linewidth=2,
+                   linestyle=(0, (4, 2)))  # dashed: with 0/1 rewards it equals the reward mean
         ax.set_xlabel("RL step")
         ax.set_ylabel("reward / fraction")
         top = max([v for v in reward + pass_rate if not math.isnan(v)] + [1.0])

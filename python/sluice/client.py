@@ -1,0 +1,333 @@
+"""A small client for the Sluice controller (sluice.v1.ControllerService).
+
+    from sluice import Client
+    with Client("127.0.0.1:50051") as client:
+        run = client.submit("configs/smoke.yaml")      # or YAML text, or a dict
+        for run in client.watch(run.run_id):            # ends at a terminal state
+            print(format_progress(run))
+        print(state_name(run.state), run.summary.eval_after)
+
+Every method returns the generated protobuf messages (sluice.v1.controller_pb2.Run,
+...) and raises SluiceError with the controller's own message when a call fails.
+The behaviour follows `sluice submit` / `sluice runs ...` (services/cli/run_client.cc):
+the same spec reading, the same target resolution, the same watch that rides
+out a controller restart.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from typing import Iterable, Iterator, List, Optional, Union
+
+import grpc
+
+from sluice._health import health_pb2, health_pb2_grpc
+from sluice.errors import SluiceError, SpecError
+from sluice.spec import SpecLike, load_run_spec
+from sluice.v1 import controller_pb2, controller_pb2_grpc
+
+__all__ = [
+    "Client",
+    "SluiceError",
+    "SpecError",
+    "TERMINAL_STATES",
+    "controller_target",
+    "format_progress",
+    "state_name",
+]
+
+RunState = controller_pb2.RunState
+TERMINAL_STATES = frozenset(
+    {controller_pb2.RUN_STATE_SUCCEEDED, controller_pb2.RUN_STATE_FAILED,
+     controller_pb2.RUN_STATE_CANCELLED})
+
+DEFAULT_TARGET = "127.0.0.1:50051"
+
+# Pauses between attempts to resume a broken watch: quick at first (a
+# controller restarted by its supervisor is back within seconds), then no
+# more than this. As the CLI.
+_FIRST_RESUME_DELAY_S = 0.25
+_MAX_RESUME_DELAY_S = 2.0
+
+# gRPC backs off up to 2 minutes between reconnects by default; a watch
+# riding out a controller restart wants to see it back within a second.
+_CHANNEL_OPTIONS = [
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+
+
+def controller_target(target: Optional[str] = None,
+                      endpoints: Optional[Union[str, "os.PathLike[str]"]] = None) -> str:
+    """The controller's gRPC address, resolved as the CLI does.
+
+    A non-empty `target` wins. Else the controller of an endpoints.json as
+    `sluice up` writes it: `endpoints` if given (a file, or the state
+    directory holding it), otherwise .sluice/stack/endpoints.json then
+    .sluice/endpoints.json under the working directory. Else 127.0.0.1:50051.
+    An `endpoints` that cannot be read raises SluiceError.
+    """
+    if target:
+        return target
+    if endpoints is not None:
+        path = os.fspath(endpoints)
+        if os.path.isdir(path):
+            path = os.path.join(path, "endpoints.json")
+        found = _endpoints_controller(path)
+        if found is None:
+            raise SluiceError("%s: no controller address in it (services.controller.grpc); "
+                              "is `sluice up` running with this state directory?" % path)
+        return found
+    for path in (".sluice/stack/endpoints.json", ".sluice/endpoints.json"):
+        found = _endpoints_controller(path)
+        if found is not None:
+            return found
+    return DEFAULT_TARGET
+
+
+def _endpoints_controller(path: str) -> Optional[str]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            document = json.load(handle)
+        address = document["services"]["controller"]["grpc"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return address if isinstance(address, str) and address else None
+
+
+def state_name(state: int) -> str:
+    """"SUCCEEDED" for RUN_STATE_SUCCEEDED."""
+    name = RunState.Name(state)
+    return name[len("RUN_STATE_"):] if name.startswith("RUN_STATE_") else name
+
+
+def _count(value: float) -> str:
+    if value >= 1e6:
+        return "%.1fM" % (value / 1e6)
+    if value >= 1e3:
+        return "%.1fk" % (value / 1e3)
+    return "%.0f" % value
+
+
+def format_progress(run: controller_pb2.Run) -> str:
+    """One line of live progress, as `sluice submit --watch` prints it."""
+    p = run.progress
+    elapsed = int(p.elapsed_seconds)
+    clock = ("%d:%02d:%02d" % (elapsed // 3600, elapsed // 60 % 60, elapsed % 60)
+             if elapsed >= 3600 else "%02d:%02d" % (elapsed // 60, elapsed % 60))
+    parts = [
+        "%-10s" % state_name(run.state).lower().replace("_", " "),
+        clock,
+        "step %d/%d" % (p.step, p.total_steps),
+        "v%d" % p.policy_version,
+        "reward %.3f" % p.reward_mean,
+        "pass %.1f%%" % (100 * p.pass_rate),
+        "stale %.1f/%d" % (p.staleness_mean, p.staleness_max),
+        "gen %s tok/s" % _count(p.generated_tokens_per_second),
+        "train %s tok/s" % _count(p.trained_tokens_per_second),
+    ]
+    if p.HasField("latest_eval_accuracy"):
+        parts.append("eval %.1f%% @%d" % (100 * p.latest_eval_accuracy, p.latest_eval_step))
+    line = "  ".join(parts)
+    if p.phase:
+        line += "  | " + p.phase
+    return line
+
+
+def _run_state(value: Union[int, str]) -> int:
+    if isinstance(value, int):
+        return value
+    upper = value.upper().replace("-", "_").replace(" ", "_")
+    for candidate in (upper, "RUN_STATE_" + upper):
+        if candidate in RunState.keys():
+            return RunState.Value(candidate)
+    raise ValueError("unknown run state %r; expected one of %s" % (
+        value, ", ".join(state_name(v).lower() for v in RunState.values() if v)))
+
+
+class Client:
+    """A connection to one controller. Thread-safe (gRPC channels are);
+    close() it, or use it as a context manager.
+
+    Args:
+      target: the controller's "host:port" (any gRPC target). None resolves
+        it as the CLI does (see controller_target()).
+      timeout: deadline in seconds of each unary call (submit, get, cancel,
+        list, health). watch() has none: a run takes as long as it takes.
+      endpoints: an endpoints.json (or the `sluice up --state-dir`) to read
+        the controller's address from when no target is given.
+      resume_for: how long watch() keeps reconnecting when the controller
+        does not answer (a restart, the network) before it gives up.
+    """
+
+    def __init__(self, target: Optional[str] = None, timeout: float = 30.0,
+                 endpoints: Optional[Union[str, "os.PathLike[str]"]] = None,
+                 resume_for: float = 60.0):
+        self.target = controller_target(target, endpoints)
+        self.timeout = timeout
+        self.resume_for = resume_for
+        self._channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self._stub = controller_pb2_grpc.ControllerServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def close(self) -> None:
+        """Closes the channel; open watch() iterators end with an error."""
+        self._channel.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return "sluice.Client(%r)" % self.target
+
+    # -- calls -------------------------------------------------------------
+
+    def _error(self, method: str, error: grpc.RpcError) -> SluiceError:
+        code = error.code() if hasattr(error, "code") else None
+        details = (error.details() if hasattr(error, "details") else None) or str(error)
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+            message = ("%s: cannot reach the controller at %s: %s (is `sluice up` running? "
+                       "pass the target HOST:PORT)" % (method, self.target, details))
+        else:
+            message = "%s: %s: %s" % (method, code.name if code else "ERROR", details)
+        return SluiceError(message, code=code, details=details, method=method)
+
+    def _call(self, method: str, request, timeout: Optional[float] = None):
+        try:
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout if timeout is None else timeout)
+        except grpc.RpcError as error:
+            raise self._error(method, error) from None
+
+    def submit(self, spec: SpecLike, *, request_id: Optional[str] = None,
+               validate_only: bool = False) -> controller_pb2.Run:
+        """Submits a run; returns it as created (PENDING, or QUEUED behind another).
+
+        `spec` is a path to a YAML file, YAML text, a dict with RunSpec's field
+        names (enums by proto name or short lower-case name: objective: grpo),
+        or a RunSpec. A spec that cannot be read raises SpecError before
+        anything is sent; one the controller refuses raises SluiceError with
+        code INVALID_ARGUMENT and one "field: problem" line per problem.
+
+        request_id makes the submit idempotent: the same id again returns
+        the run it created (a fresh random one when not given, so retry with
+        an explicit id). validate_only resolves defaults and checks the spec
+        without creating a run (the returned run has an empty run_id).
+        """
+        request = controller_pb2.SubmitRunRequest(
+            spec=load_run_spec(spec),
+            request_id=request_id or "py-%s" % uuid.uuid4().hex,
+            validate_only=validate_only)
+        return self._call("SubmitRun", request).run
+
+    def get(self, run_id: str) -> controller_pb2.Run:
+        """The run's current snapshot. NOT_FOUND (SluiceError) for an unknown id."""
+        return self._call("GetRun", controller_pb2.GetRunRequest(run_id=run_id)).run
+
+    def cancel(self, run_id: str, reason: str = "") -> controller_pb2.Run:
+        """Cancels a run (a queued one is removed without starting). Returns it
+        CANCELLED, or in the terminal state it already had."""
+        return self._call("CancelRun",
+                          controller_pb2.CancelRunRequest(run_id=run_id, reason=reason)).run
+
+    def list(self, states: Optional[Iterable[Union[int, str]]] = None,
+             limit: Optional[int] = None) -> List[controller_pb2.Run]:
+        """Runs, newest first, following every page (at most `limit` runs).
+
+        states filters by state: RunState values or names ("succeeded",
+        "RUN_STATE_FAILED").
+        """
+        request = controller_pb2.ListRunsRequest(
+            states=[_run_state(s) for s in states or ()],
+            page_size=min(limit, 1000) if limit else 0)
+        runs: List[controller_pb2.Run] = []
+        while True:
+            response = self._call("ListRuns", request)
+            runs.extend(response.runs)
+            if not response.next_page_token or (limit and len(runs) >= limit):
+                return runs[:limit] if limit else runs
+            request.page_token = response.next_page_token
+
+    def health(self, service: str = "") -> str:
+        """The controller's gRPC health: "SERVING", "NOT_SERVING", ...
+        ("" = the server as a whole)."""
+        try:
+            response = self._health.Check(health_pb2.HealthCheckRequest(service=service),
+                                          timeout=self.timeout)
+        except grpc.RpcError as error:
+            raise self._error("Health.Check", error) from None
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
+
+    def watch(self, run_id: str, interval: float = 1.0) -> Iterator[controller_pb2.Run]:
+        """Yields the run as it changes (full snapshots, the first at once)
+        until it reaches SUCCEEDED, FAILED or CANCELLED; the last one yielded
+        is terminal.
+
+        `interval` (seconds) is the least time between progress updates;
+        state changes come at once. When the stream breaks (the controller
+        restarting under its supervisor re-adopts the run; the network), the
+        watch reconnects, quickly at first then every 2 s, until the
+        controller has not answered for `resume_for` seconds: then, or when
+        the controller no longer knows the run (NOT_FOUND), it raises
+        SluiceError. Breaking out of the loop cancels the stream.
+        """
+        request = controller_pb2.WatchRunRequest(run_id=run_id,
+                                                 min_interval_ms=max(1, int(interval * 1000)))
+        unanswered_since: Optional[float] = None
+        delay = _FIRST_RESUME_DELAY_S
+        while True:
+            stream = self._stub.WatchRun(request)
+            failure: Optional[grpc.RpcError] = None
+            try:
+                for update in stream:
+                    unanswered_since = None
+                    delay = _FIRST_RESUME_DELAY_S
+                    yield update.run
+                    if update.run.state in TERMINAL_STATES:
+                        return
+            except grpc.RpcError as error:
+                failure = error
+            finally:
+                stream.cancel()
+            if failure is not None and failure.code() in (grpc.StatusCode.NOT_FOUND,
+                                                          grpc.StatusCode.INVALID_ARGUMENT):
+                raise self._error("WatchRun", failure)
+            # The stream broke, or ended without a terminal state (the
+            # controller shutting down): resume while it comes back.
+            now = time.monotonic()
+            if unanswered_since is None:
+                unanswered_since = now
+            if now - unanswered_since >= self.resume_for:
+                cause = (self._error("WatchRun", failure) if failure is not None
+                         else SluiceError("the stream ended early"))
+                raise SluiceError("lost track of run %s: no answer for %.0f s: %s"
+                                  % (run_id, now - unanswered_since, cause),
+                                  code=cause.code, details=cause.details, method="WatchRun")
+            time.sleep(delay)
+            delay = min(2 * delay, _MAX_RESUME_DELAY_S)
+            try:
+                run = self.get(run_id)
+            except SluiceError as error:
+                if error.code == grpc.StatusCode.NOT_FOUND:
+                    raise
+                continue
+            unanswered_since = None
+            yield run
+            if run.state in TERMINAL_STATES:
+                return
+
+    def wait(self, run_id: str, interval: float = 1.0) -> controller_pb2.Run:
+        """Blocks until the run is terminal (as watch()) and returns it."""
+        run = None
+        for run in self.watch(run_id, interval):
+            pass
+        return run

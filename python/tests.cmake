@@ -1,0 +1,29 @@
+# Tests of the Python package: run with the interpreter the package targets
+# (Debian's /usr/bin/python3) against <build>/python, so they test what was
+# generated and copied there, not the source tree.
+set(sluice_python_test_env
+  "PYTHONPATH=${CMAKE_BINARY_DIR}/python"
+  "SLUICE_BIN_DIR=${CMAKE_BINARY_DIR}/bin"
+  "SLUICE_SOURCE_DIR=${CMAKE_SOURCE_DIR}"
+  "PYTHONDONTWRITEBYTECODE=1"
+  "MPLBACKEND=Agg")
+
+# The package imports beside grpcio; specs read as the CLI reads them.
+add_test(NAME python_spec_test
+  COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/spec_test.py)
+set_tests_properties(python_spec_test PROPERTIES
+  ENVIRONMENT "${sluice_python_test_env}" LABELS unit TIMEOUT 120)
+
+# sluice.report on a real run's files kept in testdata/report/, and bad input.
+add_test(NAME python_report_test
+  COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/report_test.py)
+set_tests_properties(python_report_test PROPERTIES
+  ENVIRONMENT "${sluice_python_test_env}" LABELS unit TIMEOUT 300)
+
+# The client against a real `sluice up` stack: submit, watch, list, get,
+# cancel, bad specs, a controller restart mid-watch, the example script, and
+# sluice.report on a run it made.
+add_test(NAME python_client_process_test
+  COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/client_process_test.py)
+set_tests_properties(python_client_process_test PROPERTIES
+  ENVIRONMENT "${sluice_python_test_env}" LABELS integration TIMEOUT 600)

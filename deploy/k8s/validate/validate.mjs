@@ -35,6 +35,7 @@ for (let i = 2; i < process.argv.length; i++) {
   else if (arg === "--compose") args.compose = value();
   else if (arg === "--kubectl") args.kubectl = value();
   else if (arg === "--start") args.start = true;
+  else if (arg === "--help-cache") args.helpCache = value();
   else {
     console.error(`unknown argument ${arg}`);
     process.exit(2);
@@ -87,21 +88,31 @@ function parseHelp(text) {
     const eq = spec.lastIndexOf("=");
     const takesValue = spec !== "";
     const defaultValue = eq >= 0 ? spec.slice(eq + 1) : undefined;
-    for (const name of m[1].split(",")) {
-      if (name.startsWith("--")) {
-        flags.set(name.slice(2), { takesValue, default: defaultValue });
-      }
-    }
+    // --listen,--listen-address: one flag, known by its last (long) name.
+    const names = m[1].split(",").filter((n) => n.startsWith("--")).map((n) => n.slice(2));
+    const canonical = names[names.length - 1];
+    for (const name of names) flags.set(name, { takesValue, default: defaultValue, canonical });
   }
   return flags;
 }
+// --help-cache FILE: the texts, read once by breakage_test.mjs for its many
+// runs (the LibTorch binaries take half a second each to print their help).
+let helpTexts = {};
+if (args.helpCache && fs.existsSync(args.helpCache)) {
+  helpTexts = JSON.parse(fs.readFileSync(args.helpCache, "utf8"));
+}
 const HELP = {};
 for (const binary of Object.keys(BINARY_TO_SERVICE)) {
-  const flags = parseHelp(runHelp(binary));
+  helpTexts[binary] ??= runHelp(binary);
+  const flags = parseHelp(helpTexts[binary]);
   const listen = flags.get("listen-address")?.default;
   const metrics = flags.get("metrics-port")?.default;
   if (!listen || !metrics) throw new Error(`${binary} --help: no listen/metrics defaults`);
   HELP[binary] = { flags, grpcPort: Number(listen.split(":").pop()), metricsPort: Number(metrics) };
+}
+
+if (args.helpCache && !fs.existsSync(args.helpCache)) {
+  fs.writeFileSync(args.helpCache, JSON.stringify(helpTexts));
 }
 
 // --- Rendering and schema validation.
@@ -191,7 +202,7 @@ function containerFlags(where, container, configMaps, spec) {
     let name = eq >= 0 ? arg.slice(2, eq) : arg.slice(2);
     let value = eq >= 0 ? arg.slice(eq + 1) : true;
     if (eq < 0 && i + 1 < list.length && !String(list[i + 1]).startsWith("--")) value = list[++i];
-    flags.set(name, { value, from: "args" });
+    flags.set(canonicalName(binaryOf(container), name), { value, from: "args" });
   }
   let config;
   if (flags.has("config")) {
@@ -216,12 +227,19 @@ function containerFlags(where, container, configMaps, spec) {
       }
       config = { file, text, parsed };
       for (const [k, v] of Object.entries(parsed)) {
-        const name = k.replace(/_/g, "-");
+        const name = canonicalName(binaryOf(container), k.replace(/_/g, "-"));
         if (!flags.has(name)) flags.set(name, { value: v, from: `${key} key ${k}` });
       }
     }
   }
   return { flags, config };
+}
+
+const binaryOf = (container) => container.command?.[0];
+// An alias (--listen) as the flag's long name (--listen-address); unknown
+// names are kept as they are, to be reported.
+function canonicalName(binary, name) {
+  return HELP[binary]?.flags.get(name)?.canonical ?? name;
 }
 
 function effective(flags, binary, name) {
@@ -680,6 +698,9 @@ function checkCompose(renderings) {
     // Flags from the compose command, and from a config file it mounts.
     let command = entry.command ?? [];
     if (typeof command === "string") command = command.split(/\s+/).filter(Boolean);
+    // ${VAR:-default} as compose reads it with VAR unset.
+    command = command.map((c) => String(c).replace(/\$\{[A-Za-z_]\w*(?::?-([^}]*))?\}/g,
+                                                    (m, d) => d ?? ""));
     const list = command.filter((c) => c !== service.binary);
     const flags = new Map();
     for (let i = 0; i < list.length; i++) {
@@ -689,7 +710,7 @@ function checkCompose(renderings) {
       const name = eq >= 0 ? arg.slice(2, eq) : arg.slice(2);
       let value = eq >= 0 ? arg.slice(eq + 1) : true;
       if (eq < 0 && i + 1 < list.length && !String(list[i + 1]).startsWith("--")) value = list[++i];
-      flags.set(name, { value });
+      flags.set(canonicalName(service.binary, name), { value });
     }
     if (flags.has("config")) {
       const inContainer = String(flags.get("config").value);
@@ -701,7 +722,7 @@ function checkCompose(renderings) {
           const file = configSource ? path.resolve(composeDir, configSource) : hostPath;
           if (fs.existsSync(file)) {
             for (const [k, v] of Object.entries(YAML.parse(fs.readFileSync(file, "utf8")) ?? {})) {
-              const name = k.replace(/_/g, "-");
+              const name = canonicalName(service.binary, k.replace(/_/g, "-"));
               if (!flags.has(name)) flags.set(name, { value: v });
             }
           }
@@ -736,10 +757,24 @@ function checkCompose(renderings) {
       }
       // Flags set in compose but not in Kubernetes (or the other way): told,
       // not failed; the deployments differ in paths and hosts by design.
+      // State directories are the image's contract (/var/lib/sluice/...):
+      // the same in both, so a volume moved between them means the same.
+      for (const flag of ["runs-dir", "data-dir"]) {
+        const a = effective(k8s.flags, binary, flag);
+        const b = effective(flags, binary, flag);
+        if (HELP[binary].flags.has(flag) && a !== b) {
+          problem(dir, `${k8sName} --${flag} ${a}, docker-compose ${b}`);
+        }
+      }
       const only = (x, y) => [...x.keys()].filter((f) => f !== "config" && !y.has(f));
+      const differ = [...flags.keys()].filter(
+          (f) => f !== "config" && k8s.flags.has(f) &&
+                 String(k8s.flags.get(f).value) !== String(flags.get(f).value) &&
+                 !["listen-address"].includes(f))
+          .map((f) => `${f} ${flags.get(f).value} vs ${k8s.flags.get(f).value}`);
       compared.push(`${dir} ${k8sName}: ports ${k8sGrpc}/${k8sMetrics} = compose; ` +
                     `flags only in compose: [${only(flags, k8s.flags)}], ` +
-                    `only in k8s: [${only(k8s.flags, flags)}]`);
+                    `only in k8s: [${only(k8s.flags, flags)}], values (compose vs k8s): [${differ}]`);
     }
   }
   return compared;

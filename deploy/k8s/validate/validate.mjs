@@ -885,7 +885,20 @@ for (const dir of kustomizations()) {
   }
   for (const object of objects) await validateSchema(id(dir, object), object);
   renderings.set(dir, checkRendering(dir, objects));
-  console.log(`${dir}: ${objects.length} objects rendered and checked`);
+  // What the rendering asks of a cluster (requests x replicas).
+  const total = { cpu: 0, memory: 0, gpu: 0 };
+  for (const w of objects.filter((o) => WORKLOAD_KINDS.has(o.kind))) {
+    for (const c of podSpec(w).containers) {
+      const requests = c.resources?.requests ?? {};
+      const n = w.spec.replicas ?? 1;
+      total.cpu += n * (parseQuantity(requests.cpu) || 0);
+      total.memory += n * (parseQuantity(requests.memory) || 0);
+      total.gpu += n * (Number(requests["nvidia.com/gpu"]) || 0);
+    }
+  }
+  console.log(`${dir}: ${objects.length} objects rendered and checked; requests ` +
+              `${total.cpu.toFixed(1)} CPUs, ${(total.memory / 1024 ** 3).toFixed(1)} GiB, ` +
+              `${total.gpu} GPUs`);
 }
 if (!renderings.has("overlays/cpu-demo") || !renderings.has("overlays/gpu")) {
   problem(args.k8sDir, "overlays cpu-demo and gpu must exist and render");

@@ -7,7 +7,7 @@
 // copy and asserts that it exits 1 naming the problem. The unbroken copy
 // must pass first, so that each failure below is the edit's doing.
 
-import { spawnSync } from "node:child_process";
+import { spawn } from "node:child_process";
 import fs from "node:fs";
 import os from "node:os";
 import path from "node:path";
@@ -16,11 +16,14 @@ import { fileURLToPath } from "node:url";
 const here = path.dirname(fileURLToPath(import.meta.url));
 let k8sDir = path.join(here, "..");
 let binDir = process.env.SLUICE_BIN_DIR;
+let compose;
 for (let i = 2; i < process.argv.length; i++) {
   if (process.argv[i] === "--k8s-dir") k8sDir = process.argv[++i];
   else if (process.argv[i] === "--bin-dir") binDir = process.argv[++i];
+  else if (process.argv[i] === "--compose") compose = process.argv[++i];
 }
 k8sDir = path.resolve(k8sDir);
+compose ??= path.resolve(k8sDir, "..", "..", "docker-compose.yml");
 
 // [what, file, text to replace, replacement, expected message]
 const BREAKAGES = [
@@ -87,6 +90,11 @@ const BREAKAGES = [
    "minAvailable 1 with 1 replicas blocks drains"],
   ["a missing resource", "base/kustomization.yaml", "  - trainer.yaml", "  - trainr.yaml",
    "kubectl kustomize failed"],
+  // docker-compose.yml (a copy), when the repository has one.
+  ["compose on another metrics port", "compose:", "--metrics-port=9093", "--metrics-port=9193",
+   "sluice-reward-server ports 50053/9093, docker-compose reward-server 50053/9193"],
+  ["compose dialing another port", "compose:", "--trainer-address=trainer:50055",
+   "--trainer-address=trainer:50056", "--trainer-address port 50055, docker-compose 50056"],
 ];
 
 function copyTree(from, to) {
@@ -104,43 +112,65 @@ const work = fs.mkdtempSync(path.join(os.tmpdir(), "sluice-k8s-breakage-"));
 // Written by the first (unbroken) run, read by the others.
 const helpCache = path.join(work, "help.json");
 
-function validate(dir) {
-  return spawnSync(process.execPath,
-                   [path.join(here, "validate.mjs"), "--k8s-dir", dir, "--bin-dir", binDir,
-                    "--help-cache", helpCache],
-                   { encoding: "utf8" });
+function validate(dir, composeFile) {
+  const argv = [path.join(here, "validate.mjs"), "--k8s-dir", dir, "--bin-dir", binDir,
+                "--help-cache", helpCache];
+  if (composeFile) argv.push("--compose", composeFile);
+  return new Promise((resolve) => {
+    const child = spawn(process.execPath, argv, { stdio: ["ignore", "pipe", "pipe"] });
+    let output = "";
+    child.stdout.on("data", (d) => (output += d));
+    child.stderr.on("data", (d) => (output += d));
+    child.on("exit", (status) => resolve({ status, output }));
+  });
 }
 
 let failures = 0;
+const hasCompose = fs.existsSync(compose);
 try {
   const clean = path.join(work, "clean");
   copyTree(k8sDir, clean);
-  const baseline = validate(clean);
+  const baseline = await validate(clean, hasCompose ? compose : undefined);
   if (baseline.status !== 0) {
-    console.error(`the unbroken manifests fail:\n${baseline.stdout}${baseline.stderr}`);
+    console.error(`the unbroken manifests fail:\n${baseline.output}`);
     process.exit(1);
   }
-  BREAKAGES.forEach(([what, file, from, to, expected], i) => {
+  // Three at a time: each run is mostly waiting on kubectl and node's start.
+  const queue = BREAKAGES.map((breakage, i) => [breakage, i]);
+  const lines = new Array(BREAKAGES.length);
+  const one = async ([[what, file, from, to, expected], i]) => {
     const dir = path.join(work, `broken-${i}`);
     copyTree(k8sDir, dir);
-    const target = path.join(dir, file);
+    let composeFile;
+    let target = path.join(dir, file);
+    if (file === "compose:") {
+      if (!hasCompose) {
+        lines[i] = `skip ${what}: no ${compose}`;
+        return;
+      }
+      composeFile = target = path.join(dir, "docker-compose.yml");
+      fs.copyFileSync(compose, composeFile);
+    }
     const text = fs.readFileSync(target, "utf8");
     if (!text.includes(from)) {
-      console.error(`FAIL ${what}: ${file} no longer contains the text to break; update this test`);
+      lines[i] = `FAIL ${what}: ${file} no longer contains the text to break; update this test`;
       failures++;
       return;
     }
     fs.writeFileSync(target, text.replace(from, to));
-    const result = validate(dir);
-    const output = `${result.stdout}${result.stderr}`;
-    if (result.status === 1 && output.includes(expected)) {
-      console.log(`ok   ${what}: ${expected}`);
+    const result = await validate(dir, composeFile);
+    if (result.status === 1 && result.output.includes(expected)) {
+      lines[i] = `ok   ${what}: ${expected}`;
     } else {
-      console.error(`FAIL ${what}: exit ${result.status}, expected a problem containing ` +
-                    `'${expected}'. Output:\n${output}`);
+      lines[i] = `FAIL ${what}: exit ${result.status}, expected a problem containing ` +
+                 `'${expected}'. Output:\n${result.output}`;
       failures++;
     }
-  });
+  };
+  await Promise.all([1, 2, 3].map(async () => {
+    while (queue.length > 0) await one(queue.shift());
+  }));
+  for (const line of lines) console.log(line);
 } finally {
   fs.rmSync(work, { recursive: true, force: true });
 }
@@ -148,4 +178,5 @@ if (failures > 0) {
   console.error(`${failures} of ${BREAKAGES.length} breakages not caught`);
   process.exit(1);
 }
-console.log(`all ${BREAKAGES.length} breakages caught`);
+console.log(`all ${BREAKAGES.filter(([, f]) => f !== "compose:" || hasCompose).length} ` +
+            "breakages caught");

@@ -686,7 +686,8 @@ function checkRendering(dir, objects) {
 
 // --- docker-compose: ports and addresses agree.
 function checkCompose(renderings) {
-  const compose = YAML.parse(fs.readFileSync(args.compose, "utf8"));
+  // merge: compose files share settings through YAML merge keys (<<: *sluice).
+  const compose = YAML.parse(fs.readFileSync(args.compose, "utf8"), { merge: true });
   const composeDir = path.dirname(args.compose);
   const compared = [];
   for (const [k8sName, service] of Object.entries(SERVICES)) {

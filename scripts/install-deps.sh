@@ -44,18 +44,42 @@ packages=(
   python3-grpcio python3-protobuf python3-yaml python3-matplotlib
 )
 
+# deploy/k8s's offline manifest validation (tests k8s_manifests*): npm packages pinned by
+# deploy/k8s/package-lock.json (kubernetes-models, @kubernetes-models/prometheus-operator,
+# yaml), installed with `npm ci` from the npm registry. Skipped in well under a second when
+# node_modules already matches the lock file. Node and npm: the machine image's, else
+# Debian's nodejs and npm. (kubectl is the machine image's 1.32; Debian's kubernetes-client
+# conflicts with it.)
+install_k8s_validation_packages() {
+  local dir lock stamp
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/k8s"
+  lock=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
+  stamp="$dir/node_modules/.sluice-lock-sha256"
+  if [[ -f $stamp && $(cat "$stamp") == "$lock" ]]; then
+    echo "install-deps: deploy/k8s npm packages already installed"
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    "${sudo[@]}" apt-get install -y -qq --no-install-recommends nodejs npm
+  fi
+  (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+  echo "$lock" >"$stamp"
+  echo "install-deps: deploy/k8s npm packages installed"
+}
+
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)
   [[ $status == installed ]] || missing+=("$p")
 done
 
+sudo=()
 if ((${#missing[@]} == 0)); then
   echo "install-deps: all ${#packages[@]} packages already installed"
+  install_k8s_validation_packages
   exit 0
 fi
 
-sudo=()
 if ((EUID != 0)); then
   if command -v sudo >/dev/null 2>&1; then
     sudo=(sudo)
@@ -69,4 +93,5 @@ echo "install-deps: installing ${#missing[@]} packages: ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 "${sudo[@]}" apt-get update -qq
 "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+install_k8s_validation_packages
 echo "install-deps: done"

@@ -34,6 +34,11 @@ packages=(
   # Multi-host tests (network namespaces and veth pairs) and bench_weight_fanout's
   # loopback baseline.
   iproute2 iperf3
+  # Observability (deploy/prometheus): promtool checks and unit-tests the alert
+  # rules, and the observability test runs a real Prometheus server against a
+  # local stack. Debian's package starts a prometheus service where an init
+  # system runs; the tests start their own on a free loopback port.
+  prometheus
 )
 
 missing=()

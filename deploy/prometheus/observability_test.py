@@ -14,9 +14,10 @@
 
 Everything it starts is stopped on exit (and dies with it if it is killed).
 
-Usage: observability_test.py --source-dir DIR [--dashboards DIR] [--rules DIR]
-                             [--keep-going]
-SLUICE_BIN_DIR must name the directory of the sluice binaries.
+Usage: observability_test.py --source-dir DIR [--static-only] [--dashboards DIR]
+                             [--rules DIR] [--allowlist FILE] [--steps N]
+SLUICE_BIN_DIR must name the directory of the sluice binaries (not needed
+with --static-only, which does steps 1 and 2 only).
 """
 
 import argparse
@@ -155,14 +156,23 @@ def run_promtool(args):
     if result.returncode != 0:
         fail(f"promtool {' '.join(args)}:\n{output}")
     else:
-        note(f"ok: promtool {' '.join(args[:2])} ... ({output.splitlines()[-1].strip() if output else ''})")
+        rules = sum(int(n) for n in re.findall(r"SUCCESS: (\d+) rules found", output))
+        shown = " ".join(os.path.basename(a) if os.sep in a else a for a in args)
+        note(f"ok: promtool {shown}" + (f" ({rules} rules)" if rules else ""))
 
 
 def static_checks(prom_dir, rules_dir):
     for config in ("prometheus.yml", "prometheus-host.yml"):
-        run_promtool(["check", "config", "--syntax-only", os.path.join(prom_dir, config)])
-        # Both configs name exactly the five jobs (plus Prometheus itself).
+        # Checked as mounted: /etc/prometheus/rules/ is the rule directory.
         text = open(os.path.join(prom_dir, config)).read()
+        if "/etc/prometheus/rules/*.yml" not in text:
+            fail(f"{config}: does not load /etc/prometheus/rules/*.yml")
+        with tempfile.TemporaryDirectory(prefix="sluice-obs-config-") as scratch:
+            mounted = os.path.join(scratch, config)
+            with open(mounted, "w") as f:
+                f.write(text.replace("/etc/prometheus/rules/", os.path.abspath(rules_dir) + "/"))
+            run_promtool(["check", "config", mounted])
+        # Both configs name exactly the five jobs (plus Prometheus itself).
         jobs = set(re.findall(r"job_name:\s*(\S+)", text))
         if jobs != set(JOBS.values()) | {"prometheus"}:
             fail(f"{config}: job names {sorted(jobs)} are not the shared ones {sorted(JOBS.values())}")
@@ -397,6 +407,8 @@ def main():
     parser.add_argument("--dashboards", help="dashboard JSON directory (default: deploy/grafana/dashboards)")
     parser.add_argument("--rules", help="rule file directory (default: deploy/prometheus/rules)")
     parser.add_argument("--allowlist", help="default: deploy/grafana/no-data-allowlist.json")
+    parser.add_argument("--static-only", action="store_true",
+                        help="only promtool and the dashboards' structure: no stack, no Prometheus server")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("SLUICE_OBS_TEST_STEPS", "2500")),
                         help="training steps of the test run")
     args = parser.parse_args()
@@ -407,7 +419,7 @@ def main():
     dashboard_dir = os.path.abspath(args.dashboards or os.path.join(src, "deploy", "grafana", "dashboards"))
     allowlist_path = args.allowlist or os.path.join(src, "deploy", "grafana", "no-data-allowlist.json")
     bin_dir = os.environ.get("SLUICE_BIN_DIR")
-    if not bin_dir or not os.path.exists(os.path.join(bin_dir, "sluice")):
+    if not args.static_only and (not bin_dir or not os.path.exists(os.path.join(bin_dir, "sluice"))):
         print("SLUICE_BIN_DIR must name the directory holding the sluice binaries", file=sys.stderr)
         return 2
     for tool in ("promtool", "prometheus"):
@@ -433,6 +445,9 @@ def main():
         if key not in known:
             fail(f"allow-list entry {key} names no panel")
     note(f"static checks done in {time.monotonic() - started:.1f}s")
+    if args.static_only:
+        print(f"\n{len(failures)} failure(s)" if failures else "PASS")
+        return 1 if failures else 0
 
     work = tempfile.mkdtemp(prefix="sluice-obs-test-")
     signal.signal(signal.SIGTERM, _on_signal)

@@ -5,7 +5,9 @@
 2. Check every dashboard's JSON structure (ids, gridPos, datasource, targets).
 3. Start a real local stack (`sluice up`), a real Prometheus (Debian's package)
    scraping it every second through file_sd targets made from endpoints.json
-   and loading the project's rules, and train a run of a few seconds on it.
+   and loading the project's rules, and train a run of about 20 s on it,
+   killing the reward server mid-run (`sluice up` restarts it; the targets
+   are rewritten) so that the restart panels have data.
 4. Through Prometheus's HTTP API, evaluate every PromQL expression of every
    dashboard panel and variable and of every rule: a syntax or evaluation
    error fails, and so does a panel returning no series unless it is listed
@@ -299,22 +301,29 @@ def start_stack(bin_dir, work):
     return proc, endpoints
 
 
-def write_prometheus_config(work, endpoints, rules_dir):
-    sd_dir = os.path.join(work, "file_sd")
-    os.makedirs(sd_dir)
-    groups = {}
+def write_file_sd(sd_dir, endpoints):
+    """One file_sd file per job from endpoints.json; Prometheus re-reads them on change."""
+    groups = {job: [] for job in JOBS.values()}
     for name, service in endpoints["services"].items():
         job = JOBS[re.sub(r"-\d+$", "", name)]
         url = urllib.parse.urlparse(service["metrics"])
         if url.path != "/metrics":
             raise RuntimeError(f"{name}: metrics at {url.path}, not /metrics")
-        groups.setdefault(job, []).append(url.netloc)
-    scrape_configs = []
+        groups[job].append(url.netloc)
+    paths = {}
     for job, targets in sorted(groups.items()):
-        path = os.path.join(sd_dir, job + ".json")
-        with open(path, "w") as f:
+        path = paths[job] = os.path.join(sd_dir, job + ".json")
+        with open(path + ".tmp", "w") as f:
             json.dump([{"targets": targets, "labels": {}}], f)
-        scrape_configs.append({"job_name": job, "file_sd_configs": [{"files": [path]}]})
+        os.replace(path + ".tmp", path)
+    return paths
+
+
+def write_prometheus_config(work, endpoints, rules_dir):
+    sd_dir = os.path.join(work, "file_sd")
+    os.makedirs(sd_dir)
+    scrape_configs = [{"job_name": job, "file_sd_configs": [{"files": [path]}]}
+                      for job, path in sorted(write_file_sd(sd_dir, endpoints).items())]
     config = {
         "global": {"scrape_interval": "1s", "scrape_timeout": "1s", "evaluation_interval": "1s"},
         "rule_files": [os.path.join(os.path.abspath(rules_dir), "*.yml")],
@@ -385,6 +394,47 @@ class Prom:
         return http_get_json(self.base + path)
 
 
+def restart_reward_server(prom, work, endpoints, submit):
+    """Kills the reward server hard once the run trains; `sluice up` starts it
+    again (same gRPC port, new metrics port), and the file_sd targets are
+    rewritten from endpoints.json as a user's would be. The run must survive,
+    and the restart panels and alerts then have real data."""
+    # The controller notes each service's incarnation while the run trains
+    # (its periodic buffer-stats refresh); a restart before it noted the first
+    # one would not count as a restart.
+    def training():
+        result, _ = prom.query('max(sluice_run_step) >= 100 and on() '
+                               'sum(sluice_controller_runs{state="training"}) > 0')
+        return bool(result)
+
+    wait_for("the run to train 100 steps", training, 120, [submit])
+    time.sleep(2)
+    old = endpoints["services"]["reward_server"]
+    os.kill(old["pid"], signal.SIGKILL)
+    state = os.path.join(work, "stack", "endpoints.json")
+
+    def restarted():
+        with open(state) as f:
+            now = json.load(f)
+        service = now["services"].get("reward_server", {})
+        if service.get("pid") not in (None, old["pid"]) and service.get("state") == "running":
+            return now
+        return None
+
+    now = wait_for("sluice up to restart the reward server", restarted, 60)
+    write_file_sd(os.path.join(work, "file_sd"), now)
+    target = urllib.parse.urlparse(now["services"]["reward_server"]["metrics"]).netloc
+
+    def scraped():
+        result, _ = prom.query(f'up{{job="sluice-reward-server", instance="{target}"}} == 1')
+        return bool(result)
+
+    wait_for("Prometheus to scrape the restarted reward server", scraped, 30)
+    note(f"killed the reward server (pid {old['pid']}) mid-run; restarted as pid "
+         f"{now['services']['reward_server']['pid']} at {now['services']['reward_server']['metrics']}")
+    endpoints.update(now)
+
+
 # --------------------------------------------------------------------------
 # Grafana variables
 # --------------------------------------------------------------------------
@@ -409,6 +459,8 @@ def main():
     parser.add_argument("--allowlist", help="default: deploy/grafana/no-data-allowlist.json")
     parser.add_argument("--static-only", action="store_true",
                         help="only promtool and the dashboards' structure: no stack, no Prometheus server")
+    parser.add_argument("--no-restart", action="store_true",
+                        help="do not kill and restart the reward server during the run")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("SLUICE_OBS_TEST_STEPS", "2500")),
                         help="training steps of the test run")
     args = parser.parse_args()
@@ -472,14 +524,21 @@ def main():
             f.write(RUN_SPEC % (args.steps, max(1, args.steps // 2)))
         controller = endpoints["services"]["controller"]["grpc"]
         run_started = time.monotonic()
-        submit = subprocess.run([os.path.join(bin_dir, "sluice"), "submit", spec, "--target", controller,
-                                 "--watch"], capture_output=True, text=True, timeout=600,
-                                preexec_fn=_die_with_parent)
+        watch_log = os.path.join(work, "submit.log")
+        submit = spawn([os.path.join(bin_dir, "sluice"), "submit", spec, "--target", controller, "--watch"],
+                       watch_log)
+        if not args.no_restart:
+            restart_reward_server(prom, work, endpoints, submit)
+        try:
+            submit.wait(timeout=600)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError("the run did not finish in 600 s")
         run_seconds = time.monotonic() - run_started
-        tail = "\n".join((submit.stdout + submit.stderr).strip().splitlines()[-4:])
+        output = open(watch_log, errors="replace").read()
+        tail = "\n".join(output.strip().splitlines()[-4:])
         if submit.returncode != 0:
             raise RuntimeError(f"sluice submit --watch exited {submit.returncode}:\n{tail}")
-        run_id = re.search(r"run (run-\S+) SUCCEEDED", submit.stdout + submit.stderr)
+        run_id = re.search(r"run (run-\S+) SUCCEEDED", output)
         if not run_id:
             raise RuntimeError("the run did not succeed:\n" + tail)
         run_id = run_id.group(1)
@@ -494,6 +553,13 @@ def main():
         values = {"__rate_interval": window, "__interval": "1s", "__range": "1h", "__range_s": "3600",
                   "run_id": run_id, "job": ".*", "service": ".*", "method": ".*", "instance": ".*",
                   "verifier": ".*"}
+
+        if not args.no_restart:
+            counted, _ = prom.query(f'sluice_run_recovery_restarts_total{{run_id="{run_id}", '
+                                    f'service="reward_server"}} >= 1')
+            if not counted:
+                fail("the controller did not count the reward server's restart "
+                     "(sluice_run_recovery_restarts_total)")
 
         up, error = prom.query('up{job=~"sluice-.*"}')
         for job in sorted(JOBS.values()):

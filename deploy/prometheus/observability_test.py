@@ -7,7 +7,9 @@
    scraping it every second through file_sd targets made from endpoints.json
    and loading the project's rules, and train a run of about 20 s on it,
    killing the reward server mid-run (`sluice up` restarts it; the targets
-   are rewritten) so that the restart panels have data.
+   are rewritten) so that the restart panels have data; then score code items
+   the sandbox kills and ask for a run that does not exist, so that the
+   failure panels have data too.
 4. Through Prometheus's HTTP API, evaluate every PromQL expression of every
    dashboard panel and variable and of every rule: a syntax or evaluation
    error fails, and so does a panel returning no series unless it is listed
@@ -435,6 +437,45 @@ def restart_reward_server(prom, work, endpoints, submit):
     endpoints.update(now)
 
 
+# Code items for the reward server: one passes, one loops until the sandbox
+# kills it at its deadline (timeout), one allocates past the sandbox's memory
+# limit (resource_exhausted). The arithmetic run itself has no code verifier.
+CODE_ITEMS = [
+    {"verifier": "code", "prompt": "def add(a, b):\n", "response": "    return a + b\n",
+     "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"},
+    {"verifier": "code", "prompt": "def add(a, b):\n", "response": "    while True:\n        pass\n",
+     "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add", "timeout_ms": 1500},
+    {"verifier": "code", "prompt": "def add(a, b):\n", "response": "    x = bytearray(8 << 30)\n    return a + b\n",
+     "test": "def check(f):\n    assert f(2, 3) == 5\n", "entry_point": "add"},
+]
+
+
+def exercise_failure_paths(bin_dir, work, endpoints):
+    """What a short arithmetic run never does, done on purpose so that the
+    failure panels are checked against real series: code items the sandbox
+    runs and kills (reward server), and a call for a run that does not
+    exist (NotFound on the controller)."""
+    items = os.path.join(work, "code.jsonl")
+    with open(items, "w") as f:
+        f.writelines(json.dumps(item) + "\n" for item in CODE_ITEMS)
+    scored = subprocess.run([os.path.join(bin_dir, "sluice"), "score", "--input", items, "--output", "-",
+                             "--target", endpoints["services"]["reward_server"]["grpc"], "--quiet"],
+                            capture_output=True, text=True, timeout=120, preexec_fn=_die_with_parent)
+    if scored.returncode != 0:
+        raise RuntimeError(f"sluice score exited {scored.returncode}: {scored.stderr.strip()}")
+    kinds = [json.loads(line)["error_kind"] for line in scored.stdout.splitlines() if line.strip()]
+    if kinds != ["none", "timeout", "resource_exhausted"]:
+        fail(f"code items scored {kinds}, expected none, timeout, resource_exhausted "
+             "(is the sandbox working? docs/reward-server.md, Requirements)")
+    missing = subprocess.run([os.path.join(bin_dir, "sluice"), "runs", "get", "run-no-such-run",
+                              "--target", endpoints["services"]["controller"]["grpc"]],
+                             capture_output=True, text=True, timeout=60, preexec_fn=_die_with_parent)
+    if missing.returncode == 0:
+        fail("sluice runs get of a run that does not exist succeeded")
+    note(f"scored code items on the reward server ({', '.join(kinds)}); asked the controller for a "
+         "run that does not exist")
+
+
 # --------------------------------------------------------------------------
 # Grafana variables
 # --------------------------------------------------------------------------
@@ -543,6 +584,7 @@ def main():
             raise RuntimeError("the run did not succeed:\n" + tail)
         run_id = run_id.group(1)
         note(f"run {run_id} succeeded in {run_seconds:.1f}s")
+        exercise_failure_paths(bin_dir, work, endpoints)
         time.sleep(3)  # the last values scraped, and rules evaluated once more
 
         # Grafana's built-in and dashboard variables, as a user looking at the

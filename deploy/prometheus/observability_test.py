@@ -533,6 +533,8 @@ def main():
         if not entry.get("why"):
             fail(f"allow-list entry {entry} says no why")
         allowed[(entry["dashboard"], entry["panel"])] = entry.get("why")
+    if args.no_restart:
+        allowed[("sluice-fleet", "Service restarts seen by the run")] = "--no-restart: no service restarts"
     known = {(d.get("uid"), p.get("title")) for _, d in dashboards for p in all_panels(d)}
     for key in allowed:
         if key not in known:
@@ -659,8 +661,23 @@ def main():
         loaded = [(g["name"], r) for g in rules for r in g["rules"]]
         if len(loaded) != local_rule_count:
             fail(f"Prometheus loaded {len(loaded)} rules, the rule files hold {local_rule_count}")
+        docs = open(os.path.join(src, "docs", "observability.md")).read()
+        anchors = {"docs/observability.md#" + h.strip().lower()
+                   for h in re.findall(r"^### (\S+)\s*$", docs, re.M)}
         for group, rule in loaded:
             label = f"rule {group}/{rule['name']}"
+            if rule["type"] == "alerting":
+                # What an on-call person needs: a for:, a severity, and what to do.
+                if not rule.get("duration"):
+                    fail(f"{label}: no for:")
+                if rule["labels"].get("severity") not in ("critical", "warning", "info"):
+                    fail(f"{label}: severity {rule['labels'].get('severity')!r}")
+                for key in ("summary", "description", "runbook"):
+                    if not rule["annotations"].get(key):
+                        fail(f"{label}: no {key} annotation")
+                if rule["annotations"].get("runbook") not in anchors:
+                    fail(f"{label}: runbook {rule['annotations'].get('runbook')!r} is no section "
+                         "of docs/observability.md")
             if rule.get("health") != "ok":
                 fail(f"{label}: health {rule.get('health')}: {rule.get('lastError')}")
             result, error = prom.query(rule["query"])

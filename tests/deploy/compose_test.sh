@@ -147,7 +147,7 @@ log "run $run_id SUCCEEDED: ${compose_run_seconds}s of run, ${submit_seconds}s s
 query() { curl -sf --get --data-urlencode "query=$1" http://127.0.0.1:9090/api/v1/query; }
 scraped=
 for _ in $(seq 60); do
-  scraped=$(query 'up == 1' | $python -c '
+  scraped=$(query 'up{job=~"sluice-.*"} == 1' | $python -c '
 import json, sys
 print(" ".join(sorted(r["metric"]["job"] for r in json.load(sys.stdin)["data"]["result"])))' 2>/dev/null || true)
   [[ $scraped == "sluice-controller sluice-replay-buffer sluice-reward-server sluice-rollout-worker sluice-trainer" ]] && break
@@ -155,7 +155,12 @@ print(" ".join(sorted(r["metric"]["job"] for r in json.load(sys.stdin)["data"]["
 done
 [[ $scraped == "sluice-controller sluice-replay-buffer sluice-reward-server sluice-rollout-worker sluice-trainer" ]] ||
   fail "Prometheus does not scrape every service (up == 1 for: '$scraped')"
-steps=$(query 'max(sluice_trainer_step)' | $python -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else -1)')
+steps=-1
+for _ in $(seq 60); do  # the next scrape after the run's end
+  steps=$(query 'max(sluice_trainer_step)' | $python -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else -1)')
+  ((steps == 40)) && break
+  sleep 1
+done
 ((steps == 40)) || fail "Prometheus has sluice_trainer_step $steps, not 40"
 rules=$(curl -sf http://127.0.0.1:9090/api/v1/rules | $python -c 'import json,sys; print(sum(len(g["rules"]) for g in json.load(sys.stdin)["data"]["groups"]))')
 ((rules > 0)) || fail "Prometheus loaded no rules from deploy/prometheus/rules"

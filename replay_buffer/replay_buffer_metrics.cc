@@ -30,6 +30,7 @@ struct ReplayBufferMetrics::RunSeries {
   prometheus::Gauge* admission_running = nullptr;
   prometheus::Gauge* admission_accepted = nullptr;
   prometheus::Gauge* admission_limit = nullptr;
+  prometheus::Gauge* max_staleness = nullptr;
   prometheus::Histogram* sampled_staleness = nullptr;
   MirroredCounter stored, duplicate, rejected_stale, invalid, retryable_error;
   MirroredCounter sampled;
@@ -74,6 +75,11 @@ ReplayBufferMetrics::ReplayBufferMetrics(prometheus::Registry& registry)
                            .Name("sluice_buffer_admission_limit")
                            .Help("Admission limit (eta + v + 1) * B.")
                            .Register(registry)),
+      max_staleness_(prometheus::BuildGauge()
+                         .Name("sluice_buffer_max_staleness")
+                         .Help("The run's staleness bound eta (versions): what "
+                               "sluice_buffer_sampled_staleness may reach.")
+                         .Register(registry)),
       sampled_staleness_(prometheus::BuildHistogram()
                              .Name("sluice_buffer_sampled_staleness")
                              .Help("Staleness in versions of groups delivered to the trainer.")
@@ -136,6 +142,7 @@ ReplayBufferMetrics::RunSeries& ReplayBufferMetrics::SeriesLocked(const std::str
   series->admission_running = &admission_running_.Add(run);
   series->admission_accepted = &admission_accepted_.Add(run);
   series->admission_limit = &admission_limit_.Add(run);
+  series->max_staleness = &max_staleness_.Add(run);
   series->sampled_staleness = &sampled_staleness_.Add(run, StalenessBuckets());
   series->stored.counter = &inserts_.Add(with("status", "stored"));
   series->duplicate.counter = &inserts_.Add(with("status", "duplicate"));
@@ -166,6 +173,7 @@ void ReplayBufferMetrics::Sync(RunTable& table) {
   series.admission_running->Set(static_cast<double>(stats.gate.running));
   series.admission_accepted->Set(static_cast<double>(stats.gate.accepted));
   series.admission_limit->Set(static_cast<double>(stats.gate.admission_limit));
+  series.max_staleness->Set(static_cast<double>(stats.config.max_staleness));
   series.stored.Follow(stats.inserted_groups);
   series.duplicate.Follow(stats.duplicate_inserts);
   series.rejected_stale.Follow(stats.rejected_stale_inserts);

@@ -29,6 +29,7 @@ namespace sluice::replay_buffer {
 //   sluice_buffer_admission_running{run_id}
 //   sluice_buffer_admission_accepted{run_id}
 //   sluice_buffer_admission_limit{run_id}
+//   sluice_buffer_max_staleness{run_id}                 the run's bound eta
 //   sluice_buffer_sampled_staleness{run_id}             histogram, versions, delivered groups
 //   sluice_buffer_admission_wait_seconds                histogram, every acquire asking for slots
 //   sluice_buffer_size_bytes{run_id}                    serialized bytes held
@@ -84,6 +85,7 @@ class ReplayBufferMetrics {
   prometheus::Family<prometheus::Gauge>& admission_running_;
   prometheus::Family<prometheus::Gauge>& admission_accepted_;
   prometheus::Family<prometheus::Gauge>& admission_limit_;
+  prometheus::Family<prometheus::Gauge>& max_staleness_;
   prometheus::Family<prometheus::Histogram>& sampled_staleness_;
   prometheus::Histogram& admission_wait_seconds_;
   prometheus::Family<prometheus::Gauge>& size_bytes_;

@@ -264,6 +264,7 @@ TEST_F(ReplayBufferServiceTest, AcquireInsertAndSampleAGroupsLifecycle) {
                                  "run_id=\"run-s\"} 2"));
   EXPECT_THAT(metrics, HasSubstr("sluice_buffer_policy_version{run_id=\"run-s\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("sluice_buffer_admission_limit{run_id=\"run-s\"} 6"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_buffer_max_staleness{run_id=\"run-s\"} 1"));
   EXPECT_THAT(metrics, HasSubstr("sluice_buffer_admission_accepted{run_id=\"run-s\"} 2"));
   EXPECT_THAT(metrics, HasSubstr("sluice_buffer_admission_running{run_id=\"run-s\"} 0"));
   EXPECT_THAT(metrics, HasSubstr("sluice_buffer_sampled_staleness_count{run_id=\"run-s\"} 2"));

@@ -113,6 +113,9 @@ start=$(now)
   --build-arg BASE_IMAGE="$base_image" -t "sluice-prometheus:$version" -t sluice-prometheus:latest \
   deploy/docker
 prometheus_seconds=$(elapsed "$start")
+# The images these tags replaced (a rebuild from a newer tree), not in use.
+docker image prune -f --filter "label=org.opencontainers.image.title=Sluice" >/dev/null || true
+docker image prune -f --filter "label=org.opencontainers.image.title=Prometheus for Sluice" >/dev/null || true
 
 size() { docker image inspect -f '{{.Size}}' "$1"; }
 echo "build-images: sluice:$version ($binaries binaries) built in ${sluice_seconds}s," \

@@ -10,6 +10,8 @@
 # policy, and `docker-compose down -v` leaves nothing of the project behind.
 # Then the same run under `sluice quickstart` (sluice up) for the figures,
 # written to $SLUICE_DEPLOY_FIGURES (default <build>/deploy-figures/compose.json).
+# SLUICE_COMPOSE_SPEC runs another spec (default configs/smoke.yaml), e.g.
+# configs/quickstart.yaml for a comparison over minutes.
 #
 # Starts dockerd when no engine answers (and stops it again). Exits 77
 # (skipped) only where Docker cannot run here: not root and no access to an
@@ -24,6 +26,7 @@ figures=${SLUICE_DEPLOY_FIGURES:-$bin/../deploy-figures/compose.json}
 work=$(mktemp -d /tmp/sluice-compose-test.XXXXXX)
 project=sluice-test-$$
 python=/usr/bin/python3
+spec=${SLUICE_COMPOSE_SPEC:-$src/configs/smoke.yaml}
 
 log() { echo "compose_test: $*"; }
 fail() { echo "compose_test: FAIL: $*" >&2; exit 1; }
@@ -129,9 +132,9 @@ print("compose_test: sandboxed code rewards", [r["reward"] for r in rows], [r.ge
 assert [r["reward"] for r in rows] == [1, 0], rows
 EOF
 
-log "submitting configs/smoke.yaml from outside the containers"
+log "submitting $(basename "$spec") from outside the containers"
 start=$(now)
-"$bin/sluice" submit "$src/configs/smoke.yaml" --target 127.0.0.1:50051 --watch >"$work/submit.log" 2>&1 ||
+"$bin/sluice" submit "$spec" --target 127.0.0.1:50051 --watch >"$work/submit.log" 2>&1 ||
   { cat "$work/submit.log" >&2; fail "sluice submit --watch did not end in SUCCEEDED"; }
 submit_seconds=$(since "$start")
 grep -q "^run run-.* SUCCEEDED" "$work/submit.log" || { cat "$work/submit.log" >&2; fail "the run did not end SUCCEEDED"; }
@@ -140,7 +143,9 @@ run_id=$(grep -o 'run-[0-9]\{8\}-[0-9]\{6\}-[0-9a-f]*' "$work/submit.log" | head
 # The run's files are on the controller's volume.
 "${compose[@]}" exec -T controller cat "/var/lib/sluice/runs/$run_id/summary.json" >"$work/summary.json" ||
   fail "no summary.json of $run_id on the controller's runs volume"
-compose_run_seconds=$($python -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["steps"] == 40, s["steps"]; print(round(s["wall_seconds"], 1))' "$work/summary.json")
+"${compose[@]}" exec -T controller cat "/var/lib/sluice/runs/$run_id/spec.json" >"$work/spec.json"
+total_steps=$($python -c 'import json,sys; print(json.load(open(sys.argv[1]))["algorithm"]["total_steps"])' "$work/spec.json")
+compose_run_seconds=$($python -c 'import json,sys; s=json.load(open(sys.argv[1])); assert s["steps"] == int(sys.argv[2]), s["steps"]; print(round(s["wall_seconds"], 1))' "$work/summary.json" "$total_steps")
 log "run $run_id SUCCEEDED: ${compose_run_seconds}s of run, ${submit_seconds}s submit to end"
 
 # Prometheus scraped every service, has the run's metrics and the rules.
@@ -158,10 +163,10 @@ done
 steps=-1
 for _ in $(seq 60); do  # the next scrape after the run's end
   steps=$(query 'max(sluice_trainer_step)' | $python -c 'import json,sys; r=json.load(sys.stdin)["data"]["result"]; print(int(float(r[0]["value"][1])) if r else -1)')
-  ((steps == 40)) && break
+  ((steps == total_steps)) && break
   sleep 1
 done
-((steps == 40)) || fail "Prometheus has sluice_trainer_step $steps, not 40"
+((steps == total_steps)) || fail "Prometheus has sluice_trainer_step $steps, not $total_steps"
 rules=$(curl -sf http://127.0.0.1:9090/api/v1/rules | $python -c 'import json,sys; print(sum(len(g["rules"]) for g in json.load(sys.stdin)["data"]["groups"]))')
 ((rules > 0)) || fail "Prometheus loaded no rules from deploy/prometheus/rules"
 log "Prometheus scrapes all 5 services, saw step $steps, loaded $rules rules"
@@ -191,7 +196,7 @@ done
 
 log "the same run under sluice quickstart (sluice up), for comparison"
 start=$(now)
-"$bin/sluice" quickstart --runs-dir "$work/qs" --spec "$src/configs/smoke.yaml" >"$work/qs.log" 2>&1 ||
+"$bin/sluice" quickstart --runs-dir "$work/qs" --spec "$spec" >"$work/qs.log" 2>&1 ||
   { tail -20 "$work/qs.log" >&2; fail "sluice quickstart failed"; }
 quickstart_seconds=$(since "$start")
 local_run_seconds=$($python -c 'import glob,json,sys; print(round(json.load(open(glob.glob(sys.argv[1]+"/run-*/summary.json")[0]))["wall_seconds"], 1))' "$work/qs")
@@ -201,6 +206,7 @@ $python - "$work/images.json" "$figures" <<EOF
 import json, sys
 images = json.load(open(sys.argv[1]))
 figures = {
+    "spec": "$(basename "$spec")",
     "images": images,
     "image_build_seconds_total": $build_seconds,
     "compose_up_to_healthy_seconds": $healthy_seconds,

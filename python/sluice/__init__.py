@@ -16,7 +16,7 @@ The client's names are imported lazily, so `python3 -m sluice.report` needs
 matplotlib but not grpcio.
 """
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 _LAZY = {
     "Client": "sluice.client",

@@ -1,0 +1,25 @@
+# ctest BenchEngineSmoke: runs `bench_engine --quick --json OUT` and checks that
+# every figure is reported and that both sides did the same work (the same
+# useful tokens: the workload's lengths). Nothing about speed.
+execute_process(COMMAND ${BENCH} --quick --json ${OUT} RESULT_VARIABLE status)
+if(NOT status EQUAL 0)
+  message(FATAL_ERROR "bench_engine exited with ${status}")
+endif()
+file(READ ${OUT} report)
+foreach(path "engine;tokens_per_s" "engine;useful_tokens" "engine;decoded_row_steps"
+             "python_torch;tokens_per_s" "python_torch;useful_tokens" "engine_vs_python"
+             "workload;sequences" "workload;length_max")
+  string(JSON value ERROR_VARIABLE error GET "${report}" ${path})
+  if(error OR NOT value GREATER 0)
+    message(FATAL_ERROR "bench_engine: ${path} missing or not positive (${value}) in ${report}")
+  endif()
+endforeach()
+string(JSON ours GET "${report}" engine useful_tokens)
+string(JSON theirs GET "${report}" python_torch useful_tokens)
+string(JSON steps GET "${report}" engine decoded_row_steps)
+string(JSON their_steps GET "${report}" python_torch decoded_row_steps)
+if(NOT ours EQUAL theirs OR NOT steps EQUAL their_steps)
+  message(FATAL_ERROR "bench_engine: the two sides did different work: useful ${ours} vs "
+                      "${theirs}, row-steps ${steps} vs ${their_steps}")
+endif()
+message(STATUS "bench_engine smoke: ok")

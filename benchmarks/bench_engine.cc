@@ -23,6 +23,9 @@
 // what continuous batching removes.
 //
 //   bench_engine [--json FILE] [--quick] [--threads N] [--model small|mid]
+#include <dlfcn.h>
+#include <stdlib.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -195,6 +198,15 @@ int main(int argc, char** argv) {
   }
   sluice::ConfigureTorchThreads(flags.threads);
   sluice::KeepTensorMemoryResident();  // As the rollout worker does.
+  // OpenBLAS keeps its own pool (sized by OPENBLAS_NUM_THREADS when it
+  // loads, else every core), spinning in sched_yield between calls: give it
+  // --threads here and in the baseline's process, as `sluice up` gives each
+  // service one, so that both sides use the threads they are said to.
+  using SetThreads = void (*)(int);
+  if (auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) {
+    set(flags.threads);
+  }
+  setenv("OPENBLAS_NUM_THREADS", std::to_string(flags.threads).c_str(), 1);
 
   const sluice::model::ModelConfig config = Config(flags.model);
   if (flags.prompt_tokens + flags.max_length > config.max_position_embeddings) {

@@ -45,6 +45,7 @@
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
 #include "common/torch_threads.h"
+#include "benchmarks/model_shapes.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -73,27 +74,16 @@ struct Flags {
 // completions (the per-op overhead regime of the quickstart); "mid": the
 // 56 M-parameter Qwen2 shape of bench_model (the matmul regime).
 sluice::model::ModelConfig Config(const std::string& name) {
+  if (name == "mid") return sluice::bench::MidSizeQwen2();
   sluice::model::ModelConfig config;
-  if (name == "mid") {
-    config.architecture = "Qwen2ForCausalLM";
-    config.vocab_size = 32768;
-    config.hidden_size = 512;
-    config.intermediate_size = 1408;
-    config.num_hidden_layers = 8;
-    config.num_attention_heads = 8;
-    config.num_key_value_heads = 2;
-    config.head_dim = 64;
-    config.attention_bias = true;
-  } else {
-    config.architecture = "LlamaForCausalLM";
-    config.vocab_size = 512;
-    config.hidden_size = 128;
-    config.intermediate_size = 344;
-    config.num_hidden_layers = 4;
-    config.num_attention_heads = 4;
-    config.num_key_value_heads = 2;
-    config.head_dim = 32;
-  }
+  config.architecture = "LlamaForCausalLM";
+  config.vocab_size = 512;
+  config.hidden_size = 128;
+  config.intermediate_size = 344;
+  config.num_hidden_layers = 4;
+  config.num_attention_heads = 4;
+  config.num_key_value_heads = 2;
+  config.head_dim = 32;
   config.max_position_embeddings = 1024;
   config.rms_norm_eps = 1e-6;
   config.rope_theta = 10000;
@@ -235,12 +225,11 @@ int main(int argc, char** argv) {
 
   const sluice::model::PolicySnapshot policy{.model = std::move(*model), .version = 1};
   // A warm-up batch (allocator, kernels), then the measured pass.
-  Flags warm = flags;
   Workload warm_load{workload.prompts, {}};
   for (int i = 0; i < std::min<int>(flags.rows, workload.lengths.size()); ++i) {
     warm_load.lengths.push_back(std::min(4, workload.lengths[i]));
   }
-  if (auto warmed = RunEngine(policy, warm_load, warm); !warmed.ok()) {
+  if (auto warmed = RunEngine(policy, warm_load, flags); !warmed.ok()) {
     std::cerr << "bench_engine: " << warmed.status().message() << "\n";
     return 1;
   }

@@ -33,6 +33,7 @@
 #include "common/task/datasets.h"
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "common/torch_threads.h"
+#include "benchmarks/model_shapes.h"
 #include "nlohmann/json.hpp"
 
 namespace {
@@ -106,23 +107,6 @@ json TokenizerFigures(const Flags& flags, const std::string& name,
           {"bytes_per_token", static_cast<double>(bytes) / std::max<size_t>(1, tokens)}};
 }
 
-sluice::model::ModelConfig MidSizeQwen2() {
-  sluice::model::ModelConfig config;
-  config.architecture = "Qwen2ForCausalLM";
-  config.vocab_size = 32768;
-  config.hidden_size = 512;
-  config.intermediate_size = 1408;
-  config.num_hidden_layers = 8;
-  config.num_attention_heads = 8;
-  config.num_key_value_heads = 2;
-  config.head_dim = 64;
-  config.max_position_embeddings = 2048;
-  config.rms_norm_eps = 1e-6;
-  config.rope_theta = 1e6;
-  config.tie_word_embeddings = false;
-  config.attention_bias = true;
-  return config;
-}
 
 }  // namespace
 
@@ -167,7 +151,7 @@ int main(int argc, char** argv) {
   }
 
   // ---- model --------------------------------------------------------------
-  const sluice::model::ModelConfig config = MidSizeQwen2();
+  const sluice::model::ModelConfig config = sluice::bench::MidSizeQwen2();
   auto model = sluice::model::Transformer::Create(config, /*seed=*/7);
   if (!model.ok()) {
     std::cerr << "bench_model: " << model.status().message() << "\n";

@@ -1,6 +1,7 @@
-// bench_engine: rollout generation (model::Generate, what a rollout worker
-// runs) on a long-tailed workload, against Python PyTorch eager doing the
-// straightforward thing on the same weights and workload, in the same run.
+// bench_engine: rollout generation (model::Engine, what a rollout worker
+// runs, and model::Generate's static batch) on a long-tailed workload,
+// against Python PyTorch eager doing the straightforward thing on the same
+// weights and workload, in the same run.
 //
 //   workload: P prompts of T random tokens, G samples each; every sequence
 //             has its own completion length drawn from a log-normal
@@ -10,9 +11,12 @@
 //             sequences, temperature 1 sampling, no stop tokens (a
 //             sequence's length is imposed, so both sides do the same work
 //             whatever they sample).
-//   engine:   model::Generate per batch of --rows sequences, decoding to the
-//             batch's longest length (today's static batch; a sequence's
-//             extra tokens are thrown away).
+//   engine:   model::Engine, continuous batching over --rows rows: each
+//             sequence asks for its own length, a finished one's row goes to
+//             the next, the G samples of a prompt share one prefill.
+//   static:   model::Generate per batch of --rows sequences, decoding to the
+//             batch's longest length (a sequence's extra tokens are thrown
+//             away).
 //   baseline: benchmarks/torch_engine_baseline.py: static batches with a KV
 //             cache in Python PyTorch eager (Debian's python3-torch, the same
 //             LibTorch 1.13.1), same threads.
@@ -40,6 +44,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "common/model/engine.h"
 #include "common/model/generation.h"
 #include "common/model/hf_checkpoint.h"
 #include "common/model/model_config.h"
@@ -116,10 +121,56 @@ Workload MakeWorkload(const Flags& flags, int64_t vocab) {
 struct EngineFigures {
   int64_t useful_tokens = 0;
   int64_t decoded_row_steps = 0;
+  int64_t prompt_prefills = 0;
+  int64_t decode_steps = 0;
   double seconds = 0;
 };
 
-absl::StatusOr<EngineFigures> RunEngine(const sluice::model::PolicySnapshot& policy,
+// The continuous-batching engine: every sequence asks for its own length,
+// --rows of them run at once, a finished one's row is taken by the next.
+absl::StatusOr<EngineFigures> RunContinuous(const sluice::model::PolicySnapshot& policy,
+                                            const Workload& workload, const Flags& flags) {
+  sluice::model::EngineOptions options;
+  options.max_rows = flags.rows;
+  sluice::model::SamplingOptions sampling;
+  sampling.temperature = 1.0;
+  sampling.max_new_tokens = flags.max_length;
+  absl::StatusOr<std::unique_ptr<sluice::model::Engine>> engine =
+      sluice::model::Engine::Create(policy.model->config(), options, sampling);
+  if (!engine.ok()) return engine.status();
+  const absl::Time start = absl::Now();
+  for (size_t p = 0; p < workload.prompts.size(); ++p) {
+    std::vector<sluice::model::SampleRequest> samples;
+    for (int g = 0; g < flags.group_size; ++g) {
+      sluice::model::SampleRequest request;
+      request.seed = flags.seed * 1000003 + p * flags.group_size + g;
+      request.max_new_tokens = workload.lengths[p * flags.group_size + g];
+      samples.push_back(request);
+    }
+    if (auto added = (*engine)->AddGroup(workload.prompts[p], std::move(samples)); !added.ok()) {
+      return added.status();
+    }
+  }
+  EngineFigures figures;
+  while (!(*engine)->idle()) {
+    absl::StatusOr<std::vector<sluice::model::FinishedSample>> finished = (*engine)->Step(policy);
+    if (!finished.ok()) return finished.status();
+    for (const auto& sample : *finished) {
+      figures.useful_tokens += static_cast<int64_t>(sample.completion.tokens.size());
+    }
+  }
+  figures.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  // Rows decoded plus the first token of each sequence (from its prefill).
+  figures.decoded_row_steps = (*engine)->stats().decoded_rows +
+                              static_cast<int64_t>(workload.lengths.size());
+  figures.prompt_prefills = (*engine)->stats().prompt_prefills;
+  figures.decode_steps = (*engine)->stats().decode_steps;
+  return figures;
+}
+
+// Today's static batch: model::Generate per --rows sequences, decoding to
+// the batch's longest.
+absl::StatusOr<EngineFigures> RunStatic(const sluice::model::PolicySnapshot& policy,
                                         const Workload& workload, const Flags& flags) {
   EngineFigures figures;
   const int total = static_cast<int>(workload.lengths.size());
@@ -229,11 +280,18 @@ int main(int argc, char** argv) {
   for (int i = 0; i < std::min<int>(flags.rows, workload.lengths.size()); ++i) {
     warm_load.lengths.push_back(std::min(4, workload.lengths[i]));
   }
-  if (auto warmed = RunEngine(policy, warm_load, flags); !warmed.ok()) {
-    std::cerr << "bench_engine: " << warmed.status().message() << "\n";
+  for (auto run : {RunStatic, RunContinuous}) {
+    if (auto warmed = run(policy, warm_load, flags); !warmed.ok()) {
+      std::cerr << "bench_engine: " << warmed.status().message() << "\n";
+      return 1;
+    }
+  }
+  absl::StatusOr<EngineFigures> static_batch = RunStatic(policy, workload, flags);
+  if (!static_batch.ok()) {
+    std::cerr << "bench_engine: " << static_batch.status().message() << "\n";
     return 1;
   }
-  absl::StatusOr<EngineFigures> engine = RunEngine(policy, workload, flags);
+  absl::StatusOr<EngineFigures> engine = RunContinuous(policy, workload, flags);
   if (!engine.ok()) {
     std::cerr << "bench_engine: " << engine.status().message() << "\n";
     return 1;
@@ -244,6 +302,7 @@ int main(int argc, char** argv) {
     return sorted[std::min<size_t>(sorted.size() - 1, static_cast<size_t>(q * sorted.size()))];
   };
   const double engine_tps = engine->useful_tokens / engine->seconds;
+  const double static_tps = static_batch->useful_tokens / static_batch->seconds;
   json out = {
       {"model", flags.model},
       {"parameters", config.ParameterCount()},
@@ -259,13 +318,24 @@ int main(int argc, char** argv) {
         {"length_max", sorted.back()},
         {"seed", flags.seed}}},
       {"engine",
-       {{"mode", "static batch (model::Generate per batch of rows)"},
+       {{"mode", "continuous batching (model::Engine, one prefill per group)"},
         {"useful_tokens", engine->useful_tokens},
         {"decoded_row_steps", engine->decoded_row_steps},
+        {"decode_steps", engine->decode_steps},
+        {"prompt_prefills", engine->prompt_prefills},
         {"seconds", engine->seconds},
         {"tokens_per_s", engine_tps},
         {"padding_fraction",
-         1.0 - static_cast<double>(engine->useful_tokens) / engine->decoded_row_steps}}}};
+         1.0 - static_cast<double>(engine->useful_tokens) / engine->decoded_row_steps}}},
+      {"static_batch",
+       {{"mode", "static batch (model::Generate per batch of rows)"},
+        {"useful_tokens", static_batch->useful_tokens},
+        {"decoded_row_steps", static_batch->decoded_row_steps},
+        {"seconds", static_batch->seconds},
+        {"tokens_per_s", static_tps},
+        {"padding_fraction",
+         1.0 - static_cast<double>(static_batch->useful_tokens) / static_batch->decoded_row_steps}}},
+      {"continuous_vs_static", engine_tps / static_tps}};
 
   const fs::path baseline_out = dir / "baseline.json";
   const std::string command =
@@ -292,10 +362,15 @@ int main(int argc, char** argv) {
       "per batch; model %s (%d params), %d threads\n",
       workload.lengths.size(), flags.prompts, flags.group_size, quantile(0.5), quantile(0.9),
       sorted.back(), flags.rows, flags.model, config.ParameterCount(), flags.threads);
-  std::cout << absl::StrFormat("engine: %.0f useful tokens/s (%.2f s), %.0f%% of decoded row-steps "
-                               "thrown away\n",
+  std::cout << absl::StrFormat("static batch: %.0f useful tokens/s (%.2f s), %.0f%% of decoded "
+                               "row-steps thrown away\n",
+                               static_tps, static_batch->seconds,
+                               100 * out["static_batch"]["padding_fraction"].get<double>());
+  std::cout << absl::StrFormat("engine (continuous batching): %.0f useful tokens/s (%.2f s), "
+                               "%.0f%% thrown away; continuous_vs_static %.2f\n",
                                engine_tps, engine->seconds,
-                               100 * out["engine"]["padding_fraction"].get<double>());
+                               100 * out["engine"]["padding_fraction"].get<double>(),
+                               engine_tps / static_tps);
   if (out.contains("engine_vs_python")) {
     std::cout << absl::StrFormat("python torch eager: %.0f useful tokens/s (%.2f s); "
                                  "engine_vs_python %.2f\n",

@@ -13,9 +13,8 @@
 #include "absl/strings/str_cat.h"
 
 namespace sluice::model {
-namespace {
 
-absl::Status ValidateOptions(const SamplingOptions& options) {
+absl::Status ValidateSamplingOptions(const SamplingOptions& options) {
   if (!(options.temperature >= 0) || !std::isfinite(options.temperature)) {
     return absl::InvalidArgumentError(
         absl::StrCat("temperature: must be >= 0 (0 = greedy), got ", options.temperature));
@@ -49,6 +48,8 @@ absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next)
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 // Why a row has no distribution to sample from: broken weights (a NaN or
 // +inf logit), else a temperature that over- or underflows the softmax.
@@ -118,7 +119,7 @@ absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                                  const SamplingOptions& options,
                                                  const GenerationHooks& hooks) {
   if (initial.model == nullptr) return absl::InvalidArgumentError("the initial policy has no model");
-  if (absl::Status status = ValidateOptions(options); !status.ok()) return status;
+  if (absl::Status status = ValidateSamplingOptions(options); !status.ok()) return status;
   const ModelConfig& config = initial.model->config();
   const int64_t batch = static_cast<int64_t>(prompts.size());
   if (batch == 0) return std::vector<Completion>();

@@ -26,7 +26,9 @@ struct PolicySnapshot {
   int64_t version = 0;
 };
 
-enum class Finish { kStop, kLength, kAborted };
+// kPartial: cut by a step budget (Engine::Drain), resumable: hand the
+// completion back as SampleRequest::prefix and it goes on where it stopped.
+enum class Finish { kStop, kLength, kAborted, kPartial };
 
 struct Completion {
   std::vector<int32_t> tokens;          // includes the stop token
@@ -69,6 +71,14 @@ struct GenerationHooks {
 // step and the policy version, when the policy's logits hold a NaN or +inf
 // (broken weights) or the sampling distribution is not finite: nothing is
 // sampled from it (torch::multinomial would throw).
+// INVALID_ARGUMENT, naming the option, when `options` is out of range (as
+// Generate checks it).
+absl::Status ValidateSamplingOptions(const SamplingOptions& options);
+// INVALID_ARGUMENT unless a KV cache written by a model of `current`'s shape
+// can be read by one of `next`'s (vocab, hidden size, layers, KV heads, head
+// dim, context): what a weight swap mid-generation needs.
+absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next);
+
 absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const SamplingOptions& options,

@@ -180,7 +180,9 @@ absl::Status Transformer::LoadWeights(const std::vector<NamedTensor>& weights) {
 }
 
 torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::Tensor& positions,
-                                  const torch::Tensor& blocked, KVCache* cache) const {
+                                  const torch::Tensor& blocked, KVCache* cache,
+                                  const torch::Tensor& row_columns,
+                                  const torch::Tensor& last) const {
   const int64_t batch = input_ids.size(0);
   const int64_t length = input_ids.size(1);
   const int64_t heads = config_.num_attention_heads;
@@ -211,7 +213,16 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
     k = ApplyRotary(k, cos, sin);
     k = k.transpose(1, 2);  // [B, kv_heads, T, head_dim]
     v = v.transpose(1, 2);
-    if (cache != nullptr) {
+    if (cache != nullptr && row_columns.defined()) {
+      // One new position per row, each at its own column.
+      using torch::indexing::Slice;
+      const torch::Tensor rows = torch::arange(batch, torch::kInt64);
+      cache->keys[l].index_put_({rows, Slice(), row_columns}, k.select(2, 0));
+      cache->values[l].index_put_({rows, Slice(), row_columns}, v.select(2, 0));
+      const int64_t columns = blocked.size(-1);
+      k = cache->keys[l].narrow(0, 0, batch).narrow(2, 0, columns);
+      v = cache->values[l].narrow(0, 0, batch).narrow(2, 0, columns);
+    } else if (cache != nullptr) {
       cache->keys[l].narrow(2, cache->length, length).copy_(k);
       cache->values[l].narrow(2, cache->length, length).copy_(v);
       k = cache->keys[l].narrow(2, 0, cache->length + length);
@@ -236,7 +247,10 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
     const torch::Tensor h2 = RmsNorm(x, p.post_norm, eps);
     x = x + torch::linear(torch::silu(torch::linear(h2, p.gate)) * torch::linear(h2, p.up), p.down);
   }
-  if (cache != nullptr) cache->length += length;
+  if (cache != nullptr && !row_columns.defined()) cache->length += length;
+  if (last.defined()) {
+    x = x.index({torch::arange(batch, torch::kInt64), last}).unsqueeze(1);
+  }
   return torch::linear(RmsNorm(x, final_norm_, eps), lm_head_);
 }
 
@@ -298,6 +312,53 @@ torch::Tensor Transformer::ForwardCached(const torch::Tensor& input_ids,
   const torch::Tensor allowed = causal.unsqueeze(0) & key_mask.to(torch::kBool).unsqueeze(1);
   const torch::Tensor blocked = allowed.logical_not().view({batch, 1, 1, length, total});
   return Decode(input_ids, positions, blocked, &cache);
+}
+
+torch::Tensor Transformer::ForwardRows(const torch::Tensor& input_ids, const torch::Tensor& lengths,
+                                       KVCache& cache) const {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(1) == 1, "input_ids must be [batch, 1], got ",
+              input_ids.sizes());
+  const int64_t batch = input_ids.size(0);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, "lengths must be [", batch,
+              "], got ", lengths.sizes());
+  TORCH_CHECK(static_cast<int64_t>(cache.keys.size()) == config_.num_hidden_layers,
+              "the cache has ", cache.keys.size(), " layers, the model ",
+              config_.num_hidden_layers);
+  TORCH_CHECK(cache.keys.empty() || cache.keys[0].size(0) >= batch, "the cache has ",
+              cache.keys[0].size(0), " rows, input_ids ", batch);
+  const torch::Tensor columns = lengths.to(torch::kInt64);
+  const int64_t longest = batch == 0 ? 0 : columns.max().item<int64_t>();
+  TORCH_CHECK(longest < cache.capacity, "the cache holds ", cache.capacity,
+              " positions, a row needs column ", longest);
+  // Keys 0 .. longest; row b sees columns 0 .. lengths[b].
+  const torch::Tensor blocked =
+      (torch::arange(longest + 1, torch::kInt64).unsqueeze(0) > columns.unsqueeze(1))
+          .view({batch, 1, 1, 1, longest + 1});
+  return Decode(input_ids, columns.unsqueeze(1), blocked, &cache, columns);
+}
+
+torch::Tensor Transformer::Prefill(const torch::Tensor& input_ids, const torch::Tensor& lengths,
+                                   KVCache& cache) const {
+  TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [batch, length], got ", input_ids.sizes());
+  const int64_t batch = input_ids.size(0);
+  const int64_t length = input_ids.size(1);
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch, "lengths must be [", batch,
+              "], got ", lengths.sizes());
+  TORCH_CHECK(cache.length == 0, "Prefill needs an empty cache, this one holds ", cache.length);
+  TORCH_CHECK(length <= cache.capacity, "the cache holds ", cache.capacity, " positions, ",
+              length, " asked for");
+  TORCH_CHECK(cache.keys.empty() || cache.keys[0].size(0) == batch, "the cache is for ",
+              cache.keys[0].size(0), " rows, input_ids has ", batch);
+  const torch::Tensor last = lengths.to(torch::kInt64) - 1;
+  TORCH_CHECK(batch == 0 || (last.min().item<int64_t>() >= 0 && last.max().item<int64_t>() < length),
+              "lengths must be in [1, ", length, "]");
+  const torch::Tensor positions =
+      torch::arange(length, torch::kInt64).unsqueeze(0).expand({batch, length});
+  const torch::Tensor blocked =
+      torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool))
+          .triu(1)
+          .view({1, 1, 1, length, length});
+  return Decode(input_ids, positions, blocked, &cache, torch::Tensor(), last).squeeze(1);
 }
 
 torch::Tensor TokenLogProbs(const torch::Tensor& logits, const torch::Tensor& targets,

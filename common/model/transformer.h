@@ -100,6 +100,27 @@ class Transformer {
   torch::Tensor ForwardCached(const torch::Tensor& input_ids, const torch::Tensor& positions,
                               const torch::Tensor& key_mask, KVCache& cache) const;
 
+  // Continuous-batching decode step: every row at its own length. Row b of
+  // the batch is cache row b (B <= the cache's rows; rows past B are left
+  // alone) and holds lengths[b] positions, written left-aligned from column
+  // 0 without padding; its token input_ids[b] goes to column lengths[b] with
+  // rotary position lengths[b] and attends columns 0 .. lengths[b].
+  // input_ids: int64 [B, 1]; lengths: int64 [B], each < cache.capacity.
+  // `cache.length` is not used or changed (the caller keeps the lengths).
+  // Returns logits [B, 1, vocab]. Intended under torch::NoGradGuard.
+  torch::Tensor ForwardRows(const torch::Tensor& input_ids, const torch::Tensor& lengths,
+                            KVCache& cache) const;
+
+  // Prefill of right-padded sequences into an empty cache: row b's
+  // lengths[b] tokens sit at columns 0 .. lengths[b] - 1 of input_ids
+  // [B, L] (what follows is padding, whose keys no real token attends:
+  // causality hides them) and are written to the same columns of `cache`
+  // (B rows, capacity >= L, length 0; its length becomes L). Returns the
+  // logits of each row's last real token only, [B, vocab], which spares the
+  // LM head for every other position. Intended under torch::NoGradGuard.
+  torch::Tensor Prefill(const torch::Tensor& input_ids, const torch::Tensor& lengths,
+                        KVCache& cache) const;
+
  private:
   explicit Transformer(ModelConfig config) : config_(std::move(config)) {}
   // Create (seed set) and CreateUninitialized (nullopt).
@@ -109,9 +130,16 @@ class Transformer {
   // The decoder proper, shared by Forward and ForwardCached. positions:
   // int64 [B, T]; blocked: bool, broadcastable to [B, 1, 1, T, S] (S = keys
   // attended: T, or cache->length + T), true where a query must not see a
-  // key. With a cache, appends this step's keys and values to it.
+  // key. With a cache, appends this step's keys and values to it at
+  // cache->length, or, when row_columns (int64 [B]; T = 1) is given, writes
+  // row b's at column row_columns[b] and attends the first S columns of the
+  // cache's first B rows. When last (int64 [B]) is given, only position
+  // last[b] of row b goes through the final norm and LM head: logits
+  // [B, 1, vocab].
   torch::Tensor Decode(const torch::Tensor& input_ids, const torch::Tensor& positions,
-                       const torch::Tensor& blocked, KVCache* cache) const;
+                       const torch::Tensor& blocked, KVCache* cache,
+                       const torch::Tensor& row_columns = torch::Tensor(),
+                       const torch::Tensor& last = torch::Tensor()) const;
 
   ModelConfig config_;
   std::vector<NamedTensor> params_;

@@ -139,9 +139,14 @@ absl::StatusOr<EngineFigures> RunContinuous(const sluice::model::PolicySnapshot&
       sluice::model::Engine::Create(policy.model->config(), options, sampling);
   if (!engine.ok()) return engine.status();
   const absl::Time start = absl::Now();
-  for (size_t p = 0; p < workload.prompts.size(); ++p) {
+  // Sequence i samples prompt i / G; a workload may hold fewer sequences
+  // than prompts x G (the warm-up's).
+  const size_t sequences = workload.lengths.size();
+  for (size_t p = 0; p < workload.prompts.size() && p * flags.group_size < sequences; ++p) {
     std::vector<sluice::model::SampleRequest> samples;
-    for (int g = 0; g < flags.group_size; ++g) {
+    for (size_t g = 0; g < static_cast<size_t>(flags.group_size) &&
+                       p * flags.group_size + g < sequences;
+         ++g) {
       sluice::model::SampleRequest request;
       request.seed = flags.seed * 1000003 + p * flags.group_size + g;
       request.max_new_tokens = workload.lengths[p * flags.group_size + g];

@@ -14,6 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/model/engine.h"
 #include "common/model/generation.h"
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
@@ -33,6 +34,11 @@ using google::protobuf::util::TimeUtil;
 
 constexpr int64_t kAcquireWaitMs = 1000;
 
+// Sample i of a batch with seed `seed` draws from this stream.
+uint64_t SampleSeed(uint64_t seed, size_t i) {
+  return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(i + 1);
+}
+
 v1::FinishReason ToFinishReason(model::Finish finish) {
   switch (finish) {
     case model::Finish::kStop:
@@ -40,6 +46,7 @@ v1::FinishReason ToFinishReason(model::Finish finish) {
     case model::Finish::kLength:
       return v1::FINISH_REASON_LENGTH;
     case model::Finish::kAborted:
+    case model::Finish::kPartial:  // the worker does not cut by budget
       return v1::FINISH_REASON_ABORTED;
   }
   return v1::FINISH_REASON_UNSPECIFIED;
@@ -402,18 +409,55 @@ class RolloutRun::Impl {
       return clients::PrefixMessage(error, what);
     };
 
-    // As many groups at once as the memory budget holds for these prompts.
+    // As many groups at once as the memory budget holds for these prompts:
+    // the engine's rows (a finished sample's row goes to the next waiting
+    // one, so the batch stays full until the work runs out).
     absl::StatusOr<std::vector<size_t>> chunks =
         PlanGenerationChunks(generation_budget_, prompt_tokens, group_size, sampling.max_new_tokens);
     if (!chunks.ok()) return fail("generating", chunks.status());
     if (chunks->size() > 1 && !logged_chunking_) {
       logged_chunking_ = true;
-      log::Warning("a leased batch does not fit the memory budget in one piece; generating it in "
-                   "smaller ones (logged once per run)",
+      log::Warning("a leased batch does not fit the memory budget at once; the engine decodes "
+                   "fewer rows at a time (logged once per run)",
                    {{"run_id", run_id_},
                     {"groups", leased.prompts_size()},
                     {"groups_at_once", static_cast<int64_t>(chunks->front())},
                     {"memory_budget_bytes", generation_budget_.budget_bytes}});
+    }
+    model::EngineOptions engine_options;
+    size_t groups_at_once = chunks->front();
+    for (size_t c = 1; c < chunks->size(); ++c) {
+      groups_at_once = std::min(groups_at_once, (*chunks)[c] - (*chunks)[c - 1]);
+    }
+    engine_options.max_rows = static_cast<int64_t>(groups_at_once) * group_size;
+    const int64_t longest_prompt = *std::max_element(prompt_tokens.begin(), prompt_tokens.end());
+    engine_options.capacity = std::min<int64_t>(generation_budget_.context_tokens > 0
+                                                    ? generation_budget_.context_tokens
+                                                    : config_.max_position_embeddings,
+                                                longest_prompt + sampling.max_new_tokens);
+    engine_options.swap_mode = spec_.rollout().weight_swap_mode() == v1::WEIGHT_SWAP_MODE_RECOMPUTE
+                                   ? model::SwapMode::kRecompute
+                                   : model::SwapMode::kKeepCache;
+    engine_options.stop_strings.assign(sampling_spec.stop_strings().begin(),
+                                       sampling_spec.stop_strings().end());
+    if (!engine_options.stop_strings.empty()) {
+      engine_options.detokenize = [this](const std::vector<int32_t>& ids) {
+        absl::StatusOr<std::string> text = tokenizer_->Decode(ids, /*skip_special=*/true);
+        return text.ok() ? *text : std::string();
+      };
+    }
+    // Each sample its own stream (model::SampleUniform), from the batch's
+    // seed and its index.
+    std::vector<std::vector<int32_t>> group_prompts;
+    std::vector<std::vector<model::SampleRequest>> samples;
+    for (size_t p = 0; p < prompt_tokens.size(); ++p) {
+      group_prompts.push_back(rows[p * group_size]);
+      samples.emplace_back();
+      for (int g = 0; g < group_size; ++g) {
+        model::SampleRequest request;
+        request.seed = SampleSeed(sampling.seed, p * group_size + g);
+        samples.back().push_back(request);
+      }
     }
 
     const auto started_at = TimeUtil::GetCurrentTime();
@@ -422,23 +466,11 @@ class RolloutRun::Impl {
     hooks.current_policy = [this] { return Latest(); };
     hooks.should_abort = [this] { return aborting(); };
     const model::PolicySnapshot initial = Latest();
-    std::vector<model::Completion> completions;
-    completions.reserve(rows.size());
-    size_t begin = 0;
-    for (size_t c = 0; c < chunks->size() && !aborting(); ++c) {
-      const size_t end = (*chunks)[c];
-      model::SamplingOptions chunk_sampling = sampling;
-      if (c > 0) chunk_sampling.seed = absl::HashOf(sampling.seed, c);
-      absl::StatusOr<std::vector<model::Completion>> generated = model::Generate(
-          c == 0 ? initial : Latest(),
-          std::vector<std::vector<int32_t>>(rows.begin() + begin * group_size,
-                                            rows.begin() + end * group_size),
-          chunk_sampling, hooks);
-      // E.g. a policy whose logits went non-finite.
-      if (!generated.ok()) return fail("generating", generated.status());
-      for (model::Completion& completion : *generated) completions.push_back(std::move(completion));
-      begin = end;
-    }
+    absl::StatusOr<std::vector<model::Completion>> generated = model::GenerateContinuous(
+        initial, group_prompts, std::move(samples), engine_options, sampling, hooks);
+    // E.g. a policy whose logits went non-finite.
+    if (!generated.ok()) return fail("generating", generated.status());
+    std::vector<model::Completion> completions = *std::move(generated);
     const double generation_seconds = absl::ToDoubleSeconds(absl::Now() - start);
     const auto finished_at = TimeUtil::GetCurrentTime();
     int64_t tokens = 0;
@@ -456,7 +488,10 @@ class RolloutRun::Impl {
     tokens_since_report_ += tokens;
 
     std::vector<std::string> abandoned;
-    if (aborting() || completions.size() < rows.size()) {
+    const bool cut_short = std::any_of(completions.begin(), completions.end(), [](const auto& c) {
+      return c.finish == model::Finish::kAborted;
+    });
+    if (aborting() || cut_short || completions.size() < rows.size()) {
       for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
       Release(slot_leases, "aborted");
       Report({}, abandoned, 0).IgnoreError();  // stopping: the leases expire otherwise
@@ -555,7 +590,7 @@ class RolloutRun::Impl {
         s->set_top_p(static_cast<float>(sampling.top_p));
         s->set_top_k(static_cast<int32_t>(sampling.top_k));
         s->set_max_new_tokens(static_cast<int32_t>(sampling.max_new_tokens));
-        s->set_seed(sampling.seed);
+        s->set_seed(SampleSeed(sampling.seed, i));
         *info->mutable_started_at() = started_at;
         *info->mutable_finished_at() = finished_at;
         info->set_generation_time_ms(static_cast<int64_t>(generation_seconds * 1000));

@@ -40,6 +40,8 @@ constexpr int kDefaultMaxStaleness = 4;
 constexpr double kDefaultClipEps = 0.2;
 constexpr double kDefaultBehaviourWeightCap = 5.0;
 constexpr double kDefaultLearningRate = 1e-6;
+constexpr int kMaxStopStrings = 16;
+constexpr size_t kMaxStopStringBytes = 256;
 constexpr double kDefaultGradClipNorm = 1.0;
 constexpr double kDefaultAdvantageEps = 1e-6;
 constexpr double kDefaultTbBeta = 1.0;
@@ -123,6 +125,15 @@ void ValidateSampling(const v1::SamplingParams& sampling, absl::string_view path
   if (sampling.max_new_tokens() < 0) {
     problems.Add(absl::StrCat(path, ".max_new_tokens"),
                  "must be >= 0 (0 = up to the context length), got ", sampling.max_new_tokens());
+  }
+  AtMost(problems, absl::StrCat(path, ".stop_strings"), sampling.stop_strings_size(),
+         kMaxStopStrings);
+  for (int i = 0; i < sampling.stop_strings_size(); ++i) {
+    const std::string& stop = sampling.stop_strings(i);
+    if (stop.empty() || stop.size() > kMaxStopStringBytes) {
+      problems.Add(absl::StrCat(path, ".stop_strings[", i, "]"), "must be 1 to ",
+                   kMaxStopStringBytes, " bytes, got ", stop.size());
+    }
   }
 }
 
@@ -361,6 +372,11 @@ void ValidateRollout(const RunSpec& spec, Problems& problems) {
   }
   AtMost(problems, "rollout.max_concurrent_groups_per_worker",
          r.max_concurrent_groups_per_worker(), kMaxBatchSizeGroups);
+  if (!v1::WeightSwapMode_IsValid(r.weight_swap_mode()) ||
+      r.weight_swap_mode() == v1::WEIGHT_SWAP_MODE_UNSPECIFIED) {
+    problems.Add("rollout.weight_swap_mode", "must be WEIGHT_SWAP_MODE_KEEP_CACHE or _RECOMPUTE, got ",
+                 static_cast<int>(r.weight_swap_mode()));
+  }
 }
 
 void ValidateReward(const RunSpec& spec, Problems& problems) {
@@ -519,6 +535,9 @@ RunSpec ResolveDefaults(RunSpec spec) {
   v1::RolloutConfig& rollout = *spec.mutable_rollout();
   ResolveSampling(rollout.mutable_sampling(), 1.0f);
   if (rollout.min_workers() == 0) rollout.set_min_workers(1);
+  if (rollout.weight_swap_mode() == v1::WEIGHT_SWAP_MODE_UNSPECIFIED) {
+    rollout.set_weight_swap_mode(v1::WEIGHT_SWAP_MODE_KEEP_CACHE);
+  }
 
   v1::RewardConfig& reward = *spec.mutable_reward();
   if (reward.verifiers().empty()) {

@@ -122,6 +122,7 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_FLOAT_EQ(spec.rollout().sampling().top_p(), 1.0f);
   EXPECT_EQ(spec.rollout().num_workers(), 0);  // Every registered worker.
   EXPECT_EQ(spec.rollout().min_workers(), 1);
+  EXPECT_EQ(spec.rollout().weight_swap_mode(), v1::WEIGHT_SWAP_MODE_KEEP_CACHE);
   ASSERT_EQ(spec.reward().verifiers_size(), 1);
   EXPECT_EQ(spec.reward().verifiers(0).name(), "math");
   EXPECT_DOUBLE_EQ(spec.reward().verifiers(0).weight(), 1.0);
@@ -233,6 +234,16 @@ TEST(ValidateRunSpecTest, AbsurdValuesAreRefusedByTheirBounds) {
        "rollout.max_concurrent_groups_per_worker: must be <= 65536"},
       {[](v1::RunSpec& s) { s.mutable_rollout()->mutable_sampling()->set_max_new_tokens(1 << 30); },
        "rollout.sampling.max_new_tokens: must be <= 32 (the model's context length)"},
+      {[](v1::RunSpec& s) {
+         for (int i = 0; i < 17; ++i) s.mutable_rollout()->mutable_sampling()->add_stop_strings("x");
+       },
+       "rollout.sampling.stop_strings: must be <= 16"},
+      {[](v1::RunSpec& s) { s.mutable_rollout()->mutable_sampling()->add_stop_strings(""); },
+       "rollout.sampling.stop_strings[0]: must be 1 to 256 bytes, got 0"},
+      {[](v1::RunSpec& s) {
+         s.mutable_rollout()->set_weight_swap_mode(static_cast<v1::WeightSwapMode>(9));
+       },
+       "rollout.weight_swap_mode: must be WEIGHT_SWAP_MODE_KEEP_CACHE or _RECOMPUTE, got 9"},
       {[](v1::RunSpec& s) { s.mutable_eval()->mutable_sampling()->set_top_k(1 << 30); },
        "eval.sampling.top_k: must be <= 24 (the vocabulary size)"},
       {[](v1::RunSpec& s) { s.mutable_reward()->set_item_timeout_ms(int64_t{1} << 40); },

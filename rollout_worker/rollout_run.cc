@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <map>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -34,8 +35,8 @@ using google::protobuf::util::TimeUtil;
 
 constexpr int64_t kAcquireWaitMs = 1000;
 
-// Sample i of a batch with seed `seed` draws from this stream.
-uint64_t SampleSeed(uint64_t seed, size_t i) {
+// Sample i of a group whose samples start at `seed` draws from this stream.
+uint64_t SampleSeed(uint64_t seed, int64_t i) {
   return seed + 0x9E3779B97F4A7C15ULL * static_cast<uint64_t>(i + 1);
 }
 
@@ -76,6 +77,7 @@ class RolloutRun::Impl {
     generation_budget_.config = config_;
     generation_budget_.context_tokens = run::ContextTokens(spec_, config_);
     generation_budget_.budget_bytes = deps_.memory_budget_bytes;
+    sampling_ = RunSampling();
     follower_ = std::thread([this] { FollowWeights(); });
     absl::Status status = Loop();
     Stop(/*abort=*/false);
@@ -276,79 +278,94 @@ class RolloutRun::Impl {
 
   // ---- generation loop ---------------------------------------------------
 
+  // A leased prompt's group on its way through the engine.
+  struct InFlightGroup {
+    v1::Prompt prompt;
+    std::string slot_lease;
+    std::vector<int32_t> ids;
+    uint64_t batch = 0;  // the lease it came in (names the group)
+    uint64_t seed = 0;   // sample g draws from SampleSeed(seed, g)
+    google::protobuf::Timestamp started_at;
+    absl::Time start;
+    int64_t initial_version = 0;
+    std::vector<model::Completion> completions;
+    int finished = 0;
+  };
+
+  // The generation loop: keeps the engine's rows busy with the groups of
+  // the prompts it leases, within the staleness gate (a slot per group),
+  // and hands the groups that are done to FinishGroups (score, insert,
+  // report) in batches. Holds up to max_groups groups (those without rows
+  // wait in the engine's queue) and leases more once a quarter of them
+  // are done. A stop, or the controller saying the run is done, lets the
+  // engine finish what it holds; an abort cuts it short and abandons it.
   absl::Status Loop() {
     const int group_size = spec_.algorithm().group_size();
     const int max_groups = spec_.rollout().max_concurrent_groups_per_worker() > 0
                                ? spec_.rollout().max_concurrent_groups_per_worker()
                                : spec_.algorithm().batch_size_groups();
-    while (!stopping()) {
-      // 1. Admission: slots under the staleness gate.
-      v1::AcquireGenerationSlotsRequest acquire;
-      acquire.set_run_id(run_id_);
-      acquire.set_worker_id(deps_.worker_id);
-      acquire.set_worker_incarnation(deps_.incarnation);
-      acquire.set_num_groups(max_groups);
-      acquire.set_wait_timeout_ms(kAcquireWaitMs);
-      auto slots = deps_.buffer->AcquireGenerationSlots(acquire);
-      if (!slots.ok()) {
-        // The buffer away for the whole retry deadline: the run cannot go on.
-        if (clients::IsRetriesExhausted(slots.status())) {
-          return clients::PrefixMessage(slots.status(), "acquiring generation slots");
-        }
-        if (stopping()) break;
-        log::Warning("could not acquire generation slots",
-                     {{"run_id", run_id_}, {"error", std::string(slots.status().message())}});
-        Pause(absl::Milliseconds(500));
-        continue;
-      }
-      if (slots->granted() == 0) continue;
-      std::vector<std::string> leases(slots->lease_ids().begin(), slots->lease_ids().end());
-      // In flight from their slots until they are inserted or given back:
-      // what the controller waits on before it starts another run here.
-      SetGroupsInFlight(static_cast<int32_t>(leases.size()));
-      const absl::Cleanup landed = [this] { SetGroupsInFlight(0); };
-      // 2. Weights at least as new as the version the slots were granted at.
-      if (!AwaitVersion(slots->policy_version())) {
-        Release(leases, "worker stopping");
-        break;
-      }
-      // 3. Prompts.
-      v1::LeasePromptsRequest lease;
-      lease.set_run_id(run_id_);
-      lease.set_worker_id(deps_.worker_id);
-      lease.set_worker_incarnation(deps_.incarnation);
-      lease.set_max_prompts(static_cast<int32_t>(leases.size()));
-      auto prompts = deps_.controller->LeasePrompts(lease);
-      if (!prompts.ok()) {
-        Release(leases, "controller unavailable");
-        if (clients::IsRetriesExhausted(prompts.status())) {
-          return clients::PrefixMessage(prompts.status(), "leasing prompts");
-        }
-        if (stopping()) break;
-        log::Warning("could not lease prompts",
-                     {{"run_id", run_id_}, {"error", std::string(prompts.status().message())}});
-        Pause(absl::Milliseconds(500));
-        continue;
-      }
-      if (prompts->run_done()) {
-        Release(leases, "run done");
-        log::Info("controller says the run is done", {{"run_id", run_id_}});
+    // Groups handed to FinishGroups at once: half a training batch, or
+    // fewer when they have waited (the trainer wants them fresh).
+    const size_t flush_groups = static_cast<size_t>(
+        std::max(1, std::min(max_groups, spec_.algorithm().batch_size_groups()) / 2));
+    const absl::Duration flush_after = absl::Milliseconds(100);
+    absl::Time ready_since = absl::InfinitePast();
+    const auto cleanup = absl::MakeCleanup([this] { SetGroupsInFlight(0); });
+    while (true) {
+      if (aborting()) {
+        AbandonAll("aborted");
         return absl::OkStatus();
       }
-      if (prompts->prompts_size() == 0) {
-        Release(leases, "no prompts");
-        Pause(absl::Milliseconds(std::max<int64_t>(50, prompts->retry_after_ms())));
-        continue;
+      const bool busy = engine_ != nullptr && !engine_->idle();
+      if (!stopping() && !run_done_) {
+        // Up to max_groups held (rollout.max_concurrent_groups_per_worker);
+        // those the engine has no rows for yet wait in its queue.
+        const int64_t free_groups = max_groups - static_cast<int64_t>(in_flight_.size());
+        if (!busy || free_groups >= std::max(1, max_groups / 4)) {
+          absl::Status topped = TopUp(static_cast<int>(std::max<int64_t>(free_groups, 0)),
+                                      group_size, busy);
+          if (!topped.ok()) {
+            AbandonAll("generation failed");
+            return topped;
+          }
+          SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + ready_.size()));
+        }
       }
-      if (prompts->prompts_size() < static_cast<int>(leases.size())) {
-        Release(std::vector<std::string>(leases.begin() + prompts->prompts_size(), leases.end()),
-                "fewer prompts than slots");
-        leases.resize(prompts->prompts_size());
+      if (engine_ == nullptr || engine_->idle()) {
+        if (!ready_.empty()) RETURN_IF_ERROR(FlushReady());
+        // Stopping, or the controller needs no more: what was in flight is
+        // finished and handed over (as a batch in progress always was).
+        if (stopping() || run_done_) return absl::OkStatus();
+        continue;  // TopUp waited for slots (not busy)
       }
-      // 4-6. Generate, score, insert, report.
-      RETURN_IF_ERROR(GenerateGroups(*prompts, leases, group_size));
+      const absl::Time step_start = absl::Now();
+      absl::StatusOr<std::vector<model::FinishedSample>> finished = engine_->Step(Latest());
+      if (!finished.ok()) {
+        // E.g. a policy whose logits went non-finite.
+        AbandonAll("generating");
+        return clients::PrefixMessage(finished.status(), "generating");
+      }
+      // Tokens sampled this step (decoded rows, and the first token of each
+      // sample that joined, from its prompt's prefill).
+      const int64_t tokens = engine_->stats().sampled_tokens - sampled_tokens_seen_;
+      sampled_tokens_seen_ = engine_->stats().sampled_tokens;
+      for (model::FinishedSample& sample : *finished) {
+        auto it = in_flight_.find(sample.group);
+        if (it == in_flight_.end()) continue;
+        InFlightGroup& group = it->second;
+        group.completions[static_cast<size_t>(sample.sample)] = std::move(sample.completion);
+        if (++group.finished == group_size) {
+          if (ready_.empty()) ready_since = absl::Now();
+          ready_.push_back(std::move(group));
+          in_flight_.erase(it);
+        }
+      }
+      RecordTokens(tokens, absl::ToDoubleSeconds(absl::Now() - step_start));
+      if (!ready_.empty() && (ready_.size() >= flush_groups || engine_->idle() ||
+                              absl::Now() - ready_since >= flush_after)) {
+        RETURN_IF_ERROR(FlushReady());
+      }
     }
-    return absl::OkStatus();
   }
 
   void SetGroupsInFlight(int32_t groups) {
@@ -371,8 +388,188 @@ class RolloutRun::Impl {
     }
   }
 
-  absl::Status GenerateGroups(const v1::LeasePromptsResponse& leased,
-                              const std::vector<std::string>& slot_leases, int group_size) {
+  // Admission, weights and prompts for up to `groups` more groups, added to
+  // the engine. `busy`: the engine has work, so nothing here may block (no
+  // waiting for slots or weights: slots granted at a version the worker
+  // does not hold yet go back, to be asked for again after a step). The
+  // error ends the run (a service away for the whole retry deadline, a
+  // group that cannot fit the memory budget).
+  absl::Status TopUp(int groups, int group_size, bool busy) {
+    if (groups < 1) return absl::OkStatus();
+    // 1. Admission: slots under the staleness gate.
+    v1::AcquireGenerationSlotsRequest acquire;
+    acquire.set_run_id(run_id_);
+    acquire.set_worker_id(deps_.worker_id);
+    acquire.set_worker_incarnation(deps_.incarnation);
+    acquire.set_num_groups(groups);
+    acquire.set_wait_timeout_ms(busy ? 0 : kAcquireWaitMs);
+    auto slots = deps_.buffer->AcquireGenerationSlots(acquire);
+    if (!slots.ok()) {
+      // The buffer away for the whole retry deadline: the run cannot go on.
+      if (clients::IsRetriesExhausted(slots.status())) {
+        return clients::PrefixMessage(slots.status(), "acquiring generation slots");
+      }
+      if (stopping()) return absl::OkStatus();
+      log::Warning("could not acquire generation slots",
+                   {{"run_id", run_id_}, {"error", std::string(slots.status().message())}});
+      if (!busy) Pause(absl::Milliseconds(500));
+      return absl::OkStatus();
+    }
+    if (slots->granted() == 0) return absl::OkStatus();
+    std::vector<std::string> leases(slots->lease_ids().begin(), slots->lease_ids().end());
+    // In flight from their slots until they are inserted or given back:
+    // what the controller waits on before it starts another run here.
+    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + ready_.size() + leases.size()));
+    // 2. Weights at least as new as the version the slots were granted at.
+    if (busy) {
+      const model::PolicySnapshot held = Latest();
+      if (held.model == nullptr || (held.version < slots->policy_version() &&
+                                    NewestRefused() < slots->policy_version())) {
+        Release(leases, "weights not here yet");
+        return absl::OkStatus();
+      }
+    } else if (!AwaitVersion(slots->policy_version())) {
+      Release(leases, "worker stopping");
+      return absl::OkStatus();
+    }
+    // 3. Prompts.
+    v1::LeasePromptsRequest lease;
+    lease.set_run_id(run_id_);
+    lease.set_worker_id(deps_.worker_id);
+    lease.set_worker_incarnation(deps_.incarnation);
+    lease.set_max_prompts(static_cast<int32_t>(leases.size()));
+    auto prompts = deps_.controller->LeasePrompts(lease);
+    if (!prompts.ok()) {
+      Release(leases, "controller unavailable");
+      if (clients::IsRetriesExhausted(prompts.status())) {
+        return clients::PrefixMessage(prompts.status(), "leasing prompts");
+      }
+      if (stopping()) return absl::OkStatus();
+      log::Warning("could not lease prompts",
+                   {{"run_id", run_id_}, {"error", std::string(prompts.status().message())}});
+      if (!busy) Pause(absl::Milliseconds(500));
+      return absl::OkStatus();
+    }
+    if (prompts->run_done()) {
+      Release(leases, "run done");
+      log::Info("controller says the run is done", {{"run_id", run_id_}});
+      run_done_ = true;
+      return absl::OkStatus();
+    }
+    if (prompts->prompts_size() == 0) {
+      Release(leases, "no prompts");
+      if (!busy) Pause(absl::Milliseconds(std::max<int64_t>(50, prompts->retry_after_ms())));
+      return absl::OkStatus();
+    }
+    if (prompts->prompts_size() < static_cast<int>(leases.size())) {
+      Release(std::vector<std::string>(leases.begin() + prompts->prompts_size(), leases.end()),
+              "fewer prompts than slots");
+      leases.resize(prompts->prompts_size());
+    }
+    // 4. Into the engine.
+    ++batch_counter_;
+    const uint64_t seed = BatchSeed();
+    std::vector<InFlightGroup> groups_in;
+    int64_t longest = 0;
+    for (int p = 0; p < prompts->prompts_size(); ++p) {
+      InFlightGroup group;
+      group.prompt = prompts->prompts(p);
+      group.slot_lease = leases[static_cast<size_t>(p)];
+      group.ids.assign(group.prompt.token_ids().begin(), group.prompt.token_ids().end());
+      if (group.ids.empty()) group.ids = run::EncodePrompt(*tokenizer_, group.prompt.text());
+      group.batch = batch_counter_;
+      group.seed = seed + static_cast<uint64_t>(p) * static_cast<uint64_t>(group_size);
+      group.started_at = TimeUtil::GetCurrentTime();
+      group.start = absl::Now();
+      group.initial_version = Latest().version;
+      group.completions.resize(static_cast<size_t>(group_size));
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(group.ids.size()));
+      groups_in.push_back(std::move(group));
+    }
+    // An engine whose rows fit the memory budget for prompts this long (a
+    // longer prompt than it was made for waits until it is idle and is
+    // remade).
+    if (engine_ != nullptr && longest + 1 > engine_->options().capacity &&
+        engine_->options().capacity < ContextTokens()) {
+      if (!engine_->idle()) {
+        for (InFlightGroup& group : groups_in) Abandon(std::move(group), "engine resizing");
+        return absl::OkStatus();
+      }
+      engine_.reset();
+    }
+    if (engine_ == nullptr) {
+      absl::Status made = MakeEngine(longest, group_size);
+      if (!made.ok()) {
+        for (InFlightGroup& group : groups_in) Abandon(std::move(group), "generating");
+        return clients::PrefixMessage(made, "generating");
+      }
+    }
+    for (size_t i = 0; i < groups_in.size(); ++i) {
+      InFlightGroup& group = groups_in[i];
+      std::vector<model::SampleRequest> samples(static_cast<size_t>(group_size));
+      for (int g = 0; g < group_size; ++g) samples[static_cast<size_t>(g)].seed = SampleSeed(group.seed, g);
+      absl::StatusOr<int64_t> handle = engine_->AddGroup(group.ids, std::move(samples));
+      if (!handle.ok()) {
+        // A prompt the model cannot take (e.g. longer than its context):
+        // the run cannot learn from it. This group and the rest go back
+        // here, those already placed with the engine's (the caller's
+        // AbandonAll).
+        const absl::Status error = absl::Status(
+            handle.status().code(),
+            absl::StrCat("prompt ", group.prompt.prompt_id(), ": ", handle.status().message()));
+        for (size_t j = i; j < groups_in.size(); ++j) Abandon(std::move(groups_in[j]), "generating");
+        return clients::PrefixMessage(error, "generating");
+      }
+      in_flight_.emplace(*handle, std::move(group));
+    }
+    return absl::OkStatus();
+  }
+
+  int64_t ContextTokens() const {
+    return generation_budget_.context_tokens > 0 ? generation_budget_.context_tokens
+                                                 : config_.max_position_embeddings;
+  }
+
+  // The engine, its rows as many as the memory budget holds for prompts of
+  // `longest` tokens and the run's max_new_tokens (run::GenerationBatchBytes).
+  absl::Status MakeEngine(int64_t longest, int group_size) {
+    const int max_groups = spec_.rollout().max_concurrent_groups_per_worker() > 0
+                               ? spec_.rollout().max_concurrent_groups_per_worker()
+                               : spec_.algorithm().batch_size_groups();
+    ASSIGN_OR_RETURN(std::vector<size_t> chunks,
+                     PlanGenerationChunks(generation_budget_,
+                                          std::vector<int64_t>(static_cast<size_t>(max_groups), longest),
+                                          group_size, sampling_.max_new_tokens));
+    if (chunks.size() > 1 && !logged_chunking_) {
+      logged_chunking_ = true;
+      log::Warning("the memory budget holds fewer groups than a worker may lease at once; the "
+                   "engine decodes fewer rows (logged once per run)",
+                   {{"run_id", run_id_},
+                    {"groups", max_groups},
+                    {"groups_at_once", static_cast<int64_t>(chunks.front())},
+                    {"memory_budget_bytes", generation_budget_.budget_bytes}});
+    }
+    model::EngineOptions options;
+    options.max_rows = static_cast<int64_t>(chunks.front()) * group_size;
+    options.capacity = std::min<int64_t>(ContextTokens(), longest + sampling_.max_new_tokens);
+    options.swap_mode = spec_.rollout().weight_swap_mode() == v1::WEIGHT_SWAP_MODE_RECOMPUTE
+                            ? model::SwapMode::kRecompute
+                            : model::SwapMode::kKeepCache;
+    const auto& stops = spec_.rollout().sampling().stop_strings();
+    options.stop_strings.assign(stops.begin(), stops.end());
+    if (!options.stop_strings.empty()) {
+      options.detokenize = [this](const std::vector<int32_t>& ids) {
+        absl::StatusOr<std::string> text = tokenizer_->Decode(ids, /*skip_special=*/true);
+        return text.ok() ? *text : std::string();
+      };
+    }
+    ASSIGN_OR_RETURN(engine_, model::Engine::Create(config_, options, sampling_));
+    sampled_tokens_seen_ = 0;
+    return absl::OkStatus();
+  }
+
+  // The run's sampling options (the seed is per batch: BatchSeed).
+  model::SamplingOptions RunSampling() const {
     const auto& sampling_spec = spec_.rollout().sampling();
     model::SamplingOptions sampling;
     sampling.temperature = sampling_spec.has_temperature() ? sampling_spec.temperature() : 1.0;
@@ -387,128 +584,105 @@ class RolloutRun::Impl {
     if (sampling.stop_token_ids.empty()) {
       sampling.stop_token_ids.assign(stop_token_ids_.begin(), stop_token_ids_.end());
     }
-    ++batch_counter_;
-    sampling.seed = sampling_spec.has_seed()
-                        ? sampling_spec.seed() + batch_counter_
-                        : absl::HashOf(spec_.seed(), deps_.worker_id, deps_.incarnation, batch_counter_);
+    return sampling;
+  }
 
-    std::vector<std::vector<int32_t>> rows;
-    std::vector<int64_t> prompt_tokens;
-    for (const v1::Prompt& prompt : leased.prompts()) {
-      std::vector<int32_t> ids(prompt.token_ids().begin(), prompt.token_ids().end());
-      if (ids.empty()) ids = run::EncodePrompt(*tokenizer_, prompt.text());
-      prompt_tokens.push_back(static_cast<int64_t>(ids.size()));
-      for (int g = 0; g < group_size; ++g) rows.push_back(ids);
-    }
-    // Gives the slots and the prompts back before the run ends with `error`.
-    const auto fail = [&](absl::string_view what, const absl::Status& error) {
-      Release(slot_leases, std::string(what));
-      std::vector<std::string> abandoned;
-      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
-      Report({}, abandoned, 0).IgnoreError();  // the run ends with `error` anyway
-      return clients::PrefixMessage(error, what);
-    };
+  uint64_t BatchSeed() const {
+    const auto& sampling_spec = spec_.rollout().sampling();
+    return sampling_spec.has_seed()
+               ? sampling_spec.seed() + batch_counter_
+               : absl::HashOf(spec_.seed(), deps_.worker_id, deps_.incarnation, batch_counter_);
+  }
 
-    // As many groups at once as the memory budget holds for these prompts:
-    // the engine's rows (a finished sample's row goes to the next waiting
-    // one, so the batch stays full until the work runs out).
-    absl::StatusOr<std::vector<size_t>> chunks =
-        PlanGenerationChunks(generation_budget_, prompt_tokens, group_size, sampling.max_new_tokens);
-    if (!chunks.ok()) return fail("generating", chunks.status());
-    if (chunks->size() > 1 && !logged_chunking_) {
-      logged_chunking_ = true;
-      log::Warning("a leased batch does not fit the memory budget at once; the engine decodes "
-                   "fewer rows at a time (logged once per run)",
-                   {{"run_id", run_id_},
-                    {"groups", leased.prompts_size()},
-                    {"groups_at_once", static_cast<int64_t>(chunks->front())},
-                    {"memory_budget_bytes", generation_budget_.budget_bytes}});
+  int64_t NewestRefused() const {
+    absl::MutexLock lock(&mu_);
+    return newest_refused_version_;
+  }
+
+  void RecordTokens(int64_t tokens, double seconds) {
+    if (tokens <= 0) return;
+    if (deps_.on_batch_generated) deps_.on_batch_generated(tokens, seconds);
+    absl::MutexLock lock(&mu_);
+    status_.set_tokens_generated(status_.tokens_generated() + tokens);
+  }
+
+  // Gives a group's slot and prompt back.
+  void Abandon(InFlightGroup group, const std::string& reason) {
+    Release({group.slot_lease}, reason);
+    Report({}, {group.prompt.prompt_id()}, 0).IgnoreError();  // the leases expire otherwise
+  }
+
+  // Everything in flight and ready given back (stop with abort, an error).
+  void AbandonAll(const std::string& reason) {
+    if (engine_ != nullptr) engine_->Drain(model::Finish::kAborted);
+    std::vector<std::string> leases, prompts;
+    for (auto& [handle, group] : in_flight_) {
+      leases.push_back(group.slot_lease);
+      prompts.push_back(group.prompt.prompt_id());
     }
-    model::EngineOptions engine_options;
-    size_t groups_at_once = chunks->front();
-    for (size_t c = 1; c < chunks->size(); ++c) {
-      groups_at_once = std::min(groups_at_once, (*chunks)[c] - (*chunks)[c - 1]);
+    for (InFlightGroup& group : ready_) {
+      leases.push_back(group.slot_lease);
+      prompts.push_back(group.prompt.prompt_id());
     }
-    engine_options.max_rows = static_cast<int64_t>(groups_at_once) * group_size;
-    const int64_t longest_prompt = *std::max_element(prompt_tokens.begin(), prompt_tokens.end());
-    engine_options.capacity = std::min<int64_t>(generation_budget_.context_tokens > 0
-                                                    ? generation_budget_.context_tokens
-                                                    : config_.max_position_embeddings,
-                                                longest_prompt + sampling.max_new_tokens);
-    engine_options.swap_mode = spec_.rollout().weight_swap_mode() == v1::WEIGHT_SWAP_MODE_RECOMPUTE
-                                   ? model::SwapMode::kRecompute
-                                   : model::SwapMode::kKeepCache;
-    engine_options.stop_strings.assign(sampling_spec.stop_strings().begin(),
-                                       sampling_spec.stop_strings().end());
-    if (!engine_options.stop_strings.empty()) {
-      engine_options.detokenize = [this](const std::vector<int32_t>& ids) {
-        absl::StatusOr<std::string> text = tokenizer_->Decode(ids, /*skip_special=*/true);
-        return text.ok() ? *text : std::string();
-      };
-    }
-    // Each sample its own stream (model::SampleUniform), from the batch's
-    // seed and its index.
-    std::vector<std::vector<int32_t>> group_prompts;
-    std::vector<std::vector<model::SampleRequest>> samples;
-    for (size_t p = 0; p < prompt_tokens.size(); ++p) {
-      group_prompts.push_back(rows[p * group_size]);
-      samples.emplace_back();
-      for (int g = 0; g < group_size; ++g) {
-        model::SampleRequest request;
-        request.seed = SampleSeed(sampling.seed, p * group_size + g);
-        samples.back().push_back(request);
+    in_flight_.clear();
+    ready_.clear();
+    if (leases.empty()) return;
+    Release(leases, reason);
+    Report({}, prompts, 0).IgnoreError();  // stopping: the leases expire otherwise
+  }
+
+  absl::Status FlushReady() {
+    std::vector<InFlightGroup> groups = std::move(ready_);
+    ready_.clear();
+    absl::Status status = FinishGroups(groups);
+    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size()));
+    return status;
+  }
+
+  // Scores the groups' completions, inserts the groups and reports them.
+  absl::Status FinishGroups(std::vector<InFlightGroup>& groups) {
+    const int group_size = spec_.algorithm().group_size();
+    const auto finished_at = TimeUtil::GetCurrentTime();
+    int64_t swaps = 0;
+    int64_t tokens = 0;
+    for (const InFlightGroup& group : groups) {
+      for (const model::Completion& c : group.completions) {
+        swaps += c.weight_swaps;
+        tokens += static_cast<int64_t>(c.tokens.size());
       }
     }
-
-    const auto started_at = TimeUtil::GetCurrentTime();
-    const absl::Time start = absl::Now();
-    model::GenerationHooks hooks;
-    hooks.current_policy = [this] { return Latest(); };
-    hooks.should_abort = [this] { return aborting(); };
-    const model::PolicySnapshot initial = Latest();
-    absl::StatusOr<std::vector<model::Completion>> generated = model::GenerateContinuous(
-        initial, group_prompts, std::move(samples), engine_options, sampling, hooks);
-    // E.g. a policy whose logits went non-finite.
-    if (!generated.ok()) return fail("generating", generated.status());
-    std::vector<model::Completion> completions = *std::move(generated);
-    const double generation_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    const auto finished_at = TimeUtil::GetCurrentTime();
-    int64_t tokens = 0;
-    int64_t swaps = 0;
-    for (const auto& c : completions) {
-      tokens += static_cast<int64_t>(c.tokens.size());
-      swaps += c.weight_swaps;
-    }
-    if (deps_.on_batch_generated) deps_.on_batch_generated(tokens, generation_seconds);
     if (swaps > 0 && deps_.on_mid_generation_swaps) deps_.on_mid_generation_swaps(swaps);
-    {
-      absl::MutexLock lock(&mu_);
-      status_.set_tokens_generated(status_.tokens_generated() + tokens);
-    }
     tokens_since_report_ += tokens;
 
     std::vector<std::string> abandoned;
-    const bool cut_short = std::any_of(completions.begin(), completions.end(), [](const auto& c) {
-      return c.finish == model::Finish::kAborted;
-    });
-    if (aborting() || cut_short || completions.size() < rows.size()) {
-      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
-      Release(slot_leases, "aborted");
-      Report({}, abandoned, 0).IgnoreError();  // stopping: the leases expire otherwise
-      return absl::OkStatus();
-    }
-
+    const auto give_back = [&](const std::string& reason) {
+      std::vector<std::string> leases;
+      for (const InFlightGroup& group : groups) {
+        leases.push_back(group.slot_lease);
+        abandoned.push_back(group.prompt.prompt_id());
+      }
+      Release(leases, reason);
+      Report({}, abandoned, 0).IgnoreError();  // the run ends either way
+    };
     // Score every completion on the reward server.
-    std::vector<std::string> texts(completions.size());
-    for (size_t i = 0; i < completions.size(); ++i) {
-      // As vLLM and transformers give completions: without special tokens
-      // (the stop token), so verifiers see only what the model wrote.
-      ASSIGN_OR_RETURN(texts[i], tokenizer_->Decode(completions[i].tokens, /*skip_special=*/true));
+    std::vector<std::string> texts;
+    for (const InFlightGroup& group : groups) {
+      for (const model::Completion& c : group.completions) {
+        // As vLLM and transformers give completions: without special tokens
+        // (the stop token), so verifiers see only what the model wrote.
+        absl::StatusOr<std::string> text = tokenizer_->Decode(c.tokens, /*skip_special=*/true);
+        if (!text.ok()) {
+          give_back("decoding failed");
+          return text.status();
+        }
+        texts.push_back(*std::move(text));
+      }
     }
     v1::ScoreBatchRequest score;
     for (const auto& v : spec_.reward().verifiers()) *score.add_composition() = v;
-    for (size_t i = 0; i < completions.size(); ++i) {
-      const v1::Prompt& prompt = leased.prompts(static_cast<int>(i) / group_size);
+    for (size_t i = 0; i < texts.size(); ++i) {
+      const InFlightGroup& group = groups[i / group_size];
+      const v1::Prompt& prompt = group.prompt;
       v1::ScoreItem* item = score.add_items();
       item->set_item_id(absl::StrCat(i));
       item->set_verifier(prompt.verifier());
@@ -521,7 +695,7 @@ class RolloutRun::Impl {
       // For the "length" verifier: the completion's length in the run's own
       // tokens, which the reward server cannot count from the text.
       (*item->mutable_metadata())["completion_tokens"] =
-          absl::StrCat(completions[i].tokens.size());
+          absl::StrCat(group.completions[i % group_size].tokens.size());
     }
     const absl::Time score_start = absl::Now();
     // In batches within the reward server's limit, each call retried by the
@@ -532,10 +706,7 @@ class RolloutRun::Impl {
     absl::StatusOr<v1::ScoreBatchResponse> scored =
         clients::ScoreInBatches(*deps_.reward, score, score_options);
     if (!scored.ok()) {
-      Release(slot_leases,
-              absl::IsCancelled(scored.status()) ? "aborted" : "reward server unavailable");
-      for (const auto& p : leased.prompts()) abandoned.push_back(p.prompt_id());
-      Report({}, abandoned, 0).IgnoreError();  // the run ends either way
+      give_back(absl::IsCancelled(scored.status()) ? "aborted" : "reward server unavailable");
       // Cut short by a stop (between batches, or the client's retries
       // cancelled): the run ends as asked, not with an error.
       if (absl::IsCancelled(scored.status()) && stopping()) return absl::OkStatus();
@@ -546,23 +717,25 @@ class RolloutRun::Impl {
     // Build and insert the groups.
     v1::InsertGroupsRequest insert;
     std::vector<std::string> completed;
-    for (int p = 0; p < leased.prompts_size(); ++p) {
-      const v1::Prompt& prompt = leased.prompts(p);
+    for (size_t p = 0; p < groups.size(); ++p) {
+      const InFlightGroup& in = groups[p];
+      const v1::Prompt& prompt = in.prompt;
       bool retryable_failure = false;
       v1::Group group;
       group.set_group_id(absl::StrCat(prompt.prompt_id(), "@", deps_.worker_id, ".",
-                                      deps_.incarnation, ".", batch_counter_));
+                                      deps_.incarnation, ".", in.batch));
       group.set_prompt_id(prompt.prompt_id());
       group.set_run_id(run_id_);
       // From the prompt, not the generation: one group per prompt is stored,
       // whichever worker or incarnation finishes it first.
       group.set_idempotency_key(absl::StrCat(run_id_, "/", prompt.prompt_id()));
-      group.set_slot_lease_id(slot_leases[p]);
+      group.set_slot_lease_id(in.slot_lease);
       int64_t min_version = INT64_MAX;
       int64_t max_version = -1;
+      const double generation_seconds = absl::ToDoubleSeconds(absl::Now() - in.start);
       for (int g = 0; g < group_size; ++g) {
-        const size_t i = static_cast<size_t>(p) * group_size + g;
-        const model::Completion& c = completions[i];
+        const size_t i = p * group_size + g;
+        const model::Completion& c = in.completions[static_cast<size_t>(g)];
         const v1::VerifierResult& verdict = scored->results(static_cast<int>(i)).result();
         if (verdict.retryable()) retryable_failure = true;
         v1::Trajectory* t = group.add_trajectories();
@@ -570,7 +743,7 @@ class RolloutRun::Impl {
         t->set_prompt_id(prompt.prompt_id());
         t->set_group_id(group.group_id());
         t->set_sample_index(g);
-        for (int32_t id : rows[i]) t->add_prompt_token_ids(id);
+        for (int32_t id : in.ids) t->add_prompt_token_ids(id);
         for (int32_t id : c.tokens) t->add_completion_token_ids(id);
         for (float lp : c.logprobs) t->add_behaviour_logprobs(lp);
         for (int64_t v : c.versions) {
@@ -586,12 +759,12 @@ class RolloutRun::Impl {
         t->set_worker_incarnation(deps_.incarnation);
         v1::GenerationInfo* info = t->mutable_generation();
         auto* s = info->mutable_sampling();
-        s->set_temperature(static_cast<float>(sampling.temperature));
-        s->set_top_p(static_cast<float>(sampling.top_p));
-        s->set_top_k(static_cast<int32_t>(sampling.top_k));
-        s->set_max_new_tokens(static_cast<int32_t>(sampling.max_new_tokens));
-        s->set_seed(SampleSeed(sampling.seed, i));
-        *info->mutable_started_at() = started_at;
+        s->set_temperature(static_cast<float>(sampling_.temperature));
+        s->set_top_p(static_cast<float>(sampling_.top_p));
+        s->set_top_k(static_cast<int32_t>(sampling_.top_k));
+        s->set_max_new_tokens(static_cast<int32_t>(sampling_.max_new_tokens));
+        s->set_seed(SampleSeed(in.seed, g));
+        *info->mutable_started_at() = in.started_at;
         *info->mutable_finished_at() = finished_at;
         info->set_generation_time_ms(static_cast<int64_t>(generation_seconds * 1000));
         info->set_weight_swaps(c.weight_swaps);
@@ -601,11 +774,11 @@ class RolloutRun::Impl {
         // The reward server could not score part of the group: training on
         // a made-up 0 would be wrong, so the prompt goes back to the pool.
         abandoned.push_back(prompt.prompt_id());
-        Release({slot_leases[p]}, "reward not available");
+        Release({in.slot_lease}, "reward not available");
         continue;
       }
-      group.set_min_policy_version(min_version == INT64_MAX ? initial.version : min_version);
-      group.set_max_policy_version(max_version < 0 ? initial.version : max_version);
+      group.set_min_policy_version(min_version == INT64_MAX ? in.initial_version : min_version);
+      group.set_max_policy_version(max_version < 0 ? in.initial_version : max_version);
       *group.mutable_created_at() = TimeUtil::GetCurrentTime();
       *insert.add_groups() = std::move(group);
       completed.push_back(prompt.prompt_id());
@@ -768,6 +941,16 @@ class RolloutRun::Impl {
   std::thread follower_;
   std::unique_ptr<clients::GroupInserter> inserter_;
   uint64_t batch_counter_ = 0;
+  // The run's sampling options, set by Run once the config is loaded.
+  model::SamplingOptions sampling_;
+  // The generation loop's engine and its groups (Loop's thread only): in
+  // the engine, keyed by its handle; done and waiting for FinishGroups.
+  std::unique_ptr<model::Engine> engine_;
+  std::map<int64_t, InFlightGroup> in_flight_;
+  std::vector<InFlightGroup> ready_;
+  int64_t sampled_tokens_seen_ = 0;
+  // LeasePrompts said the run is done: lease no more, finish what is held.
+  bool run_done_ = false;
   int64_t tokens_since_report_ = 0;
   // Late groups refused since the last report that reached the controller.
   int64_t late_since_report_ = 0;

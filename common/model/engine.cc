@@ -339,6 +339,7 @@ absl::Status Engine::SampleInto(const torch::Tensor& logits, const std::vector<R
   if (!torch::isfinite(logprobs).all().item<bool>()) return no_distribution();
   auto token_values = tokens.accessor<int64_t, 1>();
   auto logprob_values = logprobs.accessor<float, 1>();
+  stats_.sampled_tokens += n;
   for (int64_t b = 0; b < n; ++b) {
     Row& row = *rows[static_cast<size_t>(b)];
     const int64_t token = token_values[b];

@@ -69,6 +69,7 @@ struct FinishedSample {
 struct EngineStats {
   int64_t decode_steps = 0;       // ForwardRows calls
   int64_t decoded_rows = 0;       // rows fed over those steps (the batch sizes summed)
+  int64_t sampled_tokens = 0;     // tokens sampled (decoded rows and first tokens)
   int64_t prefills = 0;           // Prefill calls
   int64_t prompt_prefills = 0;    // prompts prefilled (once per group, and again after a swap)
   int64_t prefill_tokens = 0;     // tokens through Prefill

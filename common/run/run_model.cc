@@ -69,7 +69,14 @@ absl::StatusOr<std::unique_ptr<tokenizer::BpeTokenizer>> LoadRunTokenizer(
 
 absl::StatusOr<model::ModelConfig> LoadRunModelConfig(const v1::ModelConfig& model) {
   if (model.has_builtin()) {
-    return model::BuiltinModelConfig(model.builtin(), task::CharTokenizer().vocab_size());
+    ASSIGN_OR_RETURN(model::ModelConfig config,
+                     model::BuiltinModelConfig(model.builtin(), task::CharTokenizer().vocab_size()));
+    // Rotary positions, nothing learned per position: the run chooses the
+    // context (ValidateRunModel bounds it).
+    if (model.max_context_tokens() > 0 && model.max_context_tokens() <= kMaxBuiltinContext) {
+      config.max_position_embeddings = model.max_context_tokens();
+    }
+    return config;
   }
   if (!model.has_hf_model_dir()) {
     return absl::InvalidArgumentError("model: exactly one of builtin or hf_model_dir must be set");
@@ -206,7 +213,11 @@ void ValidateRunModel(const v1::RunSpec& spec, std::vector<std::string>* problem
     }
     return;
   }
-  if (model.max_context_tokens() > config->max_position_embeddings) {
+  if (model.has_builtin() && model.max_context_tokens() > kMaxBuiltinContext) {
+    add("model.max_context_tokens",
+        absl::StrCat("must be <= ", kMaxBuiltinContext, " (the longest context a builtin model "
+                     "takes), got ", model.max_context_tokens()));
+  } else if (model.max_context_tokens() > config->max_position_embeddings) {
     add("model.max_context_tokens",
         absl::StrCat("must be <= ", config->max_position_embeddings, " (the context length of the ",
                      model_name, "), got ", model.max_context_tokens()));

@@ -27,6 +27,10 @@
 //     name as hf_model_dir.
 namespace sluice::run {
 
+// The longest context model.max_context_tokens may give a builtin model
+// (its default is BuiltinModelConfig's 32).
+inline constexpr int64_t kMaxBuiltinContext = 1024;
+
 // The tokenizer.json path a spec names: tokenizer_path (a file, or a
 // directory holding tokenizer.json), else <hf_model_dir>/tokenizer.json;
 // "" for a builtin model (whatever tokenizer_path says; ValidateRunModel

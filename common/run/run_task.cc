@@ -173,6 +173,8 @@ task::ArithmeticOptions ArithmeticOptionsFor(const v1::RunSpec& spec) {
   options.min_operand = arithmetic.min_operand();
   options.max_operand = arithmetic.max_operand();
   options.num_operands = arithmetic.num_operands();
+  options.max_operands = arithmetic.max_operands();
+  options.show_work = arithmetic.show_work();
   options.operators.assign(arithmetic.operators().begin(), arithmetic.operators().end());
   options.num_prompts = arithmetic.num_prompts();
   options.eval_size = spec.task().eval_split_size();

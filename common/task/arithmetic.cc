@@ -1,5 +1,6 @@
 #include "common/task/arithmetic.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <random>
@@ -20,6 +21,9 @@ namespace {
 constexpr int64_t kMaxOperandLimit = 999'999'999;
 constexpr int kMinOperands = 2;
 constexpr int kMaxOperands = 4;
+// The long-tail variant: up to 8 operands below 1000 (|result| < 1e24).
+constexpr int kMaxLongOperands = 8;
+constexpr int64_t kMaxLongOperand = 999;
 // Up to this many distinct problems the whole space is enumerated and
 // shuffled; above it, problems are drawn without replacement.
 constexpr int64_t kEnumerationLimit = 1'000'000;
@@ -65,6 +69,18 @@ int64_t CountProblems(const ArithmeticOptions& options, int64_t cap) {
   return count;
 }
 
+// Distinct problems over every operand count the options allow,
+// saturated at `cap`.
+int64_t CountAllProblems(const ArithmeticOptions& options, int64_t cap) {
+  int64_t count = 0;
+  ArithmeticOptions fixed = options;
+  for (int k = options.num_operands; k <= std::max(options.num_operands, options.max_operands); ++k) {
+    fixed.num_operands = k;
+    count = std::min(cap, count + CountProblems(fixed, cap));
+  }
+  return count;
+}
+
 struct Problem {
   std::vector<int64_t> operands;
   std::vector<char> operators;  // operands.size() - 1 of '+', '-', '*'
@@ -87,6 +103,19 @@ __int128 Evaluate(const Problem& problem) {
     }
   }
   return total + sign * term;
+}
+
+// "52,65" for 07+45+13: the result after each operator, left to right
+// (show_work; '+' and '-' only, which associate left).
+std::string WorkedAnswer(const Problem& problem) {
+  std::string answer;
+  __int128 total = problem.operands[0];
+  for (size_t i = 0; i < problem.operators.size(); ++i) {
+    total += problem.operators[i] == '-' ? -problem.operands[i + 1] : problem.operands[i + 1];
+    if (i > 0) answer += ',';
+    answer += Int128ToString(total);
+  }
+  return answer;
 }
 
 std::string FormatPrompt(const Problem& problem, int width) {
@@ -120,13 +149,22 @@ Problem DecodeProblem(uint64_t index, const ArithmeticOptions& options) {
   return problem;
 }
 
+// Operands for the long-tail variant: num_operands + j, P(j) ~ 2^-j.
+int DrawOperandCount(std::mt19937_64& rng, const ArithmeticOptions& options) {
+  int count = options.num_operands;
+  while (count < options.max_operands && UniformBelow(rng, 2) == 1) ++count;
+  return count;
+}
+
 Problem DrawProblem(std::mt19937_64& rng, const ArithmeticOptions& options) {
   const uint64_t range = static_cast<uint64_t>(options.max_operand - options.min_operand + 1);
+  const int count = options.max_operands > options.num_operands ? DrawOperandCount(rng, options)
+                                                                  : options.num_operands;
   Problem problem;
-  for (int i = 0; i < options.num_operands; ++i) {
+  for (int i = 0; i < count; ++i) {
     problem.operands.push_back(options.min_operand + static_cast<int64_t>(UniformBelow(rng, range)));
   }
-  for (int i = 0; i + 1 < options.num_operands; ++i) {
+  for (int i = 0; i + 1 < count; ++i) {
     problem.operators.push_back(options.operators[UniformBelow(rng, options.operators.size())][0]);
   }
   return problem;
@@ -150,6 +188,25 @@ absl::Status ValidateArithmeticOptions(const ArithmeticOptions& options) {
   if (options.num_operands < kMinOperands || options.num_operands > kMaxOperands) {
     problems.push_back(absl::StrCat("num_operands: must be in [", kMinOperands, ", ", kMaxOperands,
                                     "], got ", options.num_operands));
+  }
+  if (options.max_operands != 0 &&
+      (options.max_operands < options.num_operands || options.max_operands > kMaxLongOperands)) {
+    problems.push_back(absl::StrCat("max_operands: must be 0 (= num_operands) or in [num_operands (",
+                                    options.num_operands, "), ", kMaxLongOperands, "], got ",
+                                    options.max_operands));
+  }
+  if (options.max_operands > kMaxOperands && options.max_operand > kMaxLongOperand) {
+    problems.push_back(absl::StrCat("max_operand: must be <= ", kMaxLongOperand, " with more than ",
+                                    kMaxOperands, " operands (max_operands ", options.max_operands,
+                                    "), got ", options.max_operand));
+  }
+  if (options.show_work) {
+    for (const std::string& op : options.operators) {
+      if (op == "*") {
+        problems.push_back("show_work: needs operators among \"+\" and \"-\" (running results "
+                           "of a product would not be the expression's steps), got \"*\"");
+      }
+    }
   }
   if (options.operators.empty()) {
     problems.push_back("operators: must name at least one of \"+\", \"-\", \"*\"");
@@ -180,7 +237,7 @@ absl::Status ValidateArithmeticOptions(const ArithmeticOptions& options) {
   // The space can only be sized once the fields it depends on are sound.
   if (problems.empty() && operators_ok) {
     const int64_t needed = options.eval_size + 1;
-    const int64_t available = CountProblems(options, needed);
+    const int64_t available = CountAllProblems(options, needed);
     if (available < needed) {
       problems.push_back(absl::StrCat("eval_size: only ", available,
                                       " distinct problems exist, which leaves no training "
@@ -197,13 +254,14 @@ absl::StatusOr<ArithmeticTask> ArithmeticTask::Generate(const ArithmeticOptions&
   RETURN_IF_ERROR(ValidateArithmeticOptions(options));
 
   const int64_t wanted = options.eval_size + options.num_prompts;
-  const int64_t total = CountProblems(options, std::numeric_limits<int64_t>::max());
+  const int64_t total = CountAllProblems(options, std::numeric_limits<int64_t>::max());
   const int64_t taken = std::min(wanted, total);
   std::mt19937_64 rng(options.seed);
 
   std::vector<Problem> problems;
   problems.reserve(static_cast<size_t>(taken));
-  if (total <= kEnumerationLimit) {
+  const bool long_tail = options.max_operands > options.num_operands;
+  if (total <= kEnumerationLimit && !long_tail) {
     std::vector<uint32_t> order(static_cast<size_t>(total));
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<uint32_t>(i);
     Shuffle(order, rng);
@@ -226,7 +284,9 @@ absl::StatusOr<ArithmeticTask> ArithmeticTask::Generate(const ArithmeticOptions&
   char id[32];
   for (int64_t i = 0; i < taken; ++i) {
     std::snprintf(id, sizeof(id), "arith-%06lld", static_cast<long long>(i));
-    TaskItem item{id, FormatPrompt(problems[i], width), Int128ToString(Evaluate(problems[i]))};
+    TaskItem item{id, FormatPrompt(problems[i], width),
+                  options.show_work ? WorkedAnswer(problems[i])
+                                    : Int128ToString(Evaluate(problems[i]))};
     (i < options.eval_size ? task.eval : task.train).push_back(std::move(item));
   }
   return task;

@@ -29,7 +29,13 @@ struct ArithmeticOptions {
   int64_t min_operand = 0;
   int64_t max_operand = 99;
   int num_operands = 2;
+  // 0 = num_operands. Larger: num_operands + j operands with probability
+  // proportional to 2^-j, j = 0 .. max_operands - num_operands.
+  int max_operands = 0;
   std::vector<std::string> operators = {"+"};  // each "+", "-" or "*"
+  // The answer is every intermediate result, comma-separated ("07+45+13="
+  // -> "52,65"); operators among "+" and "-" only.
+  bool show_work = false;
   // Distinct problems in the training pool (capped by how many distinct
   // problems exist; see Generate).
   int64_t num_prompts = 10000;
@@ -46,6 +52,14 @@ struct ArithmeticOptions {
 //
 // With more than two operands the answer follows the usual precedence ('*'
 // before '+' and '-', left to right), e.g. "2+3*4=" -> "14".
+//
+// The long-tail variant (max_operands > num_operands, usually with
+// show_work): operand counts vary, most expressions short and a few long,
+// and with show_work the answer spells every intermediate result, so
+// completion lengths are long-tailed as reasoning traces are. Its problems
+// are always drawn (without replacement; once the short ones run out, a
+// duplicate draw is redrawn, so a small operand range shifts the counts
+// toward longer expressions).
 //
 // Generation is deterministic in the options (same options, same items, on
 // every machine): the distinct problems are enumerated (or drawn without
@@ -66,7 +80,9 @@ struct ArithmeticTask {
 // Validation with a message naming the field (e.g. "max_operand: must be >=
 // min_operand (3), got 2"); every problem is reported, joined by "; ".
 // Besides the field ranges documented above: max_operand <= 999,999,999 (so
-// answers are exact), operators without duplicates, and enough distinct
+// answers are exact; <= 999 above 4 operands), max_operands 0 or in
+// [num_operands, 8], show_work only with "+" and "-", operators without
+// duplicates, and enough distinct
 // problems for eval_size plus one training item. Generate calls it.
 absl::Status ValidateArithmeticOptions(const ArithmeticOptions& options);
 

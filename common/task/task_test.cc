@@ -289,5 +289,89 @@ TEST(ArithmeticTaskTest, ValidationNeedsOneTrainingProblemBeyondTheEvalSplit) {
   EXPECT_EQ(task.train.size(), 1u);
 }
 
+// The long-tail variant: operand counts from num_operands up, halving in
+// probability per extra operand, and answers that show every step.
+TEST(ArithmeticTaskTest, LongTailShowsTheWorkAndMostExpressionsAreShort) {
+  ArithmeticOptions options;
+  options.num_operands = 2;
+  options.max_operands = 6;
+  options.operators = {"+", "-"};
+  options.show_work = true;
+  options.num_prompts = 4000;
+  options.eval_size = 200;
+  options.seed = 5;
+  absl::StatusOr<ArithmeticTask> task = ArithmeticTask::Generate(options);
+  ASSERT_TRUE(task.ok()) << task.status();
+  ASSERT_EQ(task->train.size(), 4000u);
+  std::map<int, int> by_count;
+  std::set<std::string> prompts;
+  for (const TaskItem& item : task->train) {
+    EXPECT_TRUE(prompts.insert(item.prompt).second) << item.prompt;
+    // Operands and the running results, recomputed here.
+    std::vector<long long> operands;
+    std::vector<char> ops;
+    long long current = 0;
+    for (char c : item.prompt) {
+      if (c >= '0' && c <= '9') {
+        current = current * 10 + (c - '0');
+      } else {
+        operands.push_back(current);
+        current = 0;
+        if (c != '=') ops.push_back(c);
+      }
+    }
+    ++by_count[static_cast<int>(operands.size())];
+    std::string expected;
+    long long total = operands[0];
+    for (size_t i = 0; i < ops.size(); ++i) {
+      total += ops[i] == '+' ? operands[i + 1] : -operands[i + 1];
+      expected += (i > 0 ? "," : "") + std::to_string(total);
+    }
+    EXPECT_EQ(item.reference_answer, expected) << item.prompt;
+    // The final result is the expression's value.
+    EXPECT_EQ(std::to_string(Reference(item.prompt)),
+              expected.substr(expected.rfind(',') == std::string::npos ? 0 : expected.rfind(',') + 1));
+  }
+  // P(2) = 1/2, P(3) = 1/4, ... P(6) = 1/16 (the tail's rest folds into 6).
+  EXPECT_NEAR(by_count[2] / 4000.0, 0.5, 0.04);
+  EXPECT_NEAR(by_count[3] / 4000.0, 0.25, 0.03);
+  EXPECT_NEAR(by_count[6] / 4000.0, 0.0625, 0.02);
+  EXPECT_EQ(by_count.count(7), 0u);
+  EXPECT_EQ(by_count.begin()->first, 2);
+
+  // Deterministic in the options.
+  absl::StatusOr<ArithmeticTask> again = ArithmeticTask::Generate(options);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->train[17].prompt, task->train[17].prompt);
+  EXPECT_EQ(again->eval[3].reference_answer, task->eval[3].reference_answer);
+}
+
+TEST(ArithmeticTaskTest, LongTailValidation) {
+  ArithmeticOptions options;
+  options.num_operands = 3;
+  options.max_operands = 2;
+  EXPECT_THAT(std::string(ValidateArithmeticOptions(options).message()),
+              HasSubstr("max_operands: must be 0 (= num_operands) or in [num_operands (3), 8], got 2"));
+  options.max_operands = 9;
+  EXPECT_THAT(std::string(ValidateArithmeticOptions(options).message()), HasSubstr("got 9"));
+  options.max_operands = 6;
+  options.max_operand = 5000;
+  EXPECT_THAT(std::string(ValidateArithmeticOptions(options).message()),
+              HasSubstr("max_operand: must be <= 999 with more than 4 operands"));
+  ArithmeticOptions product;
+  product.operators = {"+", "*"};
+  product.show_work = true;
+  EXPECT_THAT(std::string(ValidateArithmeticOptions(product).message()),
+              HasSubstr("show_work: needs operators among"));
+  // Two operands with show_work: the one step is the answer.
+  ArithmeticOptions two;
+  two.show_work = true;
+  two.num_prompts = 10;
+  ArithmeticTask task = *ArithmeticTask::Generate(two);
+  for (const TaskItem& item : task.train) {
+    EXPECT_EQ(item.reference_answer, std::to_string(Reference(item.prompt)));
+  }
+}
+
 }  // namespace
 }  // namespace sluice::task

@@ -316,8 +316,16 @@ class RolloutRun::Impl {
         AbandonAll("aborted");
         return absl::OkStatus();
       }
+      if (!deferred_.empty() && engine_ != nullptr && engine_->idle()) {
+        std::vector<InFlightGroup> deferred = std::move(deferred_);
+        deferred_.clear();
+        if (absl::Status added = AddToEngine(std::move(deferred), group_size); !added.ok()) {
+          AbandonAll("generation failed");
+          return added;
+        }
+      }
       const bool busy = engine_ != nullptr && !engine_->idle();
-      if (!stopping() && !run_done_) {
+      if (!stopping() && !run_done_ && deferred_.empty()) {
         // Up to max_groups held (rollout.max_concurrent_groups_per_worker);
         // those the engine has no rows for yet wait in its queue.
         const int64_t free_groups = max_groups - static_cast<int64_t>(in_flight_.size());
@@ -328,11 +336,17 @@ class RolloutRun::Impl {
             AbandonAll("generation failed");
             return topped;
           }
-          SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + ready_.size()));
+          SetGroupsInFlight(
+              static_cast<int32_t>(in_flight_.size() + ready_.size() + deferred_.size()));
         }
       }
       if (engine_ == nullptr || engine_->idle()) {
-        if (!ready_.empty()) RETURN_IF_ERROR(FlushReady());
+        if (!ready_.empty()) {
+          if (absl::Status flushed = FlushReady(); !flushed.ok()) {
+            AbandonAll("run failing");
+            return flushed;
+          }
+        }
         // Stopping, or the controller needs no more: what was in flight is
         // finished and handed over (as a batch in progress always was).
         if (stopping() || run_done_) return absl::OkStatus();
@@ -363,7 +377,11 @@ class RolloutRun::Impl {
       RecordTokens(tokens, absl::ToDoubleSeconds(absl::Now() - step_start));
       if (!ready_.empty() && (ready_.size() >= flush_groups || engine_->idle() ||
                               absl::Now() - ready_since >= flush_after)) {
-        RETURN_IF_ERROR(FlushReady());
+        if (absl::Status flushed = FlushReady(); !flushed.ok()) {
+          // What is still in the engine goes back (its slots and prompts).
+          AbandonAll("run failing");
+          return flushed;
+        }
       }
     }
   }
@@ -419,7 +437,8 @@ class RolloutRun::Impl {
     std::vector<std::string> leases(slots->lease_ids().begin(), slots->lease_ids().end());
     // In flight from their slots until they are inserted or given back:
     // what the controller waits on before it starts another run here.
-    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + ready_.size() + leases.size()));
+    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + ready_.size() + deferred_.size() +
+                                           leases.size()));
     // 2. Weights at least as new as the version the slots were granted at.
     if (busy) {
       const model::PolicySnapshot held = Latest();
@@ -470,7 +489,6 @@ class RolloutRun::Impl {
     ++batch_counter_;
     const uint64_t seed = BatchSeed();
     std::vector<InFlightGroup> groups_in;
-    int64_t longest = 0;
     for (int p = 0; p < prompts->prompts_size(); ++p) {
       InFlightGroup group;
       group.prompt = prompts->prompts(p);
@@ -483,16 +501,24 @@ class RolloutRun::Impl {
       group.start = absl::Now();
       group.initial_version = Latest().version;
       group.completions.resize(static_cast<size_t>(group_size));
-      longest = std::max<int64_t>(longest, static_cast<int64_t>(group.ids.size()));
       groups_in.push_back(std::move(group));
     }
-    // An engine whose rows fit the memory budget for prompts this long (a
-    // longer prompt than it was made for waits until it is idle and is
-    // remade).
-    if (engine_ != nullptr && longest + 1 > engine_->options().capacity &&
-        engine_->options().capacity < ContextTokens()) {
+    return AddToEngine(std::move(groups_in), group_size);
+  }
+
+  // Adds the groups to the engine, made (or remade, once idle) with rows
+  // that fit the memory budget for prompts as long as theirs. Groups whose
+  // prompts need more room than a busy engine was made for wait in
+  // deferred_ until it is idle (Loop leases nothing meanwhile).
+  absl::Status AddToEngine(std::vector<InFlightGroup> groups_in, int group_size) {
+    int64_t longest = 0;
+    for (const InFlightGroup& group : groups_in) {
+      longest = std::max<int64_t>(longest, static_cast<int64_t>(group.ids.size()));
+    }
+    const int64_t needed = std::min(ContextTokens(), longest + sampling_.max_new_tokens);
+    if (engine_ != nullptr && needed > engine_->options().capacity) {
       if (!engine_->idle()) {
-        for (InFlightGroup& group : groups_in) Abandon(std::move(group), "engine resizing");
+        for (InFlightGroup& group : groups_in) deferred_.push_back(std::move(group));
         return absl::OkStatus();
       }
       engine_.reset();
@@ -620,12 +646,15 @@ class RolloutRun::Impl {
       leases.push_back(group.slot_lease);
       prompts.push_back(group.prompt.prompt_id());
     }
-    for (InFlightGroup& group : ready_) {
-      leases.push_back(group.slot_lease);
-      prompts.push_back(group.prompt.prompt_id());
+    for (const auto* held : {&ready_, &deferred_}) {
+      for (const InFlightGroup& group : *held) {
+        leases.push_back(group.slot_lease);
+        prompts.push_back(group.prompt.prompt_id());
+      }
     }
     in_flight_.clear();
     ready_.clear();
+    deferred_.clear();
     if (leases.empty()) return;
     Release(leases, reason);
     Report({}, prompts, 0).IgnoreError();  // stopping: the leases expire otherwise
@@ -635,7 +664,7 @@ class RolloutRun::Impl {
     std::vector<InFlightGroup> groups = std::move(ready_);
     ready_.clear();
     absl::Status status = FinishGroups(groups);
-    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size()));
+    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + deferred_.size()));
     return status;
   }
 
@@ -948,6 +977,8 @@ class RolloutRun::Impl {
   std::unique_ptr<model::Engine> engine_;
   std::map<int64_t, InFlightGroup> in_flight_;
   std::vector<InFlightGroup> ready_;
+  // Leased for prompts longer than the busy engine has room for.
+  std::vector<InFlightGroup> deferred_;
   int64_t sampled_tokens_seen_ = 0;
   // LeasePrompts said the run is done: lease no more, finish what is held.
   bool run_done_ = false;

@@ -171,8 +171,16 @@ class FakeController : public clients::ControllerClient {
       v1::Prompt* p = response.add_prompts();
       const int a = (leases * 3 + i) % 10;
       p->set_prompt_id(reissue ? absl::StrCat("p1-", i) : absl::StrCat("p", leases, "-", i));
-      p->set_text(absl::StrCat(a, "+1="));
-      p->set_reference_answer(absl::StrCat(a + 1));
+      if (grow) {
+        // Each lease's prompts longer than the last's: "a+1=", "a+1+1=", ...
+        std::string text = absl::StrCat(a);
+        for (int k = 0; k < leases; ++k) text += "+1";
+        p->set_text(text + "=");
+        p->set_reference_answer(absl::StrCat(a + leases));
+      } else {
+        p->set_text(absl::StrCat(a, "+1="));
+        p->set_reference_answer(absl::StrCat(a + 1));
+      }
       p->set_reference_is_solution(i % 2 == 0);
     }
     response.set_lease_id(absl::StrCat("L", leases));
@@ -204,6 +212,8 @@ class FakeController : public clients::ControllerClient {
   // Every lease hands out the first lease's prompt ids again, as the
   // controller does with prompts whose lease expired.
   bool reissue = false;
+  // Every lease's prompts are longer than the previous lease's.
+  bool grow = false;
 
  private:
   const int batches_;
@@ -424,6 +434,42 @@ TEST(RolloutRunTest, ABatchOverTheMemoryBudgetIsGeneratedInPiecesThatFit) {
   // generated: the engine was topped up, not drained first.
   ASSERT_GE(controller.completed_at_lease.size(), 2u);
   EXPECT_LT(controller.completed_at_lease[1], 3);
+}
+
+// Prompts longer than the engine was made for (its rows sized to the budget
+// for the first lease's prompts) wait until it is idle and it is remade with
+// room for them: every group is still generated whole, with its full
+// max_new_tokens available, and nothing is abandoned.
+TEST(RolloutRunTest, LongerPromptsThanTheEngineWasMadeForWaitForItToBeRemade) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/4);
+  controller.grow = true;
+  FakeReward reward;
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 1};
+  v1::RunSpec spec = Spec();
+  spec.mutable_rollout()->set_max_concurrent_groups_per_worker(8);
+  RolloutRun run("run-grow", spec, deps);
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  absl::MutexLock lock(&buffer.mu);
+  ASSERT_GE(buffer.groups.size(), 16u);
+  std::set<int> prompt_lengths;
+  for (const auto& g : buffer.groups) {
+    EXPECT_EQ(g.trajectories_size(), 4);
+    prompt_lengths.insert(g.trajectories(0).prompt_token_ids_size());
+    for (const auto& t : g.trajectories()) {
+      // Never cut short by a cache made for shorter prompts.
+      EXPECT_TRUE(t.finish_reason() == v1::FINISH_REASON_STOP ||
+                  t.completion_token_ids_size() == 5)
+          << t.completion_token_ids_size();
+    }
+  }
+  EXPECT_GE(prompt_lengths.size(), 3u);
+  absl::MutexLock lock2(&controller.mu);
+  EXPECT_EQ(controller.abandoned, 0);
+  EXPECT_EQ(controller.completed, static_cast<int>(buffer.groups.size()));
 }
 
 // Not even one group fits: the run ends with RESOURCE_EXHAUSTED saying so

@@ -288,7 +288,6 @@ void Engine::CopyIntoRow(int64_t slot, const KVCache& from, int64_t from_row, in
 
 absl::Status Engine::SampleInto(const torch::Tensor& logits, const std::vector<Row*>& rows) {
   const int64_t n = static_cast<int64_t>(rows.size());
-  const float minus_infinity = -std::numeric_limits<float>::infinity();
   const auto no_distribution = [&]() {
     std::string why = (torch::isnan(logits) | torch::isposinf(logits)).any().item<bool>()
                           ? "the policy produced NaN or infinite logits: its weights are broken"
@@ -306,19 +305,7 @@ absl::Status Engine::SampleInto(const torch::Tensor& logits, const std::vector<R
     const torch::Tensor scaled = logits / sampling_.temperature;
     const torch::Tensor log_probs = torch::log_softmax(scaled, -1);
     const int64_t vocab = logits.size(-1);
-    torch::Tensor filtered = scaled;
-    if (sampling_.top_k > 0 && sampling_.top_k < vocab) {
-      const torch::Tensor kth =
-          std::get<0>(scaled.topk(sampling_.top_k, -1)).narrow(-1, sampling_.top_k - 1, 1);
-      filtered = filtered.masked_fill(filtered < kth, minus_infinity);
-    }
-    if (sampling_.top_p < 1.0) {
-      auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
-      const torch::Tensor probs = torch::softmax(sorted, -1);
-      const torch::Tensor mass_above = probs.cumsum(-1) - probs;
-      sorted = sorted.masked_fill(mass_above >= sampling_.top_p, minus_infinity);
-      filtered = torch::empty_like(filtered).scatter_(-1, order, sorted);
-    }
+    const torch::Tensor filtered = TruncateLogits(scaled, sampling_.top_k, sampling_.top_p);
     const torch::Tensor probabilities = torch::softmax(filtered, -1);
     if (!torch::isfinite(probabilities).all().item<bool>()) return no_distribution();
     // Inverse CDF with the row's own draw: the first token whose cumulative

@@ -49,6 +49,27 @@ absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next)
   return absl::OkStatus();
 }
 
+torch::Tensor TruncateLogits(const torch::Tensor& scaled, int64_t top_k, double top_p) {
+  const float minus_infinity = -std::numeric_limits<float>::infinity();
+  const int64_t vocab = scaled.size(-1);
+  torch::Tensor filtered = scaled;
+  if (top_k > 0 && top_k < vocab) {
+    const torch::Tensor kth = std::get<0>(scaled.topk(top_k, -1)).narrow(-1, top_k - 1, 1);
+    filtered = filtered.masked_fill(filtered < kth, minus_infinity);
+  }
+  if (top_p < 1.0) {
+    auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
+    const torch::Tensor probs = torch::softmax(sorted, -1);
+    // Drop a token when the tokens ranked above it already hold top_p of
+    // the mass: what is left is the smallest prefix with mass >= top_p,
+    // and the top token (nothing above it) always stays.
+    const torch::Tensor mass_above = probs.cumsum(-1) - probs;
+    sorted = sorted.masked_fill(mass_above >= top_p, minus_infinity);
+    filtered = torch::empty_like(filtered).scatter_(-1, order, sorted);
+  }
+  return filtered;
+}
+
 namespace {
 
 // Why a row has no distribution to sample from: broken weights (a NaN or
@@ -74,7 +95,6 @@ absl::Status NoDistribution(const torch::Tensor& logits, double temperature) {
 absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Sample(const torch::Tensor& logits,
                                                                const SamplingOptions& options,
                                                                at::Generator& generator) {
-  const float minus_infinity = -std::numeric_limits<float>::infinity();
   torch::Tensor tokens;
   torch::Tensor logprobs;
   if (options.temperature == 0) {
@@ -83,22 +103,7 @@ absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> Sample(const torch::Tens
   } else {
     const torch::Tensor scaled = logits / options.temperature;
     const torch::Tensor log_probs = torch::log_softmax(scaled, -1);
-    const int64_t vocab = logits.size(-1);
-    torch::Tensor filtered = scaled;
-    if (options.top_k > 0 && options.top_k < vocab) {
-      const torch::Tensor kth = std::get<0>(scaled.topk(options.top_k, -1)).narrow(-1, options.top_k - 1, 1);
-      filtered = filtered.masked_fill(filtered < kth, minus_infinity);
-    }
-    if (options.top_p < 1.0) {
-      auto [sorted, order] = filtered.sort(-1, /*descending=*/true);
-      const torch::Tensor probs = torch::softmax(sorted, -1);
-      // Drop a token when the tokens ranked above it already hold top_p of
-      // the mass: what is left is the smallest prefix with mass >= top_p,
-      // and the top token (nothing above it) always stays.
-      const torch::Tensor mass_above = probs.cumsum(-1) - probs;
-      sorted = sorted.masked_fill(mass_above >= options.top_p, minus_infinity);
-      filtered = torch::empty_like(filtered).scatter_(-1, order, sorted);
-    }
+    const torch::Tensor filtered = TruncateLogits(scaled, options.top_k, options.top_p);
     const torch::Tensor probabilities = torch::softmax(filtered, -1);
     if (!torch::isfinite(probabilities).all().item<bool>()) {
       return NoDistribution(logits, options.temperature);

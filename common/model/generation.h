@@ -79,6 +79,11 @@ absl::Status ValidateSamplingOptions(const SamplingOptions& options);
 // dim, context): what a weight swap mid-generation needs.
 absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next);
 
+// Temperature-scaled logits [..., V] with every token outside the top_k
+// (0 = off) and outside the smallest most-likely set holding top_p of the
+// mass (1 = off) set to -inf: what sampling draws from.
+torch::Tensor TruncateLogits(const torch::Tensor& scaled, int64_t top_k, double top_p);
+
 absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const SamplingOptions& options,

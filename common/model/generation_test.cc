@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/test_models.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -17,22 +18,8 @@ using ::testing::HasSubstr;
 
 constexpr int64_t kVocab = 24;
 
-// Tiny model with O(1) logits (see transformer_test.cc: the 0.02
-// initialisation gives near-uniform distributions, under which greedy
-// choices would hinge on float rounding).
 std::shared_ptr<const Transformer> Model(uint64_t seed, const std::string& name = "tiny") {
-  absl::StatusOr<std::unique_ptr<Transformer>> model =
-      Transformer::Create(*BuiltinModelConfig(name, kVocab), seed);
-  EXPECT_TRUE(model.ok());
-  torch::manual_seed(seed);
-  std::vector<NamedTensor> weights;
-  for (const NamedTensor& param : (*model)->parameters()) {
-    torch::Tensor value = torch::randn(param.tensor.sizes()) * 0.1;
-    if (param.name.find("norm") != std::string::npos) value = 1.0 + value;
-    weights.push_back({param.name, value});
-  }
-  EXPECT_TRUE((*model)->LoadWeights(weights).ok());
-  return std::shared_ptr<const Transformer>(std::move(*model));
+  return testing::TestModel(seed, kVocab, name);
 }
 
 const std::vector<std::vector<int32_t>> kPrompts = {

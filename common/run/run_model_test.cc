@@ -223,7 +223,16 @@ TEST(ValidateRunModelTest, NamesEveryProblemWithItsField) {
   model.set_tokenizer_path("/x/tokenizer.json");
   EXPECT_THAT(Problems(SpecWithModel(model)),
               ElementsAre(HasSubstr("model.tokenizer_path: builtin models use their built-in"),
-                          HasSubstr("model.max_context_tokens: must be <= 32")));
+                          HasSubstr("model.max_context_tokens: must be <= 1024 (the longest "
+                                    "context a builtin model takes), got 4096")));
+  // Within 1024 a builtin model takes the context it is given (rotary
+  // positions): the run's config has it.
+  model.clear_tokenizer_path();
+  model.set_max_context_tokens(64);
+  EXPECT_THAT(Problems(SpecWithModel(model)), IsEmpty());
+  EXPECT_EQ(LoadRunModelConfig(model)->max_position_embeddings, 64);
+  model.set_max_context_tokens(0);
+  EXPECT_EQ(LoadRunModelConfig(model)->max_position_embeddings, 32);
 
   model.Clear();
   model.set_hf_model_dir("/no/such/model");

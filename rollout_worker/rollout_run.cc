@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <map>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -284,6 +285,7 @@ class RolloutRun::Impl {
     std::string slot_lease;
     std::vector<int32_t> ids;
     uint64_t batch = 0;  // the lease it came in (names the group)
+    int index = 0;       // its prompt's place in that lease
     uint64_t seed = 0;   // sample g draws from SampleSeed(seed, g)
     google::protobuf::Timestamp started_at;
     absl::Time start;
@@ -428,8 +430,13 @@ class RolloutRun::Impl {
         return clients::PrefixMessage(slots.status(), "acquiring generation slots");
       }
       if (stopping()) return absl::OkStatus();
-      log::Warning("could not acquire generation slots",
-                   {{"run_id", run_id_}, {"error", std::string(slots.status().message())}});
+      // Busy, the engine steps on and this is tried again at its next step:
+      // warn once a second at most rather than at every step.
+      if (!busy || absl::Now() - last_acquire_warning_ >= absl::Seconds(1)) {
+        last_acquire_warning_ = absl::Now();
+        log::Warning("could not acquire generation slots",
+                     {{"run_id", run_id_}, {"error", std::string(slots.status().message())}});
+      }
       if (!busy) Pause(absl::Milliseconds(500));
       return absl::OkStatus();
     }
@@ -464,6 +471,8 @@ class RolloutRun::Impl {
         return clients::PrefixMessage(prompts.status(), "leasing prompts");
       }
       if (stopping()) return absl::OkStatus();
+      if (busy && absl::Now() - last_lease_warning_ < absl::Seconds(1)) return absl::OkStatus();
+      last_lease_warning_ = absl::Now();
       log::Warning("could not lease prompts",
                    {{"run_id", run_id_}, {"error", std::string(prompts.status().message())}});
       if (!busy) Pause(absl::Milliseconds(500));
@@ -496,6 +505,7 @@ class RolloutRun::Impl {
       group.ids.assign(group.prompt.token_ids().begin(), group.prompt.token_ids().end());
       if (group.ids.empty()) group.ids = run::EncodePrompt(*tokenizer_, group.prompt.text());
       group.batch = batch_counter_;
+      group.index = p;
       group.seed = seed + static_cast<uint64_t>(p) * static_cast<uint64_t>(group_size);
       group.started_at = TimeUtil::GetCurrentTime();
       group.start = absl::Now();
@@ -663,6 +673,10 @@ class RolloutRun::Impl {
   absl::Status FlushReady() {
     std::vector<InFlightGroup> groups = std::move(ready_);
     ready_.clear();
+    // In lease order, whatever order their samples finished in.
+    std::sort(groups.begin(), groups.end(), [](const InFlightGroup& a, const InFlightGroup& b) {
+      return std::tie(a.batch, a.index) < std::tie(b.batch, b.index);
+    });
     absl::Status status = FinishGroups(groups);
     SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + deferred_.size()));
     return status;
@@ -977,6 +991,9 @@ class RolloutRun::Impl {
   std::unique_ptr<model::Engine> engine_;
   std::map<int64_t, InFlightGroup> in_flight_;
   std::vector<InFlightGroup> ready_;
+  // When TopUp last warned that slots or prompts could not be had.
+  absl::Time last_acquire_warning_ = absl::InfinitePast();
+  absl::Time last_lease_warning_ = absl::InfinitePast();
   // Leased for prompts longer than the busy engine has room for.
   std::vector<InFlightGroup> deferred_;
   int64_t sampled_tokens_seen_ = 0;

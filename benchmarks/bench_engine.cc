@@ -166,8 +166,7 @@ absl::StatusOr<EngineFigures> RunContinuous(const sluice::model::PolicySnapshot&
   }
   figures.seconds = absl::ToDoubleSeconds(absl::Now() - start);
   // Rows decoded plus the first token of each sequence (from its prefill).
-  figures.decoded_row_steps = (*engine)->stats().decoded_rows +
-                              static_cast<int64_t>(workload.lengths.size());
+  figures.decoded_row_steps = (*engine)->stats().sampled_tokens;
   figures.prompt_prefills = (*engine)->stats().prompt_prefills;
   figures.decode_steps = (*engine)->stats().decode_steps;
   return figures;

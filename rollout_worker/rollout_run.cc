@@ -303,9 +303,7 @@ class RolloutRun::Impl {
   // engine finish what it holds; an abort cuts it short and abandons it.
   absl::Status Loop() {
     const int group_size = spec_.algorithm().group_size();
-    const int max_groups = spec_.rollout().max_concurrent_groups_per_worker() > 0
-                               ? spec_.rollout().max_concurrent_groups_per_worker()
-                               : spec_.algorithm().batch_size_groups();
+    const int max_groups = MaxGroups();
     // Groups handed to FinishGroups at once: half a training batch, or
     // fewer when they have waited (the trainer wants them fresh).
     const size_t flush_groups = static_cast<size_t>(
@@ -536,7 +534,7 @@ class RolloutRun::Impl {
     if (engine_ == nullptr) {
       absl::Status made = MakeEngine(longest, group_size);
       if (!made.ok()) {
-        for (InFlightGroup& group : groups_in) Abandon(std::move(group), "generating");
+        GiveBack(Pointers(groups_in, 0), "generating");
         return clients::PrefixMessage(made, "generating");
       }
     }
@@ -553,12 +551,20 @@ class RolloutRun::Impl {
         const absl::Status error = absl::Status(
             handle.status().code(),
             absl::StrCat("prompt ", group.prompt.prompt_id(), ": ", handle.status().message()));
-        for (size_t j = i; j < groups_in.size(); ++j) Abandon(std::move(groups_in[j]), "generating");
+        GiveBack(Pointers(groups_in, i), "generating");
         return clients::PrefixMessage(error, "generating");
       }
       in_flight_.emplace(*handle, std::move(group));
     }
     return absl::OkStatus();
+  }
+
+  // Groups a worker holds at most: rollout.max_concurrent_groups_per_worker,
+  // else a training batch.
+  int MaxGroups() const {
+    return spec_.rollout().max_concurrent_groups_per_worker() > 0
+               ? spec_.rollout().max_concurrent_groups_per_worker()
+               : spec_.algorithm().batch_size_groups();
   }
 
   int64_t ContextTokens() const {
@@ -569,9 +575,7 @@ class RolloutRun::Impl {
   // The engine, its rows as many as the memory budget holds for prompts of
   // `longest` tokens and the run's max_new_tokens (run::GenerationBatchBytes).
   absl::Status MakeEngine(int64_t longest, int group_size) {
-    const int max_groups = spec_.rollout().max_concurrent_groups_per_worker() > 0
-                               ? spec_.rollout().max_concurrent_groups_per_worker()
-                               : spec_.algorithm().batch_size_groups();
+    const int max_groups = MaxGroups();
     ASSIGN_OR_RETURN(std::vector<size_t> chunks,
                      PlanGenerationChunks(generation_budget_,
                                           std::vector<int64_t>(static_cast<size_t>(max_groups), longest),
@@ -642,32 +646,36 @@ class RolloutRun::Impl {
     status_.set_tokens_generated(status_.tokens_generated() + tokens);
   }
 
-  // Gives a group's slot and prompt back.
-  void Abandon(InFlightGroup group, const std::string& reason) {
-    Release({group.slot_lease}, reason);
-    Report({}, {group.prompt.prompt_id()}, 0).IgnoreError();  // the leases expire otherwise
+  static std::vector<const InFlightGroup*> Pointers(const std::vector<InFlightGroup>& groups,
+                                                    size_t from) {
+    std::vector<const InFlightGroup*> pointers;
+    for (size_t i = from; i < groups.size(); ++i) pointers.push_back(&groups[i]);
+    return pointers;
   }
 
-  // Everything in flight and ready given back (stop with abort, an error).
+  // Gives the groups' slots and prompts back: one release, one report.
+  void GiveBack(const std::vector<const InFlightGroup*>& groups, const std::string& reason) {
+    if (groups.empty()) return;
+    std::vector<std::string> leases, prompts;
+    for (const InFlightGroup* group : groups) {
+      leases.push_back(group->slot_lease);
+      prompts.push_back(group->prompt.prompt_id());
+    }
+    Release(leases, reason);
+    Report({}, prompts, 0).IgnoreError();  // the leases expire otherwise
+  }
+
+  // Everything in flight, ready and deferred given back (stop with abort,
+  // an error).
   void AbandonAll(const std::string& reason) {
     if (engine_ != nullptr) engine_->Drain(model::Finish::kAborted);
-    std::vector<std::string> leases, prompts;
-    for (auto& [handle, group] : in_flight_) {
-      leases.push_back(group.slot_lease);
-      prompts.push_back(group.prompt.prompt_id());
-    }
-    for (const auto* held : {&ready_, &deferred_}) {
-      for (const InFlightGroup& group : *held) {
-        leases.push_back(group.slot_lease);
-        prompts.push_back(group.prompt.prompt_id());
-      }
-    }
+    std::vector<const InFlightGroup*> held = Pointers(ready_, 0);
+    for (const InFlightGroup* group : Pointers(deferred_, 0)) held.push_back(group);
+    for (const auto& [handle, group] : in_flight_) held.push_back(&group);
+    GiveBack(held, reason);
     in_flight_.clear();
     ready_.clear();
     deferred_.clear();
-    if (leases.empty()) return;
-    Release(leases, reason);
-    Report({}, prompts, 0).IgnoreError();  // stopping: the leases expire otherwise
   }
 
   absl::Status FlushReady() {
@@ -697,16 +705,7 @@ class RolloutRun::Impl {
     if (swaps > 0 && deps_.on_mid_generation_swaps) deps_.on_mid_generation_swaps(swaps);
     tokens_since_report_ += tokens;
 
-    std::vector<std::string> abandoned;
-    const auto give_back = [&](const std::string& reason) {
-      std::vector<std::string> leases;
-      for (const InFlightGroup& group : groups) {
-        leases.push_back(group.slot_lease);
-        abandoned.push_back(group.prompt.prompt_id());
-      }
-      Release(leases, reason);
-      Report({}, abandoned, 0).IgnoreError();  // the run ends either way
-    };
+    const auto give_back = [&](const std::string& reason) { GiveBack(Pointers(groups, 0), reason); };
     // Score every completion on the reward server.
     std::vector<std::string> texts;
     for (const InFlightGroup& group : groups) {
@@ -758,6 +757,7 @@ class RolloutRun::Impl {
     const int64_t reward_ms = absl::ToInt64Milliseconds(absl::Now() - score_start);
 
     // Build and insert the groups.
+    std::vector<std::string> abandoned;
     v1::InsertGroupsRequest insert;
     std::vector<std::string> completed;
     for (size_t p = 0; p < groups.size(); ++p) {

@@ -156,7 +156,6 @@ absl::Status Engine::Swap(const PolicySnapshot& policy) {
   // Prompt KV kept for waiting samples was computed by the old weights:
   // a waiting sample has no token yet, so it starts under the new ones.
   for (auto& [handle, group] : groups_) {
-    group.prefilled = false;
     group.keys.clear();
     group.values.clear();
     group.last_logits = torch::Tensor();
@@ -176,12 +175,7 @@ absl::Status Engine::Swap(const PolicySnapshot& policy) {
   Prefilled prefilled = PrefillSequences(sequences);
   for (size_t i = 0; i < rows_.size(); ++i) {
     const int64_t slot = static_cast<int64_t>(i);
-    const int64_t length = rows_[i].cached;
-    for (size_t l = 0; l < cache_.keys.size(); ++l) {
-      cache_.keys[l][slot].narrow(1, 0, length).copy_(prefilled.cache.keys[l][slot].narrow(1, 0, length));
-      cache_.values[l][slot].narrow(1, 0, length).copy_(
-          prefilled.cache.values[l][slot].narrow(1, 0, length));
-    }
+    CopyIntoRow(slot, prefilled.cache, slot, rows_[i].cached);
   }
   return absl::OkStatus();
 }
@@ -204,7 +198,7 @@ absl::Status Engine::Admit() {
     Group& group = groups_.at(waiting.group);
     const std::vector<int32_t>& prefix = waiting.request.prefix.tokens;
     if (prefix.empty()) {
-      if (!group.prefilled && prompt_index.count(waiting.group) == 0) {
+      if (group.keys.empty() && prompt_index.count(waiting.group) == 0) {
         prompt_index[waiting.group] = sequences.size();
         sequences.push_back(group.prompt);
       }
@@ -229,7 +223,6 @@ absl::Status Engine::Admit() {
           prefilled.cache.values[l][static_cast<int64_t>(index)].narrow(1, 0, length));
     }
     group.last_logits = prefilled.last_logits[static_cast<int64_t>(index)];
-    group.prefilled = true;
     ++stats_.prompt_prefills;
   }
 
@@ -270,7 +263,6 @@ absl::Status Engine::Admit() {
     if (--group.to_admit == 0) {
       // Every sample has its row: the prompt's KV is not needed again (a
       // swap recomputes rows from their tokens).
-      group.prefilled = false;
       group.keys.clear();
       group.values.clear();
     }
@@ -289,12 +281,9 @@ void Engine::CopyIntoRow(int64_t slot, const KVCache& from, int64_t from_row, in
 absl::Status Engine::SampleInto(const torch::Tensor& logits, const std::vector<Row*>& rows) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const auto no_distribution = [&]() {
-    std::string why = (torch::isnan(logits) | torch::isposinf(logits)).any().item<bool>()
-                          ? "the policy produced NaN or infinite logits: its weights are broken"
-                          : absl::StrCat("the sampling distribution is not finite at temperature ",
-                                         sampling_.temperature);
-    return absl::FailedPreconditionError(
-        absl::StrCat("sampling with policy version ", policy_.version, ": ", why));
+    const absl::Status why = NoDistribution(logits, sampling_.temperature);
+    return absl::Status(why.code(), absl::StrCat("sampling with policy version ", policy_.version,
+                                                 ": ", why.message()));
   };
   torch::Tensor tokens;
   torch::Tensor logprobs;
@@ -381,11 +370,7 @@ std::vector<FinishedSample> Engine::Compact() {
     const int64_t last = static_cast<int64_t>(rows_.size()) - 1;
     if (i != last) {
       Row& moved = rows_[static_cast<size_t>(last)];
-      for (size_t l = 0; l < cache_.keys.size(); ++l) {
-        cache_.keys[l][i].narrow(1, 0, moved.cached).copy_(cache_.keys[l][last].narrow(1, 0, moved.cached));
-        cache_.values[l][i].narrow(1, 0, moved.cached)
-            .copy_(cache_.values[l][last].narrow(1, 0, moved.cached));
-      }
+      CopyIntoRow(i, cache_, last, moved.cached);
       rows_[static_cast<size_t>(i)] = std::move(moved);
       ++stats_.compactions;
     }

@@ -139,10 +139,11 @@ class Engine {
     int32_t to_admit = 0;     // samples not yet given a row
     int32_t outstanding = 0;  // samples not yet finished
     // The prompt's KV (per layer [kv_heads, P, head_dim]) and last logits
-    // [vocab] under `version`, kept while samples of the group wait.
+    // [vocab] under the policy in use, kept while samples of the group wait;
+    // empty until the prompt is prefilled, and again after a swap or once
+    // every sample has a row.
     std::vector<torch::Tensor> keys, values;
     torch::Tensor last_logits;
-    bool prefilled = false;
   };
   struct Waiting {
     int64_t group;

@@ -70,11 +70,6 @@ torch::Tensor TruncateLogits(const torch::Tensor& scaled, int64_t top_k, double 
   return filtered;
 }
 
-namespace {
-
-// Why a row has no distribution to sample from: broken weights (a NaN or
-// +inf logit), else a temperature that over- or underflows the softmax.
-// Only called once a check failed, so the extra pass is off the hot path.
 absl::Status NoDistribution(const torch::Tensor& logits, double temperature) {
   if ((torch::isnan(logits) | torch::isposinf(logits)).any().item<bool>()) {
     return absl::FailedPreconditionError(
@@ -83,6 +78,8 @@ absl::Status NoDistribution(const torch::Tensor& logits, double temperature) {
   return absl::FailedPreconditionError(
       absl::StrCat("the sampling distribution is not finite at temperature ", temperature));
 }
+
+namespace {
 
 // Samples one token per row from logits [B, V]; returns the tokens [B] and
 // their behaviour log-probabilities [B] (before truncation).

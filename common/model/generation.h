@@ -84,6 +84,12 @@ absl::Status CheckSwappable(const ModelConfig& current, const ModelConfig& next)
 // mass (1 = off) set to -inf: what sampling draws from.
 torch::Tensor TruncateLogits(const torch::Tensor& scaled, int64_t top_k, double top_p);
 
+// Why logits [..., V] give no distribution to sample from at `temperature`:
+// FAILED_PRECONDITION saying the weights are broken (a NaN or +inf logit),
+// else that the temperature over- or underflows the softmax. For a check
+// that already failed (it makes one more pass over the logits).
+absl::Status NoDistribution(const torch::Tensor& logits, double temperature);
+
 absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                                  const std::vector<std::vector<int32_t>>& prompts,
                                                  const SamplingOptions& options,

@@ -202,6 +202,11 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
   const torch::Tensor sin =
       rope_sin_.index_select(0, flat_positions).view({batch, length, 1, head_dim});
 
+  // Per-row writes (row_columns) index cache rows 0 .. B - 1, and `last`
+  // picks one position per row: the row indices, made once per call.
+  const torch::Tensor cache_rows = row_columns.defined() || last.defined()
+                                       ? torch::arange(batch, torch::kInt64)
+                                       : torch::Tensor();
   torch::Tensor x = torch::embedding(embed_, input_ids.to(torch::kInt64));
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& p = layers_[l];
@@ -216,9 +221,8 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
     if (cache != nullptr && row_columns.defined()) {
       // One new position per row, each at its own column.
       using torch::indexing::Slice;
-      const torch::Tensor rows = torch::arange(batch, torch::kInt64);
-      cache->keys[l].index_put_({rows, Slice(), row_columns}, k.select(2, 0));
-      cache->values[l].index_put_({rows, Slice(), row_columns}, v.select(2, 0));
+      cache->keys[l].index_put_({cache_rows, Slice(), row_columns}, k.select(2, 0));
+      cache->values[l].index_put_({cache_rows, Slice(), row_columns}, v.select(2, 0));
       const int64_t columns = blocked.size(-1);
       k = cache->keys[l].narrow(0, 0, batch).narrow(2, 0, columns);
       v = cache->values[l].narrow(0, 0, batch).narrow(2, 0, columns);
@@ -249,7 +253,7 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
   }
   if (cache != nullptr && !row_columns.defined()) cache->length += length;
   if (last.defined()) {
-    x = x.index({torch::arange(batch, torch::kInt64), last}).unsqueeze(1);
+    x = x.index({cache_rows, last}).unsqueeze(1);
   }
   return torch::linear(RmsNorm(x, final_norm_, eps), lm_head_);
 }

@@ -4,49 +4,85 @@
 
 namespace sluice::trainer {
 
+torch::Tensor AggregateTokens(const torch::Tensor& values, const torch::Tensor& keep,
+                              LossAggregation aggregation, double constant) {
+  const torch::Tensor kept_values = values * keep;
+  switch (aggregation) {
+    case LossAggregation::kTokenMean:
+      break;
+    case LossAggregation::kSequenceMean: {
+      const torch::Tensor row_tokens = keep.sum(-1);
+      const torch::Tensor has_tokens = (row_tokens > 0).to(values.scalar_type());
+      const torch::Tensor row_means = kept_values.sum(-1) / row_tokens.clamp_min(1.0);
+      return (row_means * has_tokens).sum() / has_tokens.sum().clamp_min(1.0);
+    }
+    case LossAggregation::kConstantNormalizer: {
+      const torch::Tensor rows = (keep.sum(-1) > 0).to(values.scalar_type()).sum();
+      return kept_values.sum() / (rows.clamp_min(1.0) * constant);
+    }
+  }
+  return kept_values.sum() / keep.sum().clamp_min(1.0);
+}
+
+PolicyLoss DecoupledPpoLoss(const PolicyLossInputs& in, const PolicyLossOptions& options) {
+  PolicyLoss out;
+  const torch::Tensor mask = in.mask.to(torch::kFloat32);
+  const torch::Tensor prox = in.logp_prox.detach();
+  const torch::Tensor behav = in.logp_behav.detach();
+  const torch::Tensor adv = in.advantages.detach();
+
+  const torch::Tensor ratio = torch::exp(in.logp - prox);
+  const torch::Tensor clipped =
+      torch::clamp(ratio, 1.0 - options.clip_eps_low, 1.0 + options.clip_eps_high);
+  const torch::Tensor surrogate = torch::min(ratio * adv, clipped * adv);
+
+  WeightCorrectionOptions correction;
+  correction.mode = options.cap_mode;
+  correction.cap = options.behaviour_weight_cap;
+  correction.floor = options.behaviour_weight_floor;
+  correction.second_moment_threshold = options.second_moment_threshold;
+  const CorrectedWeights weights = CorrectBehaviourWeights(prox - behav, mask, correction);
+
+  torch::Tensor per_token = -(weights.weight * surrogate);
+  torch::Tensor k3;
+  if (options.kl_coef > 0) {
+    const torch::Tensor d = in.logp_reference.detach() - in.logp;
+    k3 = torch::exp(d) - d - 1;
+    per_token = per_token + options.kl_coef * k3;
+  }
+  if (options.entropy_coef > 0) per_token = per_token - options.entropy_coef * in.entropy;
+  out.loss = AggregateTokens(per_token, weights.keep, options.aggregation,
+                             options.aggregation_constant);
+
+  torch::NoGradGuard no_grad;
+  const double all_tokens = std::max(1.0, mask.sum().item<double>());
+  const auto mean_over_mask = [&](const torch::Tensor& x) {
+    return (x.detach().to(torch::kFloat32) * mask).sum().item<double>() / all_tokens;
+  };
+  out.clip_fraction = mean_over_mask(((ratio < 1.0 - options.clip_eps_low) & (adv < 0)) |
+                                     ((ratio > 1.0 + options.clip_eps_high) & (adv > 0)));
+  out.capped_fraction = weights.above_cap_fraction;
+  out.masked_above_cap_fraction = weights.masked_above_cap_fraction;
+  out.masked_below_floor_fraction = weights.masked_below_floor_fraction;
+  out.masked_second_moment_fraction = weights.masked_second_moment_fraction;
+  // k3 with samples from the behaviour policy: rho = pi/mu, KL(mu||pi) ~ E[rho - 1 - log rho].
+  const torch::Tensor log_rho = in.logp.detach() - behav;
+  out.kl_to_behaviour = mean_over_mask(torch::exp(log_rho) - 1 - log_rho);
+  out.mean_ratio = mean_over_mask(ratio);
+  if (k3.defined()) out.kl_to_reference = mean_over_mask(k3);
+  return out;
+}
+
 PolicyLoss DecoupledPpoLoss(const torch::Tensor& logp, const torch::Tensor& logp_prox,
                             const torch::Tensor& logp_behav, const torch::Tensor& advantages,
                             const torch::Tensor& mask, const PolicyLossOptions& options) {
-  PolicyLoss out;
-  torch::Tensor m = mask.to(torch::kFloat32);
-  const torch::Tensor prox = logp_prox.detach();
-  const torch::Tensor behav = logp_behav.detach();
-  const torch::Tensor adv = advantages.detach();
-
-  torch::Tensor ratio = torch::exp(logp - prox);
-  torch::Tensor clipped =
-      torch::clamp(ratio, 1.0 - options.clip_eps_low, 1.0 + options.clip_eps_high);
-  torch::Tensor surrogate = torch::min(ratio * adv, clipped * adv);
-
-  torch::Tensor weight = torch::exp(prox - behav);
-  torch::Tensor capped = weight > options.behaviour_weight_cap;
-  switch (options.cap_mode) {
-    case WeightCapMode::kTruncate:
-      weight = torch::clamp_max(weight, options.behaviour_weight_cap);
-      break;
-    case WeightCapMode::kMask:
-      m = m * (~capped).to(torch::kFloat32);
-      break;
-    case WeightCapMode::kNone:
-      break;
-  }
-  const torch::Tensor tokens = m.sum().clamp_min(1.0);
-  out.loss = -(weight * surrogate * m).sum() / tokens;
-
-  torch::NoGradGuard no_grad;
-  const torch::Tensor mask_f = mask.to(torch::kFloat32);
-  const double all_tokens = std::max(1.0, mask_f.sum().item<double>());
-  const torch::Tensor was_clipped =
-      ((ratio < 1.0 - options.clip_eps_low) & (adv < 0)) |
-      ((ratio > 1.0 + options.clip_eps_high) & (adv > 0));
-  out.clip_fraction = (was_clipped.to(torch::kFloat32) * mask_f).sum().item<double>() / all_tokens;
-  out.capped_fraction = (capped.to(torch::kFloat32) * mask_f).sum().item<double>() / all_tokens;
-  // k3 with samples from the behaviour policy: rho = pi/mu, KL(mu||pi) ~ E[rho - 1 - log rho].
-  const torch::Tensor log_rho = logp.detach() - behav;
-  out.kl_to_behaviour =
-      ((torch::exp(log_rho) - 1 - log_rho) * mask_f).sum().item<double>() / all_tokens;
-  out.mean_ratio = (ratio.detach() * mask_f).sum().item<double>() / all_tokens;
-  return out;
+  PolicyLossInputs inputs;
+  inputs.logp = logp;
+  inputs.logp_prox = logp_prox;
+  inputs.logp_behav = logp_behav;
+  inputs.advantages = advantages;
+  inputs.mask = mask;
+  return DecoupledPpoLoss(inputs, options);
 }
 
 }  // namespace sluice::trainer

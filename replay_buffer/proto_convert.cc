@@ -36,6 +36,7 @@ void RunStatsToProto(const RunStats& stats, v1::BufferStats* proto) {
   AddEviction(v1::EVICTION_REASON_STALE, stats.evictions.stale, proto);
   AddEviction(v1::EVICTION_REASON_MAX_TIMES_SAMPLED, stats.evictions.max_times_sampled, proto);
   AddEviction(v1::EVICTION_REASON_CAPACITY, stats.evictions.capacity, proto);
+  AddEviction(v1::EVICTION_REASON_UNIFORM_REWARD, stats.evictions.uniform_reward, proto);
   HistogramToProto(stats.sampled_group_staleness, proto->mutable_sampled_group_staleness());
   HistogramToProto(stats.sampled_token_staleness, proto->mutable_sampled_token_staleness());
   proto->set_policy_version(stats.gate.policy_version);
@@ -124,6 +125,7 @@ SampleRequest SampleRequestFromProto(const v1::SampleRequest& request,
   core.timeout =
       request.timeout_ms() == 0 ? default_timeout : absl::Milliseconds(request.timeout_ms());
   core.step = request.step();
+  core.drop_uniform_reward_groups = request.drop_uniform_reward_groups();
   return core;
 }
 
@@ -141,6 +143,7 @@ AliasedSampleResponse::AliasedSampleResponse(const SampleResult& result) {
   response_.set_buffer_version(result.buffer_version);
   response_.set_policy_version(result.policy_version);
   response_.set_replayed(result.replayed);
+  response_.set_uniform_reward_groups_dropped(result.uniform_reward_groups_dropped);
 }
 
 AliasedSampleResponse::~AliasedSampleResponse() {

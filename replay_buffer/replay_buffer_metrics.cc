@@ -34,7 +34,8 @@ struct ReplayBufferMetrics::RunSeries {
   prometheus::Histogram* sampled_staleness = nullptr;
   MirroredCounter stored, duplicate, rejected_stale, invalid, retryable_error;
   MirroredCounter sampled;
-  MirroredCounter evicted_stale, evicted_max_times_sampled, evicted_capacity;
+  MirroredCounter evicted_stale, evicted_max_times_sampled, evicted_capacity,
+      evicted_uniform_reward;
   prometheus::Gauge* size_bytes = nullptr;
   MirroredCounter insert_blocked_ms, sample_blocked_ms;
   prometheus::Gauge* retained_groups = nullptr;
@@ -153,6 +154,7 @@ ReplayBufferMetrics::RunSeries& ReplayBufferMetrics::SeriesLocked(const std::str
   series->evicted_stale.counter = &evictions_.Add(with("reason", "stale"));
   series->evicted_max_times_sampled.counter = &evictions_.Add(with("reason", "max_times_sampled"));
   series->evicted_capacity.counter = &evictions_.Add(with("reason", "capacity"));
+  series->evicted_uniform_reward.counter = &evictions_.Add(with("reason", "uniform_reward"));
   series->size_bytes = &size_bytes_.Add(run);
   series->insert_blocked_ms.counter = &rate_limiter_blocked_.Add(with("side", "insert"));
   series->insert_blocked_ms.scale = 1e-3;
@@ -183,6 +185,7 @@ void ReplayBufferMetrics::Sync(RunTable& table) {
   series.evicted_stale.Follow(stats.evictions.stale);
   series.evicted_max_times_sampled.Follow(stats.evictions.max_times_sampled);
   series.evicted_capacity.Follow(stats.evictions.capacity);
+  series.evicted_uniform_reward.Follow(stats.evictions.uniform_reward);
   series.size_bytes->Set(static_cast<double>(stats.size_bytes));
   series.insert_blocked_ms.Follow(absl::ToInt64Milliseconds(stats.rate_limiter_insert_blocked));
   series.sample_blocked_ms.Follow(absl::ToInt64Milliseconds(stats.rate_limiter_sample_blocked));

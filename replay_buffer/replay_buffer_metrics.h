@@ -24,7 +24,8 @@ namespace sluice::replay_buffer {
 //   sluice_buffer_inserts_total{run_id,status}          stored, duplicate, rejected_stale,
 //                                                       invalid, retryable_error
 //   sluice_buffer_sampled_groups_total{run_id}
-//   sluice_buffer_evictions_total{run_id,reason}        stale, max_times_sampled, capacity
+//   sluice_buffer_evictions_total{run_id,reason}        stale, max_times_sampled, capacity,
+//                                                       uniform_reward
 //   sluice_buffer_policy_version{run_id}
 //   sluice_buffer_admission_running{run_id}
 //   sluice_buffer_admission_accepted{run_id}

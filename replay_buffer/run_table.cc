@@ -547,6 +547,10 @@ RunTable::Item RunTable::MakeItem(std::shared_ptr<const v1::Group> group) {
   }
   item.size_bytes = static_cast<int64_t>(bytes);
   item.trajectories = group->trajectories_size();
+  item.uniform_rewards = true;
+  for (const v1::Trajectory& trajectory : group->trajectories()) {
+    if (trajectory.reward() != group->trajectories(0).reward()) item.uniform_rewards = false;
+  }
   std::vector<std::pair<int64_t, int64_t>>& tokens = item.tokens_per_version;
   for (const v1::Trajectory& trajectory : group->trajectories()) {
     const auto& versions = trajectory.token_policy_versions();
@@ -781,6 +785,7 @@ void RunTable::AddItemLocked(int64_t sequence, Item item, bool charged) {
   size_trajectories_ += item.trajectories;
   size_bytes_ += item.size_bytes;
   held_group_ids_[item.group->group_id()] = sequence;
+  if (item.uniform_rewards) uniform_items_.insert(sequence);
   items_.emplace(sequence, std::move(item));
   ++buffer_version_;
 }
@@ -801,6 +806,7 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
       held != held_group_ids_.end() && held->second == sequence) {
     held_group_ids_.erase(held);
   }
+  uniform_items_.erase(sequence);
   items_.erase(it);
   switch (reason) {
     case EvictionReason::kStale:
@@ -811,6 +817,9 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
       break;
     case EvictionReason::kCapacity:
       ++evictions_.capacity;
+      break;
+    case EvictionReason::kUniformReward:
+      ++evictions_.uniform_reward;
       break;
   }
   ++buffer_version_;
@@ -833,6 +842,23 @@ int64_t RunTable::EvictStaleLocked(int64_t reference_version, int64_t max_stalen
     ++evicted;
   }
   return evicted;
+}
+
+absl::StatusOr<int64_t> RunTable::EvictUniformLocked() {
+  if (uniform_items_.empty()) return 0;
+  const std::vector<int64_t> sequences(uniform_items_.begin(), uniform_items_.end());
+  v1::storage::WalRecord record;
+  record.mutable_uniform_evicted()->mutable_sequences()->Add(sequences.begin(), sequences.end());
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  ApplyUniformEvictedLocked(sequences);
+  return static_cast<int64_t>(sequences.size());
+}
+
+void RunTable::ApplyUniformEvictedLocked(const std::vector<int64_t>& sequences) {
+  for (const int64_t sequence : sequences) {
+    RemoveItemLocked(sequence, EvictionReason::kUniformReward);
+    DropUntrainedLocked();  // generation replaces it, as it does a stale group
+  }
 }
 
 int64_t RunTable::ApplyVersionLocked(int64_t policy_version) {
@@ -864,9 +890,11 @@ absl::StatusOr<UpdateVersionResult> RunTable::UpdatePolicyVersion(int64_t policy
 
 bool RunTable::CanSampleOrShutdown(SampleWait* wait) {
   const RunTable& table = *wait->table;
-  return table.shutdown_ ||
-         (table.rate_limiter_.HasEnough(static_cast<int64_t>(table.items_.size()), wait->needed) &&
-          table.rate_limiter_.RatioAllowsSample(wait->needed));
+  const int64_t held =
+      static_cast<int64_t>(table.items_.size()) -
+      (wait->informative_only ? static_cast<int64_t>(table.uniform_items_.size()) : 0);
+  return table.shutdown_ || (table.rate_limiter_.HasEnough(held, wait->needed) &&
+                             table.rate_limiter_.RatioAllowsSample(wait->needed));
 }
 
 void RunTable::RecordSampleLocked(const Item& item, int64_t trainer_version, int64_t sign) {
@@ -927,7 +955,7 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
   result.policy_version = trainer_version;
   result.step = request.step;
   ASSIGN_OR_RETURN(result.evicted_stale_groups, AdvanceVersionLocked(trainer_version));
-  SampleWait wait{this, batch};
+  SampleWait wait{this, batch, request.drop_uniform_reward_groups};
   bool waited = false;
   while (true) {
     if (shutdown_) return absl::UnavailableError(kShuttingDown);
@@ -943,6 +971,10 @@ absl::StatusOr<SampleResult> RunTable::Sample(const SampleRequest& request) {
       record.mutable_stale_evicted()->set_max_staleness(max_staleness);
       RETURN_IF_ERROR(JournalLocked(record).status());
       result.evicted_stale_groups += EvictStaleLocked(trainer_version, max_staleness);
+    }
+    if (request.drop_uniform_reward_groups) {
+      ASSIGN_OR_RETURN(const int64_t dropped, EvictUniformLocked());
+      result.uniform_reward_groups_dropped += dropped;
     }
     const bool enough = rate_limiter_.HasEnough(static_cast<int64_t>(items_.size()), batch);
     const bool ratio = rate_limiter_.RatioAllowsSample(batch);

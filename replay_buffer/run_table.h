@@ -178,7 +178,7 @@ struct InsertResult {
 };
 
 // Why a group left the table (sluice.v1.EvictionReason).
-enum class EvictionReason { kStale, kMaxTimesSampled, kCapacity };
+enum class EvictionReason { kStale, kMaxTimesSampled, kCapacity, kUniformReward };
 
 struct SampleRequest {
   // Groups wanted; 0 = the run's B.
@@ -197,6 +197,10 @@ struct SampleRequest {
   // The trainer step the batch is for (>= 0; 0 = none). See "Trainer
   // steps" in RunTable.
   int64_t step = 0;
+  // Dynamic sampling with refill: held groups whose rewards are all equal
+  // are evicted first, and the batch is chosen among the others (see
+  // "Dynamic sampling" in RunTable).
+  bool drop_uniform_reward_groups = false;
 };
 
 struct UpdatePrioritiesResult {
@@ -225,6 +229,8 @@ struct SampleResult {
   int64_t policy_version = 0;
   // Groups this call evicted as stale before choosing.
   int64_t evicted_stale_groups = 0;
+  // Groups this call evicted for drop_uniform_reward_groups.
+  int64_t uniform_reward_groups_dropped = 0;
   // The request's step (0 = none).
   int64_t step = 0;
   // The step had been recorded before: this is its batch again.
@@ -248,6 +254,7 @@ struct EvictionCounts {
   int64_t stale = 0;
   int64_t max_times_sampled = 0;
   int64_t capacity = 0;
+  int64_t uniform_reward = 0;
 };
 
 // sluice.v1.BufferStats, with the rejected inserts split by cause.
@@ -347,6 +354,18 @@ struct RunStats {
 // further ahead than the next, or one already committed, is
 // FAILED_PRECONDITION. An undelivered step batch is not put back: the
 // trainer's retry for the step gets it.
+//
+// Dynamic sampling (AlgorithmConfig.dynamic_sampling REFILL). A Sample with
+// drop_uniform_reward_groups first evicts every held group whose
+// trajectories' rewards are all equal (no group-relative advantage),
+// journaled with the sequences it evicted, and gives each one's capacity back
+// to the gate as a stale eviction does; it then waits for, and chooses
+// among, the other groups only. So the trainer consumes B groups per
+// version, as the gate assumes, while generation replaces the uniform ones,
+// and a step's recorded batch is its B informative groups (a replay returns
+// exactly them). Whether a group is uniform is decided once, when it is
+// stored (Item.uniform_rewards), and the uniform ones held are indexed, so
+// the eviction is O(evicted log n).
 //
 // Durability. With a Journal (RunTableOptions.journal), every mutation is
 // appended to it as a storage::WalRecord, under the lock and before it is
@@ -497,6 +516,8 @@ class RunTable {
     // (policy version, completion tokens generated with it), ascending:
     // the token staleness histogram in O(versions) rather than O(tokens).
     std::vector<std::pair<int64_t, int64_t>> tokens_per_version;
+    // Every trajectory has the same reward (see "Dynamic sampling").
+    bool uniform_rewards = false;
   };
 
   RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sampler> sampler);
@@ -527,6 +548,8 @@ class RunTable {
   struct SampleWait {
     const RunTable* table;
     int64_t needed;
+    // Only groups with a reward signal count (drop_uniform_reward_groups).
+    bool informative_only = false;
   };
   static bool CanSampleOrShutdown(SampleWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
@@ -558,6 +581,11 @@ class RunTable {
   void EnforceCapacityLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A group left untrained: capacity back to the gate and the limiter.
   void DropUntrainedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Journals and evicts the held groups whose rewards are all equal;
+  // returns how many.
+  absl::StatusOr<int64_t> EvictUniformLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyUniformEvictedLocked(const std::vector<int64_t>& sequences)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `charged`: the group's bytes are already in the memory account (an
   // insert's TryCharge); else they are charged here (a replay).
   void ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item item, int64_t sequence,
@@ -633,6 +661,8 @@ class RunTable {
   absl::btree_map<int64_t, Item> items_ ABSL_GUARDED_BY(mu_);
   // (min_policy_version, buffer_sequence): stale eviction in O(evicted log n).
   std::set<std::pair<int64_t, int64_t>> by_min_version_ ABSL_GUARDED_BY(mu_);
+  // Sequences of the held groups whose rewards are all equal.
+  std::set<int64_t> uniform_items_ ABSL_GUARDED_BY(mu_);
   // group_id -> buffer_sequence of the groups held (UpdatePriorities).
   absl::flat_hash_map<std::string, int64_t> held_group_ids_ ABSL_GUARDED_BY(mu_);
   // Idempotency key -> buffer_sequence of every group ever stored.

@@ -51,6 +51,7 @@ RunTable::SnapshotData RunTable::Snapshot() {
   table.set_evicted_stale(evictions_.stale);
   table.set_evicted_max_times_sampled(evictions_.max_times_sampled);
   table.set_evicted_capacity(evictions_.capacity);
+  table.set_evicted_uniform_reward(evictions_.uniform_reward);
   HistogramToProto(sampled_group_staleness_, table.mutable_sampled_group_staleness());
   HistogramToProto(sampled_token_staleness_, table.mutable_sampled_token_staleness());
   table.set_rate_limiter_inserts(rate_limiter_.inserts());
@@ -113,7 +114,8 @@ absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Restore(
   t.sampled_groups_ = snapshot.sampled_groups();
   t.evictions_ = EvictionCounts{.stale = snapshot.evicted_stale(),
                                 .max_times_sampled = snapshot.evicted_max_times_sampled(),
-                                .capacity = snapshot.evicted_capacity()};
+                                .capacity = snapshot.evicted_capacity(),
+                                .uniform_reward = snapshot.evicted_uniform_reward()};
   if (!HistogramFromProto(snapshot.sampled_group_staleness(), &t.sampled_group_staleness_) ||
       !HistogramFromProto(snapshot.sampled_token_staleness(), &t.sampled_token_staleness_)) {
     return absl::DataLossError(absl::StrCat(where, "staleness histograms have other buckets"));
@@ -236,6 +238,17 @@ absl::Status RunTable::ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& r
       EvictStaleLocked(record.stale_evicted().reference_version(),
                        record.stale_evicted().max_staleness());
       break;
+    case v1::storage::WalRecord::kUniformEvicted: {
+      const std::vector<int64_t> sequences(record.uniform_evicted().sequences().begin(),
+                                           record.uniform_evicted().sequences().end());
+      for (const int64_t sequence : sequences) {
+        if (!items_.contains(sequence)) {
+          return corrupt(absl::StrCat("evicts group ", sequence, ", which is not held"));
+        }
+      }
+      ApplyUniformEvictedLocked(sequences);
+      break;
+    }
     case v1::storage::WalRecord::kSampled: {
       const std::vector<int64_t> sequences(record.sampled().sequences().begin(),
                                            record.sampled().sequences().end());

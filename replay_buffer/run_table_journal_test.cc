@@ -178,6 +178,8 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
                              .trainer_policy_version = version,
                              .timeout = absl::ZeroDuration()};
         if (random() % 4 == 0) sample.max_staleness = 1;
+        // Dynamic sampling with refill: groups of equal rewards evicted.
+        if (random() % 3 == 0) sample.drop_uniform_reward_groups = true;
         if (random() % 2 == 0) {
           // A trainer step: the next one, or one recorded and not committed.
           sample.step = std::max(last_step, committed) + 1;
@@ -216,6 +218,7 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
   ASSERT_GT(stats.sampled_groups, 50);
   ASSERT_GT(stats.duplicate_inserts + stats.invalid_inserts + stats.rejected_stale_inserts, 5);
   ASSERT_GT(stats.evictions.stale + stats.evictions.capacity, 0);
+  ASSERT_GT(stats.evictions.uniform_reward, 0);
   ASSERT_GT(stats.last_recorded_step, 20);
   ASSERT_GT(stats.committed_step, 10);
   ASSERT_GT(stats.replayed_batches, 5);

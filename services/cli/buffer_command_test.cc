@@ -97,7 +97,7 @@ TEST(BufferStatsToJsonTest, HasEveryFigureUnderItsDocumentedName) {
   EXPECT_EQ(json["rejected_inserts"], 2);
   EXPECT_EQ(json["sampled_groups"], 26);
   EXPECT_EQ(json["evictions"], Json::parse(R"({"stale": 2, "max_times_sampled": 26, "capacity": 0,
-                            "run_deleted": 0})"));
+                            "run_deleted": 0, "uniform_reward": 0})"));
   EXPECT_EQ(json["rate_limiter"],
             Json::parse(R"({"insert_blocked_ms": 11, "sample_blocked_ms": 22})"));
   EXPECT_EQ(json["admission_blocked_ms"], 333);
@@ -183,7 +183,8 @@ TEST(BufferStatsToTextTest, SummarisesEveryFigure) {
   EXPECT_THAT(text, HasSubstr("samples          26 groups handed out\n"));
   EXPECT_THAT(
       text,
-      HasSubstr("evictions        stale 2, max_times_sampled 26, capacity 0, run_deleted 0\n"));
+      HasSubstr("evictions        stale 2, max_times_sampled 26, capacity 0, run_deleted 0, "
+                "uniform_reward 0\n"));
   EXPECT_THAT(text, HasSubstr("blocked          rate limiter: inserts 11 ms, samples 22 ms; "
                               "admission gate 333 ms\n"));
   EXPECT_THAT(text, HasSubstr("config           sampler=UNIFORM capacity_groups=1000\n"));

@@ -70,6 +70,7 @@ constexpr int64_t kMaxBufferGroups = 1000000000;
 constexpr double kMaxSamplesPerInsert = 1000000;
 constexpr int64_t kMaxKeepLast = 1000000;
 constexpr double kMaxCoefficient = 1000000;
+constexpr int64_t kMaxNormalizerTokens = 100000000;
 
 // Collects "path: problem" lines.
 class Problems {
@@ -240,19 +241,114 @@ void ValidateTask(const RunSpec& spec, Problems& problems) {
   }
 }
 
+// The objective's corrections and variants (docs/objectives.md): each in
+// its range, and only with an objective it acts on, so that a setting that
+// would be silently ignored is refused instead.
+void ValidateObjectiveChoices(const v1::AlgorithmConfig& a, Problems& problems) {
+  const bool decoupled = a.objective() == v1::OBJECTIVE_DECOUPLED_PPO;
+  const bool trajectory_balance = a.objective() == v1::OBJECTIVE_TRAJECTORY_BALANCE;
+  const std::string objective = v1::Objective_Name(a.objective());
+  if (!v1::ProximalLogprobsMethod_IsValid(a.proximal_logprobs()) ||
+      a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_UNSPECIFIED) {
+    problems.Add("algorithm.proximal_logprobs",
+                 "must be PROXIMAL_LOGPROBS_METHOD_RECOMPUTE or _LOGLINEAR, got ",
+                 static_cast<int>(a.proximal_logprobs()));
+  } else if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR && !decoupled) {
+    problems.Add("algorithm.proximal_logprobs",
+                 "PROXIMAL_LOGPROBS_METHOD_LOGLINEAR approximates decoupled PPO's proximal policy; ",
+                 objective, " has none (use OBJECTIVE_DECOUPLED_PPO)");
+  }
+  if (a.truncated_importance_sampling()) {
+    if (!decoupled) {
+      problems.Add("algorithm.truncated_importance_sampling",
+                   "replaces decoupled PPO's proximal policy; only with OBJECTIVE_DECOUPLED_PPO, "
+                   "got ", objective);
+    } else if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR) {
+      problems.Add("algorithm.truncated_importance_sampling",
+                   "takes the current weights as the proximal policy, so proximal_logprobs "
+                   "LOGLINEAR would be ignored; choose one");
+    }
+  }
+  const double cap = a.behaviour_weight_cap();
+  if (!(a.behaviour_weight_floor() >= 0) || std::isinf(a.behaviour_weight_floor())) {
+    problems.Add("algorithm.behaviour_weight_floor", "must be >= 0 (0 = none), got ",
+                 a.behaviour_weight_floor());
+  } else if (a.behaviour_weight_floor() > 0) {
+    if (cap > 0 && a.behaviour_weight_floor() >= cap) {
+      problems.Add("algorithm.behaviour_weight_floor", "must be < behaviour_weight_cap (", cap,
+                   "), got ", a.behaviour_weight_floor());
+    } else if (a.behaviour_weight_mode() == v1::BEHAVIOUR_WEIGHT_MODE_NONE) {
+      problems.Add("algorithm.behaviour_weight_floor",
+                   "bounds the behaviour weight, which BEHAVIOUR_WEIGHT_MODE_NONE leaves "
+                   "unbounded; use _MASK (IcePop) or _TRUNCATE, or a floor of 0");
+    } else if (!decoupled) {
+      problems.Add("algorithm.behaviour_weight_floor",
+                   "bounds decoupled PPO's behaviour weight; ", objective,
+                   " has none (w = 1), use OBJECTIVE_DECOUPLED_PPO");
+    }
+  }
+  if (!(a.second_moment_threshold() >= 0 && a.second_moment_threshold() <= kMaxCoefficient)) {
+    problems.Add("algorithm.second_moment_threshold", "must be in [0, ", kMaxCoefficient,
+                 "] (0 = off; M2PO uses 0.04), got ", a.second_moment_threshold());
+  } else if (a.second_moment_threshold() > 0 && !decoupled) {
+    problems.Add("algorithm.second_moment_threshold",
+                 "masks by decoupled PPO's behaviour weight; ", objective,
+                 " has none (w = 1), use OBJECTIVE_DECOUPLED_PPO");
+  }
+  if (!v1::LossAggregation_IsValid(a.loss_aggregation()) ||
+      a.loss_aggregation() == v1::LOSS_AGGREGATION_UNSPECIFIED) {
+    problems.Add("algorithm.loss_aggregation",
+                 "must be LOSS_AGGREGATION_TOKEN_MEAN, _SEQUENCE_MEAN or _CONSTANT_NORMALIZER, got ",
+                 static_cast<int>(a.loss_aggregation()));
+  } else if (trajectory_balance && a.loss_aggregation() != v1::LOSS_AGGREGATION_TOKEN_MEAN) {
+    problems.Add("algorithm.loss_aggregation",
+                 "trajectory balance's loss is a mean over sequences already; only the default "
+                 "LOSS_AGGREGATION_TOKEN_MEAN, got ",
+                 v1::LossAggregation_Name(a.loss_aggregation()));
+  }
+  if (a.loss_normalizer_tokens() < 0) {
+    problems.Add("algorithm.loss_normalizer_tokens",
+                 "must be >= 0 (0 = rollout.sampling.max_new_tokens), got ",
+                 a.loss_normalizer_tokens());
+  }
+  AtMost(problems, "algorithm.loss_normalizer_tokens", a.loss_normalizer_tokens(),
+         kMaxNormalizerTokens);
+  if (!v1::DynamicSampling_IsValid(a.dynamic_sampling()) ||
+      a.dynamic_sampling() == v1::DYNAMIC_SAMPLING_UNSPECIFIED) {
+    problems.Add("algorithm.dynamic_sampling",
+                 "must be DYNAMIC_SAMPLING_KEEP, _DROP or _REFILL, got ",
+                 static_cast<int>(a.dynamic_sampling()));
+  }
+  if (!(a.entropy_coef() >= 0 && a.entropy_coef() <= kMaxCoefficient)) {
+    problems.Add("algorithm.entropy_coef", "must be in [0, ", kMaxCoefficient, "], got ",
+                 a.entropy_coef());
+  } else if (trajectory_balance && a.entropy_coef() > 0) {
+    problems.Add("algorithm.entropy_coef",
+                 "is a term of the GRPO and decoupled-PPO losses, not of trajectory balance");
+  }
+  if (trajectory_balance && a.kl_coef() > 0) {
+    problems.Add("algorithm.kl_coef",
+                 "is a term of the GRPO and decoupled-PPO losses; trajectory balance takes its "
+                 "reference inside the residual: set tb_use_reference (and tb_beta) instead");
+  }
+  if (a.tb_use_reference() && !trajectory_balance) {
+    problems.Add("algorithm.tb_use_reference",
+                 "is trajectory balance's (OBJECTIVE_TRAJECTORY_BALANCE); for a KL to the "
+                 "reference with ", objective, " set kl_coef");
+  }
+}
+
 void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
   const v1::AlgorithmConfig& a = spec.algorithm();
   switch (a.objective()) {
     case v1::OBJECTIVE_GRPO:
     case v1::OBJECTIVE_DECOUPLED_PPO:
-      break;
     case v1::OBJECTIVE_TRAJECTORY_BALANCE:
-      problems.Add("algorithm.objective",
-                   "OBJECTIVE_TRAJECTORY_BALANCE is not implemented yet; this release implements "
-                   "OBJECTIVE_GRPO and OBJECTIVE_DECOUPLED_PPO");
       break;
     default:
-      problems.Add("algorithm.objective", "must be OBJECTIVE_GRPO or OBJECTIVE_DECOUPLED_PPO, got ",
+      problems.Add("algorithm.objective",
+                   "must be OBJECTIVE_GRPO, OBJECTIVE_DECOUPLED_PPO or "
+                   "OBJECTIVE_TRAJECTORY_BALANCE, got ",
                    v1::Objective_Name(a.objective()).empty()
                        ? std::to_string(static_cast<int>(a.objective()))
                        : v1::Objective_Name(a.objective()));
@@ -313,6 +409,7 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
     problems.Add("algorithm.lr_warmup_steps", "must be >= 0, got ", a.lr_warmup_steps());
   }
   AtMost(problems, "algorithm.lr_warmup_steps", a.lr_warmup_steps(), kMaxSteps);
+  ValidateObjectiveChoices(a, problems);
   if (a.minibatches_per_batch() < 1) {
     problems.Add("algorithm.minibatches_per_batch", "must be >= 1, got ",
                  a.minibatches_per_batch());
@@ -525,6 +622,26 @@ RunSpec ResolveDefaults(RunSpec spec) {
   if (a.advantage_eps() == 0) a.set_advantage_eps(kDefaultAdvantageEps);
   if (a.total_steps() == 0) a.set_total_steps(kDefaultTotalSteps);
   if (a.minibatches_per_batch() == 0) a.set_minibatches_per_batch(1);
+  if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_UNSPECIFIED) {
+    a.set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
+  }
+  if (a.loss_aggregation() == v1::LOSS_AGGREGATION_UNSPECIFIED) {
+    a.set_loss_aggregation(v1::LOSS_AGGREGATION_TOKEN_MEAN);
+  }
+  if (a.loss_aggregation() == v1::LOSS_AGGREGATION_CONSTANT_NORMALIZER &&
+      a.loss_normalizer_tokens() == 0) {
+    // Dr. GRPO's constant: the longest completion. A Hugging Face model's
+    // context stays unknown here (0): the trainer then takes its own.
+    const int64_t max_new = spec.rollout().sampling().max_new_tokens();
+    a.set_loss_normalizer_tokens(max_new > 0 ? max_new : model.max_context_tokens());
+  }
+  if (a.dynamic_sampling() == v1::DYNAMIC_SAMPLING_UNSPECIFIED) {
+    // Groups with equal rewards carry no advantage, but trajectory balance
+    // learns from them.
+    a.set_dynamic_sampling(a.objective() == v1::OBJECTIVE_TRAJECTORY_BALANCE
+                               ? v1::DYNAMIC_SAMPLING_KEEP
+                               : v1::DYNAMIC_SAMPLING_DROP);
+  }
 
   v1::WarmStartConfig& w = *spec.mutable_warm_start();
   if (w.sft_steps() > 0) {

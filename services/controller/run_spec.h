@@ -25,7 +25,14 @@ namespace sluice::controller {
 //   16; eta = max_staleness 4; clip_eps_low 0.2, clip_eps_high = low;
 //   behaviour_weight_cap 5, mode TRUNCATE; learning_rate 1e-6;
 //   grad_clip_norm 1.0; normalize_advantage_by_std true; advantage_eps 1e-6;
-//   tb_beta 1.0; total_steps 1000; minibatches_per_batch 1; warm start (only
+//   tb_beta 1.0; total_steps 1000; minibatches_per_batch 1;
+//   proximal_logprobs RECOMPUTE; loss_aggregation TOKEN_MEAN, and with
+//   CONSTANT_NORMALIZER loss_normalizer_tokens = rollout.sampling.max_new_tokens
+//   (else the model's context; left 0 for a Hugging Face model, whose
+//   context the trainer reads); dynamic_sampling DROP (KEEP for
+//   TRAJECTORY_BALANCE); the corrections and regularisers stay off
+//   (behaviour_weight_floor, second_moment_threshold, kl_coef, entropy_coef
+//   0; truncated_importance_sampling, tb_use_reference false); warm start (only
 //   with sft_steps > 0): learning_rate 1e-4, batch_size G * B; rollout
 //   sampling temperature 1.0, top_p 1.0; rollout.num_workers 0 (every registered
 //   worker), rollout.min_workers 1;
@@ -54,9 +61,10 @@ v1::RunSpec ResolveDefaults(v1::RunSpec spec);
 // file is read here (run::ValidateRunTask), so that an unreadable or
 // malformed dataset fails the submission, not the run; O(dataset size).
 // Features the contracts describe but this release does not implement (MBPP
-// datasets, Hugging Face models, samplers other than FIFO, trajectory
-// balance) are rejected here with a message saying so, rather than failing
-// mid-run.
+// datasets) are rejected here with a message saying so, rather than failing
+// mid-run; so are objective settings that the chosen objective would ignore
+// (a behaviour-weight floor with GRPO, kl_coef with trajectory balance, ...:
+// docs/objectives.md).
 //
 // Every numeric field also has an upper bound far beyond real runs
 // (algorithm.group_size <= 1024, batch_size_groups <= 65536, ...), so that an

@@ -111,6 +111,16 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_DOUBLE_EQ(a.advantage_eps(), 1e-6);
   EXPECT_EQ(a.total_steps(), 1000);
   EXPECT_EQ(a.minibatches_per_batch(), 1);
+  EXPECT_EQ(a.proximal_logprobs(), v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
+  EXPECT_EQ(a.loss_aggregation(), v1::LOSS_AGGREGATION_TOKEN_MEAN);
+  EXPECT_EQ(a.loss_normalizer_tokens(), 0);  // only resolved for CONSTANT_NORMALIZER
+  EXPECT_EQ(a.dynamic_sampling(), v1::DYNAMIC_SAMPLING_DROP);
+  EXPECT_FALSE(a.truncated_importance_sampling());
+  EXPECT_EQ(a.behaviour_weight_floor(), 0);
+  EXPECT_EQ(a.second_moment_threshold(), 0);
+  EXPECT_EQ(a.kl_coef(), 0);
+  EXPECT_EQ(a.entropy_coef(), 0);
+  EXPECT_FALSE(a.tb_use_reference());
 
   // No warm start asked for: its defaults stay unset.
   EXPECT_EQ(spec.warm_start().sft_steps(), 0);
@@ -504,14 +514,159 @@ TEST(ValidateRunSpecTest, EvalSplitLargerThanTheProblemSpaceNamesTheSpecField) {
   EXPECT_THAT(ProblemsOf(spec), HasSubstr("task.eval_split_size: only 9 distinct problems"));
 }
 
-TEST(ValidateRunSpecTest, TrajectoryBalanceIsNotImplementedYet) {
+TEST(ValidateRunSpecTest, TrajectoryBalanceIsAccepted) {
   v1::RunSpec spec = ArithmeticSpec();
   spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
-  EXPECT_THAT(
-      ProblemsOf(spec),
-      HasSubstr("algorithm.objective: OBJECTIVE_TRAJECTORY_BALANCE is not implemented yet"));
-  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_GRPO);
+  spec.mutable_algorithm()->set_tb_use_reference(true);
+  spec.mutable_algorithm()->set_tb_beta(0.05);
   EXPECT_EQ(ProblemsOf(spec), "");
+  // Groups of equal rewards carry its signal: kept unless said otherwise.
+  EXPECT_EQ(ResolveDefaults(spec).algorithm().dynamic_sampling(), v1::DYNAMIC_SAMPLING_KEEP);
+  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_GRPO);
+  spec.mutable_algorithm()->set_tb_use_reference(false);
+  EXPECT_EQ(ProblemsOf(spec), "");
+  spec.mutable_algorithm()->set_objective(static_cast<v1::Objective>(9));
+  EXPECT_THAT(ProblemsOf(spec),
+              HasSubstr("algorithm.objective: must be OBJECTIVE_GRPO, OBJECTIVE_DECOUPLED_PPO or "
+                        "OBJECTIVE_TRAJECTORY_BALANCE, got 9"));
+}
+
+TEST(ResolveDefaultsTest, TheConstantNormalizerIsTheLongestCompletion) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_loss_aggregation(v1::LOSS_AGGREGATION_CONSTANT_NORMALIZER);
+  // max_new_tokens 0 = up to the context: tiny's 32.
+  EXPECT_EQ(ResolveDefaults(spec).algorithm().loss_normalizer_tokens(), 32);
+  spec.mutable_rollout()->mutable_sampling()->set_max_new_tokens(12);
+  EXPECT_EQ(ResolveDefaults(spec).algorithm().loss_normalizer_tokens(), 12);
+  spec.mutable_algorithm()->set_loss_normalizer_tokens(100);
+  EXPECT_EQ(ResolveDefaults(spec).algorithm().loss_normalizer_tokens(), 100);
+  EXPECT_EQ(ProblemsOf(spec), "");
+}
+
+// Every objective and correction the YAML can name, by its short enum
+// names, with the field that predates them (truncated_importance_sampling)
+// still read as before.
+TEST(ValidateRunSpecTest, ObjectiveChoicesParseFromYamlAndValidate) {
+  const std::vector<std::string> algorithms = {
+      "{objective: decoupled_ppo, proximal_logprobs: loglinear, minibatches_per_batch: 2}",
+      "{objective: decoupled_ppo, truncated_importance_sampling: true}",
+      "{objective: decoupled_ppo, behaviour_weight_mode: mask, behaviour_weight_floor: 0.5, "
+      "behaviour_weight_cap: 2}",
+      "{objective: decoupled_ppo, second_moment_threshold: 0.04}",
+      "{objective: grpo, normalize_advantage_by_std: false, loss_aggregation: "
+      "constant_normalizer, loss_normalizer_tokens: 16}",
+      "{objective: grpo, clip_eps_high: 0.28, loss_aggregation: sequence_mean, "
+      "dynamic_sampling: refill}",
+      "{objective: grpo, dynamic_sampling: keep, kl_coef: 0.01, entropy_coef: 0.001}",
+      "{objective: trajectory_balance, tb_beta: 0.1, tb_use_reference: true}",
+      "{objective: trajectory_balance, dynamic_sampling: drop}",
+  };
+  for (const std::string& algorithm : algorithms) {
+    SCOPED_TRACE(algorithm);
+    absl::StatusOr<v1::RunSpec> spec = ParseRunSpecYaml(
+        absl::StrCat("model: {builtin: tiny}\ntask: {arithmetic: {}}\nalgorithm: ", algorithm,
+                     "\n"),
+        "spec.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    EXPECT_EQ(ProblemsOf(*spec), "");
+  }
+}
+
+TEST(ValidateRunSpecTest, ObjectiveChoicesOutOfRangeOrIgnoredAreRefused) {
+  struct Case {
+    std::function<void(v1::AlgorithmConfig&)> set;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::AlgorithmConfig& a) { a.set_behaviour_weight_floor(-0.1); },
+       "algorithm.behaviour_weight_floor: must be >= 0 (0 = none), got -0.1"},
+      {[](v1::AlgorithmConfig& a) { a.set_behaviour_weight_floor(6); },
+       "algorithm.behaviour_weight_floor: must be < behaviour_weight_cap (5), got 6"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_behaviour_weight_floor(0.5);
+         a.set_behaviour_weight_mode(v1::BEHAVIOUR_WEIGHT_MODE_NONE);
+       },
+       "algorithm.behaviour_weight_floor: bounds the behaviour weight, which "
+       "BEHAVIOUR_WEIGHT_MODE_NONE leaves unbounded"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_GRPO);
+         a.set_behaviour_weight_floor(0.5);
+       },
+       "algorithm.behaviour_weight_floor: bounds decoupled PPO's behaviour weight; "
+       "OBJECTIVE_GRPO has none"},
+      {[](v1::AlgorithmConfig& a) { a.set_second_moment_threshold(-1); },
+       "algorithm.second_moment_threshold: must be in [0, 1e+06] (0 = off; M2PO uses 0.04), "
+       "got -1"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+         a.set_second_moment_threshold(0.04);
+       },
+       "algorithm.second_moment_threshold: masks by decoupled PPO's behaviour weight; "
+       "OBJECTIVE_TRAJECTORY_BALANCE has none"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_proximal_logprobs(static_cast<v1::ProximalLogprobsMethod>(7));
+       },
+       "algorithm.proximal_logprobs: must be PROXIMAL_LOGPROBS_METHOD_RECOMPUTE or _LOGLINEAR, "
+       "got 7"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_GRPO);
+         a.set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR);
+       },
+       "algorithm.proximal_logprobs: PROXIMAL_LOGPROBS_METHOD_LOGLINEAR approximates decoupled "
+       "PPO's proximal policy; OBJECTIVE_GRPO has none"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_truncated_importance_sampling(true);
+         a.set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR);
+       },
+       "algorithm.truncated_importance_sampling: takes the current weights as the proximal "
+       "policy, so proximal_logprobs LOGLINEAR would be ignored; choose one"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_GRPO);
+         a.set_truncated_importance_sampling(true);
+       },
+       "algorithm.truncated_importance_sampling: replaces decoupled PPO's proximal policy; only "
+       "with OBJECTIVE_DECOUPLED_PPO, got OBJECTIVE_GRPO"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_loss_aggregation(static_cast<v1::LossAggregation>(9));
+       },
+       "algorithm.loss_aggregation: must be LOSS_AGGREGATION_TOKEN_MEAN, _SEQUENCE_MEAN or "
+       "_CONSTANT_NORMALIZER, got 9"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+         a.set_loss_aggregation(v1::LOSS_AGGREGATION_SEQUENCE_MEAN);
+       },
+       "algorithm.loss_aggregation: trajectory balance's loss is a mean over sequences already"},
+      {[](v1::AlgorithmConfig& a) { a.set_loss_normalizer_tokens(-3); },
+       "algorithm.loss_normalizer_tokens: must be >= 0 (0 = rollout.sampling.max_new_tokens), "
+       "got -3"},
+      {[](v1::AlgorithmConfig& a) { a.set_dynamic_sampling(static_cast<v1::DynamicSampling>(8)); },
+       "algorithm.dynamic_sampling: must be DYNAMIC_SAMPLING_KEEP, _DROP or _REFILL, got 8"},
+      {[](v1::AlgorithmConfig& a) { a.set_entropy_coef(-0.01); },
+       "algorithm.entropy_coef: must be in [0, 1e+06], got -0.01"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+         a.set_entropy_coef(0.01);
+       },
+       "algorithm.entropy_coef: is a term of the GRPO and decoupled-PPO losses, not of "
+       "trajectory balance"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+         a.set_kl_coef(0.01);
+       },
+       "algorithm.kl_coef: is a term of the GRPO and decoupled-PPO losses; trajectory balance "
+       "takes its reference inside the residual: set tb_use_reference"},
+      {[](v1::AlgorithmConfig& a) { a.set_tb_use_reference(true); },
+       "algorithm.tb_use_reference: is trajectory balance's (OBJECTIVE_TRAJECTORY_BALANCE); for "
+       "a KL to the reference with OBJECTIVE_DECOUPLED_PPO set kl_coef"},
+  };
+  for (const Case& c : cases) {
+    v1::RunSpec spec = ArithmeticSpec();
+    c.set(*spec.mutable_algorithm());
+    const std::string problems = ProblemsOf(spec);
+    EXPECT_THAT(problems, HasSubstr(c.expected));
+    // One line: the bad field alone.
+    EXPECT_EQ(problems.find('\n'), std::string::npos) << problems;
+  }
 }
 
 TEST(ValidateRunSpecTest, BufferFieldsAreCheckedAsTheReplayBufferChecksThem) {

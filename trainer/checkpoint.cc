@@ -30,6 +30,7 @@ constexpr char kOptimizerFile[] = "optimizer.pt";
 constexpr char kRngFile[] = "rng.pt";
 constexpr char kWeightsFile[] = "weights_fp32.pt";
 constexpr char kProximalFile[] = "proximal.pt";
+constexpr char kReferenceFile[] = "reference.pt";
 constexpr char kGeneratorKey[] = "cpu_generator";
 
 std::string CheckpointName(int64_t step) { return absl::StrFormat("step-%08d", step); }
@@ -138,6 +139,10 @@ absl::StatusOr<WrittenCheckpoint> WriteCheckpointDirectory(const std::string& ro
       options.extra_contents[kProximalFile] = WeightsArchive(*contents.proximal);
       state.proximal_file = kProximalFile;
     }
+    if (contents.reference != nullptr) {
+      options.extra_contents[kReferenceFile] = WeightsArchive(*contents.reference);
+      state.reference_file = kReferenceFile;
+    }
   } catch (const std::exception& e) {
     const std::string what = e.what();
     return absl::InternalError(absl::StrCat("checkpoint at step ", state.step,
@@ -201,7 +206,8 @@ void PruneCheckpoints(const std::string& root, int keep) {
 // ---------------------------------------------------------------------------
 
 absl::Status LoadCheckpoint(const FoundCheckpoint& checkpoint, model::Transformer& model,
-                            torch::optim::AdamW& optimizer, model::Transformer* proximal) {
+                            torch::optim::AdamW& optimizer, model::Transformer* proximal,
+                            model::Transformer* reference) {
   const TrainerCheckpointState& state = checkpoint.state;
   const fs::path dir(checkpoint.path);
   std::string file;  // what is being read, for the error
@@ -221,6 +227,17 @@ absl::Status LoadCheckpoint(const FoundCheckpoint& checkpoint, model::Transforme
         return absl::DataLossError(absl::StrCat(file, ": proximal weights of a run that keeps none"));
       }
       RETURN_IF_ERROR(LoadWeightsArchive(file, *proximal));
+    }
+    if (reference != nullptr && state.reference_file.empty()) {
+      return absl::DataLossError(absl::StrCat(
+          checkpoint.path, ": no reference policy (reference.pt) for a run that keeps one"));
+    }
+    if (!state.reference_file.empty()) {
+      file = (dir / state.reference_file).string();
+      if (reference == nullptr) {
+        return absl::DataLossError(absl::StrCat(file, ": a reference policy of a run that keeps none"));
+      }
+      RETURN_IF_ERROR(LoadWeightsArchive(file, *reference));
     }
     if (!state.optimizer_file.empty()) {
       file = (dir / state.optimizer_file).string();

@@ -31,6 +31,10 @@
 //   proximal.pt          the weights at the start of the batch, when the
 //                        checkpoint falls between two minibatches of a batch
 //                        (decoupled PPO with minibatches_per_batch > 1)
+//   reference.pt         the frozen reference policy (the weights when RL
+//                        started), when the run keeps one (kl_coef > 0, or
+//                        trajectory balance with tb_use_reference): it is
+//                        not a function of the spec once the weights moved
 //
 // Everything else a run computes is a function of its spec and its seed
 // (the model's initialisation, the warm start's sampling of SFT rows,
@@ -52,6 +56,8 @@ struct CheckpointContents {
   const torch::optim::AdamW* optimizer = nullptr;
   // Non-null only inside a batch (see proximal.pt).
   const model::Transformer* proximal = nullptr;
+  // Non-null when the run keeps a reference policy (see reference.pt).
+  const model::Transformer* reference = nullptr;
   // HF files: dtype, shard size, tokenizer files.
   model::SaveHfOptions hf;
 };
@@ -74,12 +80,16 @@ void PruneCheckpoints(const std::string& root, int keep);
 
 // Puts a checkpoint's weights into `model` (float32: weights_fp32.pt when
 // present, else the safetensors), its optimizer state into `optimizer`
-// (when it has one; `optimizer` must be built over model's parameters) and
-// its proximal weights into `proximal` (when it has them; required then),
-// and restores the LibTorch CPU generator. DATA_LOSS naming the file for
-// one that does not load or does not match the model.
+// (when it has one; `optimizer` must be built over model's parameters), its
+// proximal weights into `proximal` (when it has them; required then) and its
+// reference policy into `reference` (non-null exactly when the run keeps
+// one: a checkpoint without reference.pt then does not load, nor one with
+// it for a run that keeps none), and restores the LibTorch CPU generator.
+// DATA_LOSS naming the file for one that does not load or does not match
+// the model.
 absl::Status LoadCheckpoint(const FoundCheckpoint& checkpoint, model::Transformer& model,
-                            torch::optim::AdamW& optimizer, model::Transformer* proximal);
+                            torch::optim::AdamW& optimizer, model::Transformer* proximal,
+                            model::Transformer* reference = nullptr);
 
 }  // namespace sluice::trainer
 

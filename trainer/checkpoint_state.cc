@@ -52,7 +52,8 @@ std::string TrainerCheckpointState::ToJson() const {
        {{"optimizer", file(optimizer_file)},
         {"rng", file(rng_file)},
         {"weights_fp32", file(weights_file)},
-        {"proximal", file(proximal_file)}}}};
+        {"proximal", file(proximal_file)},
+        {"reference", file(reference_file)}}}};
   return json.dump(2) + "\n";
 }
 
@@ -109,6 +110,7 @@ absl::StatusOr<TrainerCheckpointState> TrainerCheckpointState::FromJson(const st
     read(files, "rng", &state.rng_file, "training_state.");
     read(files, "weights_fp32", &state.weights_file, "training_state.");
     read(files, "proximal", &state.proximal_file, "training_state.");
+    read(files, "reference", &state.reference_file, "training_state.");
   }
   if (!problem.empty()) return absl::InvalidArgumentError(absl::StrCat("trainer_state.json: ", problem));
   if (state.run_id.empty()) return absl::InvalidArgumentError("trainer_state.json: run_id: required");
@@ -117,7 +119,7 @@ absl::StatusOr<TrainerCheckpointState> TrainerCheckpointState::FromJson(const st
         "trainer_state.json: step must be >= 0 and minibatches_per_batch >= 1");
   }
   for (const std::string* name : {&state.optimizer_file, &state.rng_file, &state.weights_file,
-                                  &state.proximal_file}) {
+                                  &state.proximal_file, &state.reference_file}) {
     if (name->find('/') != std::string::npos || *name == "..") {
       return absl::InvalidArgumentError(
           absl::StrCat("trainer_state.json: training_state names a file outside the checkpoint: ",
@@ -183,7 +185,7 @@ std::vector<FoundCheckpoint> FindRunCheckpoints(const std::string& root, const s
       missing.push_back("model.safetensors");
     }
     for (const std::string& file : {state->optimizer_file, state->rng_file, state->weights_file,
-                                    state->proximal_file}) {
+                                    state->proximal_file, state->reference_file}) {
       if (!file.empty() && !fs::exists(dir / file, error)) missing.push_back(file);
     }
     if (state->rng_file.empty()) missing.push_back("the RNG state");

@@ -48,6 +48,7 @@ struct TrainerCheckpointState {
   std::string rng_file;
   std::string weights_file;
   std::string proximal_file;
+  std::string reference_file;
 
   std::string ToJson() const;
   // INVALID_ARGUMENT naming the field for text that is not such a state.

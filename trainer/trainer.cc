@@ -33,10 +33,10 @@
 #include "common/tokenizer/bpe_tokenizer.h"
 #include "google/protobuf/util/time_util.h"
 #include "nlohmann/json.hpp"
-#include "trainer/advantages.h"
 #include "trainer/checkpoint.h"
 #include "trainer/evaluator.h"
-#include "trainer/policy_loss.h"
+#include "trainer/objective.h"
+#include "trainer/rl_batch.h"
 #include "trainer/step_guard.h"
 
 namespace sluice::trainer {
@@ -61,70 +61,6 @@ void SetLearningRate(torch::optim::AdamW& optimizer, double lr) {
   for (auto& group : optimizer.param_groups()) {
     static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
   }
-}
-
-WeightCapMode ToCapMode(v1::BehaviourWeightMode mode) {
-  switch (mode) {
-    case v1::BEHAVIOUR_WEIGHT_MODE_MASK:
-      return WeightCapMode::kMask;
-    case v1::BEHAVIOUR_WEIGHT_MODE_NONE:
-      return WeightCapMode::kNone;
-    default:
-      return WeightCapMode::kTruncate;
-  }
-}
-
-// Right-padded token rows and, per row, where its trained tokens start.
-struct PaddedBatch {
-  torch::Tensor inputs;   // [R, L-1]: the sequence minus its last token
-  torch::Tensor targets;  // [R, L-1]: the sequence shifted by one
-  torch::Tensor mask;     // [R, L-1]: 1 where the target is a trained token
-  int64_t real_tokens = 0;
-};
-
-// `rows[r]` = prefix ++ trained; the loss covers the `trained` part.
-PaddedBatch PadRows(const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& rows,
-                    int32_t pad_id) {
-  size_t longest = 0;
-  for (const auto& [prefix, trained] : rows) longest = std::max(longest, prefix.size() + trained.size());
-  const int64_t r_count = static_cast<int64_t>(rows.size());
-  const int64_t width = static_cast<int64_t>(longest) - 1;
-  std::vector<int64_t> inputs(r_count * width, pad_id);
-  std::vector<int64_t> targets(r_count * width, pad_id);
-  std::vector<float> mask(r_count * width, 0.0f);
-  PaddedBatch batch;
-  for (int64_t r = 0; r < r_count; ++r) {
-    std::vector<int32_t> seq = rows[r].first;
-    seq.insert(seq.end(), rows[r].second.begin(), rows[r].second.end());
-    batch.real_tokens += static_cast<int64_t>(seq.size());
-    const int64_t prefix = static_cast<int64_t>(rows[r].first.size());
-    for (int64_t t = 0; t + 1 < static_cast<int64_t>(seq.size()); ++t) {
-      inputs[r * width + t] = seq[t];
-      targets[r * width + t] = seq[t + 1];
-      if (t + 1 >= prefix) mask[r * width + t] = 1.0f;
-    }
-  }
-  auto opts = torch::TensorOptions().dtype(torch::kInt64);
-  batch.inputs = torch::from_blob(inputs.data(), {r_count, width}, opts).clone();
-  batch.targets = torch::from_blob(targets.data(), {r_count, width}, opts).clone();
-  batch.mask = torch::from_blob(mask.data(), {r_count, width}, torch::kFloat32).clone();
-  return batch;
-}
-
-// Scatters per-completion-token values (logprobs) into the [R, L-1] target
-// layout of PadRows: completion token j of row r sits at target index
-// prefix_r - 1 + j.
-torch::Tensor ScatterCompletionValues(const std::vector<std::vector<float>>& values,
-                                      const std::vector<int64_t>& prefix_lengths, int64_t width) {
-  const int64_t r_count = static_cast<int64_t>(values.size());
-  std::vector<float> out(r_count * width, 0.0f);
-  for (int64_t r = 0; r < r_count; ++r) {
-    for (size_t j = 0; j < values[r].size(); ++j) {
-      const int64_t t = prefix_lengths[r] - 1 + static_cast<int64_t>(j);
-      if (t < width) out[r * width + t] = values[r][j];
-    }
-  }
-  return torch::from_blob(out.data(), {r_count, width}, torch::kFloat32).clone();
 }
 
 }  // namespace
@@ -267,6 +203,7 @@ class TrainerRun::Impl {
                       : spec_.model().max_context_tokens() > 0
                           ? spec_.model().max_context_tokens()
                           : config.max_position_embeddings;
+    objective_ = ObjectiveConfig::FromAlgorithm(spec_.algorithm(), max_new_tokens_);
 
     // Each batch is kept by the buffer until it is trained for good: until
     // a checkpoint covers it, or at once when no periodic checkpoint will.
@@ -276,6 +213,12 @@ class TrainerRun::Impl {
     if (!resumed) {
       if (spec_.warm_start().sft_steps() > 0) RETURN_IF_ERROR(WarmStart());
       warm_start_done_ = true;
+      if (objective_.UsesReference()) {
+        // The reference is the policy RL starts from, frozen (a resumed run
+        // brought it with its checkpoint).
+        ASSIGN_OR_RETURN(reference_model_, model::Transformer::CreateUninitialized(config));
+        RETURN_IF_ERROR(reference_model_->LoadWeights(model_->parameters()));
+      }
     }
     if (!before_eval_done_) {
       RETURN_IF_ERROR(RunEval("before", 0));
@@ -315,7 +258,7 @@ class TrainerRun::Impl {
     int64_t step = 0;
     while (step < max_steps) {
       if (stop_.load()) return absl::CancelledError("stopped");
-      std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rows;
+      std::vector<TokenRow> rows;
       rows.reserve(batch_size);
       for (int64_t i = 0; i < batch_size; ++i) rows.push_back(sft_rows_[pick(rng)]);
       RETURN_IF_ERROR(CheckBatchMemory(absl::StrCat("warm-start step ", step + 1), rows,
@@ -505,6 +448,10 @@ class TrainerRun::Impl {
         request.set_trainer_policy_version(step_);
         request.set_timeout_ms(kSampleTimeoutMs);
         request.set_step(batch_step);
+        // Dynamic sampling with refill: the buffer leaves out (and lets
+        // generation replace) groups whose rewards are all equal.
+        request.set_drop_uniform_reward_groups(objective_.dynamic_sampling ==
+                                               v1::DYNAMIC_SAMPLING_REFILL);
         absl::StatusOr<v1::SampleResponse> sampled = deps_.buffer->Sample(request);
         if (absl::IsFailedPrecondition(sampled.status()) && first_minibatch == 0 &&
             !reanchored) {
@@ -547,9 +494,13 @@ class TrainerRun::Impl {
         if (stop_.load()) return absl::CancelledError("stopped");
         const int begin = groups * m / minibatches;
         const int end = groups * (m + 1) / minibatches;
-        ASSIGN_OR_RETURN(
-            v1::TrainingStepMetrics metrics,
-            TrainStep(batch, begin, end, *optimizer_, m == first_minibatch ? wait_seconds : 0.0));
+        ASSIGN_OR_RETURN(v1::TrainingStepMetrics metrics,
+                         TrainStep(batch, begin, end, *optimizer_,
+                                   m == first_minibatch ? wait_seconds : 0.0,
+                                   /*batch_start_version=*/(batch_step - 1) * minibatches));
+        if (m == first_minibatch) {
+          metrics.set_groups_uniform_dropped(batch.uniform_reward_groups_dropped());
+        }
         if (step_ <= redo_until_) {
           absl::MutexLock lock(&mu_);
           status_.set_steps_redone(status_.steps_redone() + 1);
@@ -609,6 +560,7 @@ class TrainerRun::Impl {
     contents.optimizer = optimizer_.get();
     // Inside a batch the later minibatches clip against its start.
     if (prox_model_ != nullptr && step_ % minibatches != 0) contents.proximal = prox_model_.get();
+    contents.reference = reference_model_.get();
     switch (spec_.model().dtype()) {
       case v1::DTYPE_BFLOAT16:
         contents.hf.dtype = model::DType::kBF16;
@@ -713,11 +665,9 @@ class TrainerRun::Impl {
                                        .weight_decay(alg.weight_decay()));
   }
 
-  // Decoupled PPO over several minibatches keeps the weights of the batch's
-  // start for the later minibatches' proximal log-probs.
-  bool NeedsProximalModel() const {
-    return Minibatches() > 1 && spec_.algorithm().objective() != v1::OBJECTIVE_GRPO;
-  }
+  // Decoupled PPO recomputing pi_prox over several minibatches keeps the
+  // weights of the batch's start for the later minibatches.
+  bool NeedsProximalModel() const { return run::KeepsProximalPolicy(spec_.algorithm()); }
 
   // The buffer's account of the run (empty when it does not know it),
   // riding out a buffer that is restarting as sampling does.
@@ -769,7 +719,12 @@ class TrainerRun::Impl {
       if (NeedsProximalModel()) {
         ASSIGN_OR_RETURN(proximal, model::Transformer::CreateUninitialized(model_->config()));
       }
-      if (absl::Status loaded = LoadCheckpoint(checkpoint, *model, *optimizer, proximal.get());
+      std::unique_ptr<model::Transformer> reference;
+      if (objective_.UsesReference()) {
+        ASSIGN_OR_RETURN(reference, model::Transformer::CreateUninitialized(model_->config()));
+      }
+      if (absl::Status loaded =
+              LoadCheckpoint(checkpoint, *model, *optimizer, proximal.get(), reference.get());
           !loaded.ok()) {
         log::Warning("could not resume from a checkpoint; trying an older one",
                      {{"run_id", run_id_},
@@ -782,6 +737,7 @@ class TrainerRun::Impl {
       model_ = std::move(model);
       optimizer_ = std::move(optimizer);
       prox_model_ = std::move(proximal);
+      reference_model_ = std::move(reference);
       step_ = state.step;
       last_checkpoint_step_ = state.step;
       last_checkpoint_final_ = state.reason == "final";
@@ -817,76 +773,29 @@ class TrainerRun::Impl {
     return false;
   }
 
+  // One optimizer step on groups [begin, end) of `batch`, whose first
+  // minibatch started at version `batch_start_version` (v_prox).
   absl::StatusOr<v1::TrainingStepMetrics> TrainStep(const v1::SampleResponse& batch, int begin,
                                                     int end, torch::optim::AdamW& optimizer,
-                                                    double wait_seconds) {
+                                                    double wait_seconds,
+                                                    int64_t batch_start_version) {
     const auto& alg = spec_.algorithm();
     const double compute_start = Now();
     v1::TrainingStepMetrics metrics;
     // Rewards, advantages, staleness over the minibatch's groups.
-    std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> rows;
-    std::vector<std::vector<float>> behaviour;
-    std::vector<std::vector<float>> advantage_rows;
-    std::vector<int64_t> prefix_lengths;
-    std::map<int64_t, int64_t> staleness_counts;
-    double reward_sum = 0;
-    int64_t trajectories = 0;
-    int64_t passed = 0;
-    int64_t staleness_sum = 0;
-    int64_t staleness_max = 0;
-    int64_t zero_advantage = 0;
-    int64_t completion_tokens = 0;
-    const bool normalize = !alg.has_normalize_advantage_by_std() || alg.normalize_advantage_by_std();
-    int64_t groups_invalid = 0;
-    std::vector<std::string> group_ids;
-    const int64_t vocab_size = model_->config().vocab_size;
-    for (int g = begin; g < end; ++g) {
-      const v1::SampledGroup& sampled = batch.groups(g);
-      group_ids.push_back(sampled.group().group_id());
-      if (absl::Status trainable = CheckTrainableGroup(sampled.group(), vocab_size, step_);
-          !trainable.ok()) {
-        // The buffer refuses such groups; one that got past it is left out
-        // rather than failing the run or poisoning the step.
-        ++groups_invalid;
-        log::Warning("left an untrainable group out of the batch",
-                     {{"run_id", run_id_},
-                      {"step", step_ + 1},
-                      {"group", sampled.group().group_id()},
-                      {"error", std::string(trainable.message())}});
-        continue;
-      }
-      const int64_t staleness = sampled.staleness();
-      staleness_counts[staleness]++;
-      staleness_sum += staleness;
-      staleness_max = std::max(staleness_max, staleness);
-      std::vector<double> rewards;
-      for (const auto& t : sampled.group().trajectories()) {
-        rewards.push_back(t.reward());
-        reward_sum += t.reward();
-        passed += t.reward() >= 1.0 - 1e-9 ? 1 : 0;
-        ++trajectories;
-        completion_tokens += t.completion_token_ids_size();
-      }
-      if (IsUniform(rewards)) {
-        ++zero_advantage;
-        continue;
-      }
-      const std::vector<double> adv = GroupAdvantages(rewards, normalize, alg.advantage_eps());
-      int i = 0;
-      for (const auto& t : sampled.group().trajectories()) {
-        const double a = adv[i++];
-        if (t.finish_reason() == v1::FINISH_REASON_ABORTED || t.completion_token_ids_size() == 0) {
-          continue;  // excluded from the loss
-        }
-        rows.emplace_back(std::vector<int32_t>(t.prompt_token_ids().begin(), t.prompt_token_ids().end()),
-                          std::vector<int32_t>(t.completion_token_ids().begin(),
-                                               t.completion_token_ids().end()));
-        prefix_lengths.push_back(t.prompt_token_ids_size());
-        behaviour.emplace_back(t.behaviour_logprobs().begin(), t.behaviour_logprobs().end());
-        advantage_rows.emplace_back(t.completion_token_ids_size(), static_cast<float>(a));
-      }
+    RlRowOptions row_options;
+    row_options.vocab_size = model_->config().vocab_size;
+    row_options.trainer_version = step_;
+    row_options.normalize_advantage_by_std = objective_.normalize_advantage_by_std;
+    row_options.advantage_eps = objective_.advantage_eps;
+    row_options.train_uniform_groups = objective_.TrainsUniformGroups();
+    RlRows rows = BuildRlRows(batch, begin, end, row_options);
+    for (const auto& [group_id, why] : rows.invalid) {
+      log::Warning("left an untrainable group out of the batch",
+                   {{"run_id", run_id_}, {"step", step_ + 1}, {"group", group_id}, {"error", why}});
     }
     const int64_t groups = end - begin;
+    const int64_t groups_invalid = static_cast<int64_t>(rows.invalid.size());
     double lr = alg.learning_rate();
     if (alg.lr_warmup_steps() > 0) {
       lr *= std::min(1.0, double(step_ + 1) / double(alg.lr_warmup_steps()));
@@ -895,58 +804,59 @@ class TrainerRun::Impl {
     double grad_norm = 0;
     int64_t tokens_trained = 0;
     std::string update_skipped;  // why, when the step made no update
-    if (!rows.empty()) {
+    if (!rows.rows.empty()) {
       RETURN_IF_ERROR(CheckBatchMemory(
-          absl::StrCat("step ", step_ + 1), rows,
+          absl::StrCat("step ", step_ + 1), rows.rows,
           {"algorithm.batch_size_groups", "algorithm.minibatches_per_batch (raise it)",
-           "algorithm.group_size", "rollout.sampling.max_new_tokens"}));
-      PaddedBatch padded = PadRows(rows, pad_id_);
+           "algorithm.group_size", "rollout.sampling.max_new_tokens"},
+          /*entropy_gradient=*/objective_.loss.entropy_coef > 0 &&
+              objective_.objective != v1::OBJECTIVE_TRAJECTORY_BALANCE));
+      PaddedBatch padded = PadRows(rows.rows, pad_id_);
       tokens_trained = padded.real_tokens;
       const int64_t width = padded.inputs.size(1);
-      torch::Tensor behav = ScatterCompletionValues(behaviour, prefix_lengths, width);
-      torch::Tensor advantages = ScatterCompletionValues(advantage_rows, prefix_lengths, width);
+      ObjectiveBatch objective_batch;
+      objective_batch.mask = padded.mask;
+      objective_batch.behaviour = ScatterCompletionValues(rows.behaviour, rows.prefix_lengths, width);
+      objective_batch.versions = ScatterCompletionVersions(rows.versions, rows.prefix_lengths, width);
+      objective_batch.advantages =
+          ScatterCompletionValues(rows.advantages, rows.prefix_lengths, width);
+      objective_batch.rewards = rows.rewards;
+      objective_batch.groups = rows.groups;
+      objective_batch.batch_start_version = batch_start_version;
+      objective_batch.current_version = step_;
+      objective_batch.temperature = temperature_;
+      if (reference_model_ != nullptr) {
+        // Before the policy's forward pass: its logits are gone by then.
+        torch::NoGradGuard no_grad;
+        objective_batch.reference = model::TokenLogProbs(
+            reference_model_->Forward(padded.inputs), padded.targets, temperature_);
+      }
       SetLearningRate(optimizer, lr);
       optimizer.zero_grad();
-      torch::Tensor logits = model_->Forward(padded.inputs);
-      torch::Tensor logp = model::TokenLogProbs(logits, padded.targets, temperature_);
-      // The proximal policy: the weights before this batch's first update.
-      // GRPO uses the behaviour policy instead. With one minibatch per batch
-      // the proximal weights are the current ones, so their log-probs are
-      // this forward pass's, detached (no second forward).
-      torch::Tensor prox;
-      if (alg.objective() == v1::OBJECTIVE_GRPO) {
-        prox = behav;
-      } else if (prox_model_ == nullptr) {
-        prox = logp.detach();
-      } else {
+      objective_batch.logits = model_->Forward(padded.inputs);
+      objective_batch.logp =
+          model::TokenLogProbs(objective_batch.logits, padded.targets, temperature_);
+      // The proximal policy: the weights before this batch's first update
+      // (objective.h). With one minibatch per batch, or none kept, the
+      // current forward's log-probs serve (no second forward).
+      if (prox_model_ != nullptr) {
         torch::NoGradGuard no_grad;
-        prox = model::TokenLogProbs(prox_model_->Forward(padded.inputs), padded.targets,
-                                    temperature_);
+        objective_batch.proximal = model::TokenLogProbs(prox_model_->Forward(padded.inputs),
+                                                        padded.targets, temperature_);
       }
-      PolicyLossOptions loss_options;
-      loss_options.clip_eps_low = alg.clip_eps_low();
-      loss_options.clip_eps_high = alg.clip_eps_high() > 0 ? alg.clip_eps_high() : alg.clip_eps_low();
-      loss_options.behaviour_weight_cap = alg.behaviour_weight_cap();
-      loss_options.cap_mode = ToCapMode(alg.behaviour_weight_mode());
-      PolicyLoss loss = DecoupledPpoLoss(logp, prox, behav, advantages, padded.mask, loss_options);
-      loss.loss.backward();
+      torch::Tensor loss = ComputeObjective(objective_batch, objective_, &metrics);
+      loss.backward();
       const double clip = alg.has_grad_clip_norm() ? alg.grad_clip_norm() : 1.0;
       grad_norm = clip > 0 ? torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(), clip)
                            : torch::nn::utils::clip_grad_norm_(model_->parameter_tensors(),
                                                                std::numeric_limits<double>::infinity());
-      loss_value = loss.loss.item<double>();
+      loss_value = loss.item<double>();
       ASSIGN_OR_RETURN(update_skipped,
                        GuardedStep(optimizer, model_->parameters(), loss_value, grad_norm,
                                    [this] { return RestorePublishedWeights(); }));
-      {
-        torch::NoGradGuard no_grad;
-        const torch::Tensor entropy = model::Entropy(logits.detach(), temperature_);
-        metrics.set_entropy((entropy * padded.mask).sum().item<double>() /
-                            std::max(1.0, padded.mask.sum().item<double>()));
+      if (!objective_.EntropyInLoss()) {
+        metrics.set_entropy(EntropyFigure(objective_batch.logits, padded.mask, temperature_));
       }
-      metrics.set_clip_fraction(loss.clip_fraction);
-      metrics.set_behaviour_weight_capped_fraction(loss.capped_fraction);
-      metrics.set_kl_to_behaviour(loss.kl_to_behaviour);
     }
     if (!update_skipped.empty()) {
       log::Warning("skipped the update of a step: it would have made the weights non-finite; "
@@ -954,7 +864,7 @@ class TrainerRun::Impl {
                    {{"run_id", run_id_},
                     {"step", step_ + 1},
                     {"why", update_skipped},
-                    {"groups", absl::StrJoin(group_ids, ",")}});
+                    {"groups", absl::StrJoin(rows.group_ids, ",")}});
     }
     ++step_;
     const double step_seconds = Now() - compute_start;
@@ -966,16 +876,18 @@ class TrainerRun::Impl {
     metrics.set_policy_version(step_);
     metrics.set_elapsed_seconds(Now() - start_time_);
     metrics.set_loss(loss_value);
-    metrics.set_reward_mean(trajectories > 0 ? reward_sum / trajectories : 0.0);
-    metrics.set_pass_rate(trajectories > 0 ? double(passed) / trajectories : 0.0);
+    metrics.set_reward_mean(rows.trajectories > 0 ? rows.reward_sum / rows.trajectories : 0.0);
+    metrics.set_pass_rate(rows.trajectories > 0 ? double(rows.passed) / rows.trajectories : 0.0);
     metrics.set_grad_norm(grad_norm);
     metrics.set_learning_rate(lr);
-    for (int64_t s = 0; s <= staleness_max; ++s) metrics.add_staleness_histogram(staleness_counts[s]);
-    metrics.set_staleness_mean(groups > 0 ? double(staleness_sum) / groups : 0.0);
-    metrics.set_staleness_max(staleness_max);
+    for (int64_t s = 0; s <= rows.staleness_max; ++s) {
+      metrics.add_staleness_histogram(rows.staleness_counts[s]);
+    }
+    metrics.set_staleness_mean(groups > 0 ? double(rows.staleness_sum) / groups : 0.0);
+    metrics.set_staleness_max(rows.staleness_max);
     metrics.set_groups(groups);
-    metrics.set_groups_zero_advantage(zero_advantage);
-    metrics.set_completion_tokens(completion_tokens);
+    metrics.set_groups_zero_advantage(rows.zero_advantage);
+    metrics.set_completion_tokens(rows.completion_tokens);
     metrics.set_tokens_trained(tokens_trained);
     metrics.set_trainer_tokens_per_second(step_seconds > 0 ? tokens_trained / step_seconds : 0.0);
     metrics.set_trainer_wait_seconds(wait_seconds);
@@ -1009,10 +921,9 @@ class TrainerRun::Impl {
   // RESOURCE_EXHAUSTED when the forward and backward of `rows` (padded to
   // the longest) would not fit what the budget leaves after what the run
   // holds throughout; OK without a budget.
-  absl::Status CheckBatchMemory(
-      const std::string& what,
-      const std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>>& rows,
-      const std::vector<std::string>& fields) const {
+  absl::Status CheckBatchMemory(const std::string& what, const std::vector<TokenRow>& rows,
+                                const std::vector<std::string>& fields,
+                                bool entropy_gradient = false) const {
     if (deps_.memory_budget_bytes <= 0 || rows.empty()) return absl::OkStatus();
     size_t longest = 0;
     for (const auto& [prefix, trained] : rows) {
@@ -1020,7 +931,8 @@ class TrainerRun::Impl {
     }
     const int64_t sequences = static_cast<int64_t>(rows.size());
     const int64_t tokens = std::max<int64_t>(1, static_cast<int64_t>(longest) - 1);
-    const int64_t needed = run::TrainingBatchBytes(model_->config(), sequences, tokens);
+    const int64_t needed =
+        run::TrainingBatchBytes(model_->config(), sequences, tokens, entropy_gradient);
     const int64_t left = deps_.memory_budget_bytes - resident_bytes_;
     if (needed <= left) return absl::OkStatus();
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -1085,13 +997,17 @@ class TrainerRun::Impl {
   std::map<std::string, std::string> checkpoint_side_files_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<model::Transformer> prox_model_;  // decoupled PPO, > 1 minibatch
+  // The frozen policy RL started from (ObjectiveConfig::UsesReference).
+  std::unique_ptr<model::Transformer> reference_model_;
+  // The objective and its corrections, from the spec's algorithm.
+  ObjectiveConfig objective_;
   // What Publish last published: the weights a step that went non-finite
   // goes back to.
   std::shared_ptr<const PublishedVersion> last_published_;
   std::vector<task::TaskItem> train_items_;
   std::vector<task::TaskItem> eval_items_;
   std::vector<task::TaskItem> dev_items_;
-  std::vector<std::pair<std::vector<int32_t>, std::vector<int32_t>>> sft_rows_;
+  std::vector<TokenRow> sft_rows_;
   double temperature_ = 1.0;
   int64_t max_new_tokens_ = 16;
   int64_t step_ = 0;

@@ -39,9 +39,11 @@ struct TrainerRunDeps {
 //   build model (seeded) -> warm start (SFT until the dev accuracy reaches the
 //   target or the step cap) -> held-out eval "before" -> publish version 0 ->
 //   for each step: Sample B groups (staleness <= eta) -> GRPO advantages ->
-//   decoupled PPO loss (proximal log-probs recomputed before the update) ->
-//   AdamW with gradient clipping -> publish version v+1 -> tell the buffer ->
-//   report the step -> ... -> held-out eval "after".
+//   the objective (objective.h: decoupled PPO, GRPO or trajectory balance,
+//   with the spec's corrections; docs/objectives.md) -> AdamW with gradient
+//   clipping -> publish version v+1 -> tell the buffer -> report the step ->
+//   ... -> held-out eval "after". A run that keeps a reference policy
+//   freezes it when RL starts, after the warm start.
 //
 // Bad input is not a fault (step_guard.h): a sampled group the model cannot
 // train on (a token id outside its vocabulary, a non-finite reward or

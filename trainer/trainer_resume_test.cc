@@ -46,8 +46,9 @@ constexpr int kGroupSize = 4;
 
 // Group number `n` of the run, made at `version`: a sum of two digits, four
 // completions of which some are right (rewards 1) and some wrong, the mix
-// depending on n so that every batch trains differently.
-v1::Group MakeTrainingGroup(int n, int64_t version) {
+// depending on n so that every batch trains differently; or, `uniform`, all
+// wrong (no group-relative signal).
+v1::Group MakeTrainingGroup(int n, int64_t version, bool uniform = false) {
   task::CharTokenizer tokenizer;
   v1::Group group;
   group.set_run_id(kRun);
@@ -59,7 +60,7 @@ v1::Group MakeTrainingGroup(int n, int64_t version) {
     v1::Trajectory* t = group.add_trajectories();
     const std::vector<int32_t> prompt = *tokenizer.Encode(absl::StrCat(a, "+", b, "="));
     for (int id : prompt) t->add_prompt_token_ids(id);
-    const bool right = (i + n) % 3 == 0;
+    const bool right = !uniform && (i + n) % 3 == 0;
     const std::vector<int32_t> answer =
         *tokenizer.Encode(absl::StrCat(right ? a + b : a + b + 1 + i));
     for (int id : answer) t->add_completion_token_ids(id);
@@ -77,7 +78,12 @@ v1::Group MakeTrainingGroup(int n, int64_t version) {
 // The trainer's buffer client over a real run table.
 class TableBuffer : public clients::ReplayBufferClient {
  public:
-  explicit TableBuffer(const v1::RunSpec& spec) { Reset(spec); }
+  // `uniform_every` > 0: every uniform_every-th group made has all-equal
+  // rewards (what dynamic sampling is about).
+  explicit TableBuffer(const v1::RunSpec& spec, int uniform_every = 0)
+      : uniform_every_(uniform_every) {
+    Reset(spec);
+  }
 
   // A new, empty table: what a buffer restarted without its data directory
   // has for the run once it is configured again.
@@ -116,9 +122,20 @@ class TableBuffer : public clients::ReplayBufferClient {
         if (!table_->UpdatePolicyVersion(request.trainer_policy_version()).ok()) {
           return absl::InternalError("version");
         }
-        while (table_->Stats().size_groups < request.batch_size_groups()) {
-          const replay_buffer::InsertResult inserted =
-              table_->Insert(MakeTrainingGroup(next_group_++, request.trainer_policy_version()));
+        // Groups with a signal held: all of them, or (refill) those the
+        // trainer takes, the uniform ones being evicted as it samples.
+        const auto usable = [&] {
+          const replay_buffer::RunStats now = table_->Stats();
+          return now.size_groups - (request.drop_uniform_reward_groups()
+                                        ? uniform_made_ - now.evictions.uniform_reward
+                                        : 0);
+        };
+        while (usable() < request.batch_size_groups()) {
+          const int n = next_group_++;
+          const bool uniform = uniform_every_ > 0 && n % uniform_every_ == uniform_every_ - 1;
+          uniform_made_ += uniform ? 1 : 0;
+          const replay_buffer::InsertResult inserted = table_->Insert(
+              MakeTrainingGroup(n, request.trainer_policy_version(), uniform));
           if (inserted.status != replay_buffer::InsertStatus::kStored) {
             return absl::InternalError(inserted.message);
           }
@@ -144,6 +161,7 @@ class TableBuffer : public clients::ReplayBufferClient {
     response.set_policy_version(result->policy_version);
     response.set_buffer_version(result->buffer_version);
     response.set_replayed(result->replayed);
+    response.set_uniform_reward_groups_dropped(result->uniform_reward_groups_dropped);
     {
       absl::MutexLock lock(&mu_);
       batches_[request.step()] = ids;
@@ -194,7 +212,9 @@ class TableBuffer : public clients::ReplayBufferClient {
 
  private:
   std::unique_ptr<replay_buffer::RunTable> table_;
+  const int uniform_every_;
   int next_group_ = 0;
+  int64_t uniform_made_ = 0;
   absl::Mutex mu_;
   std::map<int64_t, std::vector<std::string>> batches_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, bool> replayed_ ABSL_GUARDED_BY(mu_);
@@ -222,7 +242,21 @@ std::string ScratchDir(const std::string& name) {
   return dir.string();
 }
 
-v1::RunSpec ResumeSpec(const std::string& dir, int minibatches) {
+// What a kill point's run trains with besides the defaults.
+enum class Variant {
+  kDefault,
+  // A KL to the frozen reference and an entropy bonus: the reference must
+  // come back from the checkpoint (it is not the checkpoint's weights).
+  kKlToReference,
+  // Trajectory balance against the reference.
+  kTrajectoryBalance,
+  // Dynamic sampling with refill over groups of which some are uniform:
+  // the buffer records the informative batches and replays them.
+  kRefill,
+};
+
+v1::RunSpec ResumeSpec(const std::string& dir, int minibatches,
+                       Variant variant = Variant::kDefault) {
   v1::RunSpec spec;
   spec.set_seed(11);
   spec.mutable_model()->set_builtin("micro");
@@ -250,6 +284,23 @@ v1::RunSpec ResumeSpec(const std::string& dir, int minibatches) {
   spec.mutable_eval()->set_every_n_steps(4);
   spec.mutable_checkpoint()->set_dir(dir);
   spec.mutable_checkpoint()->set_every_n_steps(3);
+  switch (variant) {
+    case Variant::kDefault:
+      break;
+    case Variant::kKlToReference:
+      alg->set_kl_coef(0.05);
+      alg->set_entropy_coef(0.01);
+      break;
+    case Variant::kTrajectoryBalance:
+      alg->set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+      alg->set_tb_use_reference(true);
+      alg->set_tb_beta(0.5);
+      break;
+    case Variant::kRefill:
+      alg->set_objective(v1::OBJECTIVE_GRPO);
+      alg->set_dynamic_sampling(v1::DYNAMIC_SAMPLING_REFILL);
+      break;
+  }
   return spec;
 }
 
@@ -275,18 +326,37 @@ struct KillPoint {
   // Expected of the resumed incarnation.
   int64_t resumed_from;
   int64_t steps_redone;
+  Variant variant = Variant::kDefault;
 };
 
 class TrainerResumeTest : public ::testing::TestWithParam<KillPoint> {};
 
+// The test name's suffix for a variant.
+std::string VariantSuffix(Variant variant) {
+  switch (variant) {
+    case Variant::kKlToReference:
+      return "_klToReference";
+    case Variant::kTrajectoryBalance:
+      return "_trajectoryBalance";
+    case Variant::kRefill:
+      return "_refill";
+    case Variant::kDefault:
+      break;
+  }
+  return "";
+}
+
 TEST_P(TrainerResumeTest, AKilledTrainerResumesToTheWeightsOfAnUninterruptedRun) {
   const KillPoint kill = GetParam();
-  const std::string name = absl::StrCat("resume_m", kill.minibatches, "_", kill.after_step);
+  const std::string name = absl::StrCat("resume_m", kill.minibatches, "_", kill.after_step, "_",
+                                        static_cast<int>(kill.variant));
+  const int uniform_every = kill.variant == Variant::kRefill ? 3 : 0;
   ExactReward reward;
 
   // The run as it goes when nothing happens to it.
-  const v1::RunSpec straight_spec = ResumeSpec(ScratchDir(name + "_straight"), kill.minibatches);
-  TableBuffer straight_buffer(straight_spec);
+  const v1::RunSpec straight_spec =
+      ResumeSpec(ScratchDir(name + "_straight"), kill.minibatches, kill.variant);
+  TableBuffer straight_buffer(straight_spec, uniform_every);
   WeightStore straight_weights(/*retain=*/16);
   {
     TrainerRun run(kRun, straight_spec, {&straight_buffer, &reward, nullptr, &straight_weights});
@@ -298,8 +368,8 @@ TEST_P(TrainerResumeTest, AKilledTrainerResumesToTheWeightsOfAnUninterruptedRun)
   // The same run, killed: Stop() without a checkpoint leaves what a kill -9
   // leaves (checkpoints written so far, the buffer's records), nothing more.
   const std::string dir = ScratchDir(name);
-  const v1::RunSpec spec = ResumeSpec(dir, kill.minibatches);
-  TableBuffer buffer(spec);
+  const v1::RunSpec spec = ResumeSpec(dir, kill.minibatches, kill.variant);
+  TableBuffer buffer(spec, uniform_every);
   torch::manual_seed(1);
   const torch::Tensor generator_at_start = GeneratorState();
   WeightStore dead_weights(/*retain=*/16);
@@ -322,6 +392,14 @@ TEST_P(TrainerResumeTest, AKilledTrainerResumesToTheWeightsOfAnUninterruptedRun)
   EXPECT_EQ(at_death.gate.policy_version, kill.resumed_from + kill.steps_redone);
   ASSERT_TRUE(fs::exists(dir + "/step-00000003/optimizer.pt"));
   ASSERT_TRUE(fs::exists(dir + "/step-00000003/rng.pt"));
+  const bool keeps_reference =
+      kill.variant == Variant::kKlToReference || kill.variant == Variant::kTrajectoryBalance;
+  EXPECT_EQ(fs::exists(dir + "/step-00000003/reference.pt"), keeps_reference);
+  if (kill.variant == Variant::kRefill) {
+    // Uniform groups were made and left out; every batch had B groups.
+    EXPECT_GT(buffer.table().Stats().evictions.uniform_reward, 0);
+    for (const auto& [step, ids] : buffer.batches()) EXPECT_EQ(ids.size(), 2u) << step;
+  }
 
   // A newer checkpoint that does not load is skipped for the older one.
   const std::string broken = absl::StrFormat("%s/step-%08d", dir, kill.resumed_from + 1);
@@ -391,12 +469,21 @@ INSTANTIATE_TEST_SUITE_P(
         // Two minibatches per batch: the checkpoint at step 3 is inside batch
         // 2 (its proximal weights are in it); killed after step 5.
         KillPoint{.minibatches = 2, .after_step = 5, .at_sample_step = 0, .resumed_from = 3,
-                  .steps_redone = 2}),
+                  .steps_redone = 2},
+        // The reference policy survives the restart (reference.pt).
+        KillPoint{.minibatches = 1, .after_step = 5, .at_sample_step = 0, .resumed_from = 3,
+                  .steps_redone = 2, .variant = Variant::kKlToReference},
+        KillPoint{.minibatches = 1, .after_step = 5, .at_sample_step = 0, .resumed_from = 3,
+                  .steps_redone = 2, .variant = Variant::kTrajectoryBalance},
+        // Refilled batches are recorded as trained and replayed as such.
+        KillPoint{.minibatches = 1, .after_step = 5, .at_sample_step = 0, .resumed_from = 3,
+                  .steps_redone = 2, .variant = Variant::kRefill}),
     [](const auto& info) {
       return absl::StrCat("minibatches", info.param.minibatches, "_",
                           info.param.at_sample_step > 0 ? "atSample" : "afterStep",
                           info.param.at_sample_step > 0 ? info.param.at_sample_step
-                                                        : info.param.after_step);
+                                                        : info.param.after_step,
+                          VariantSuffix(info.param.variant));
     });
 
 // A buffer that lost the run's steps (restarted without its data directory,

@@ -243,6 +243,162 @@ TEST(TrainerRunTest, MinibatchesPublishOneVersionEachAndClipAgainstTheBatchStart
   EXPECT_GT(second_minibatch_kl, 0.0);
 }
 
+// Every objective and correction a spec can choose trains end to end: a
+// short run (two steps, the second on weights the first moved, so the
+// ratios, weights and masks are not all trivially 1) finishes, every step
+// has a finite loss and makes its update, and the figures that describe the
+// step's importance weights are in range.
+struct ObjectiveCase {
+  std::string name;
+  std::function<void(v1::AlgorithmConfig&)> set;
+};
+
+class TrainerObjectiveTest : public ::testing::TestWithParam<ObjectiveCase> {};
+
+TEST_P(TrainerObjectiveTest, TrainsWithoutError) {
+  FakeBuffer buffer;
+  // Of each batch's 4 groups (staleness 0, 1, 0, 1), the third has
+  // all-equal rewards (dynamic sampling); with two minibatches each has one
+  // group of each staleness.
+  buffer.poison = [](int index, v1::Group& group) {
+    if (index != 2) return;
+    for (v1::Trajectory& t : *group.mutable_trajectories()) t.set_reward(0);
+  };
+  FakeReward reward;
+  FakeController controller;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_eval()->set_every_n_steps(0);
+  spec.mutable_eval()->set_num_prompts(2);
+  v1::AlgorithmConfig& alg = *spec.mutable_algorithm();
+  alg.set_batch_size_groups(4);
+  alg.set_total_steps(2);
+  alg.set_learning_rate(2e-2);
+  GetParam().set(alg);
+  const std::string run_id = "run-" + GetParam().name;
+  TrainerRun run(run_id, spec, {&buffer, &reward, &controller, &weights, nullptr, nullptr});
+  const absl::Status status = run.Run();
+  ASSERT_TRUE(status.ok()) << status;
+  int steps = 0;
+  int64_t zero_advantage = 0;
+  for (const auto& r : controller.reports) {
+    if (!r.has_step()) continue;
+    ++steps;
+    zero_advantage += r.step().groups_zero_advantage();
+    const v1::TrainingStepMetrics& m = r.step();
+    SCOPED_TRACE(absl::StrCat("step ", m.step()));
+    EXPECT_TRUE(std::isfinite(m.loss()));
+    EXPECT_FALSE(m.update_skipped());
+    EXPECT_GT(m.tokens_trained(), 0);
+    EXPECT_GT(m.importance_weight_ess(), 0.0);
+    EXPECT_LE(m.importance_weight_ess(), 1.0 + 1e-9);
+    EXPECT_LE(m.importance_weight_min(), m.importance_weight_p01() + 1e-9);
+    EXPECT_LE(m.importance_weight_p99(), m.importance_weight_max() + 1e-9);
+    // The fake's groups alternate staleness 0 and 1 (all their tokens), as
+    // of the batch's start; a later minibatch trains them one version on.
+    EXPECT_EQ(m.token_staleness_max(), 1 + (m.step() - 1) % alg.minibatches_per_batch());
+    EXPECT_GE(m.kl_to_reference(), 0.0);
+  }
+  EXPECT_EQ(steps, alg.total_steps());
+  // One uniform group per batch, left out unless kept (trajectory balance
+  // keeps them by default).
+  const bool keeps_uniform = alg.dynamic_sampling() == v1::DYNAMIC_SAMPLING_KEEP ||
+                             (alg.objective() == v1::OBJECTIVE_TRAJECTORY_BALANCE &&
+                              alg.dynamic_sampling() == v1::DYNAMIC_SAMPLING_UNSPECIFIED);
+  EXPECT_EQ(zero_advantage, keeps_uniform ? 0 : alg.total_steps() / alg.minibatches_per_batch());
+  EXPECT_NE((*weights.Get(run_id, 0))->info.checksum(), (*weights.Get(run_id, 2))->info.checksum());
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Objectives, TrainerObjectiveTest,
+    ::testing::Values(
+        ObjectiveCase{"grpo", [](v1::AlgorithmConfig& a) { a.set_objective(v1::OBJECTIVE_GRPO); }},
+        ObjectiveCase{"decoupled_ppo", [](v1::AlgorithmConfig&) {}},
+        ObjectiveCase{"loglinear_minibatches",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR);
+                        a.set_minibatches_per_batch(2);
+                        a.set_total_steps(4);
+                      }},
+        ObjectiveCase{"recompute_minibatches",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_minibatches_per_batch(2);
+                        a.set_total_steps(4);
+                      }},
+        ObjectiveCase{"truncated_importance_sampling",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_truncated_importance_sampling(true);
+                        a.set_minibatches_per_batch(2);
+                        a.set_total_steps(4);
+                      }},
+        ObjectiveCase{"icepop",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_behaviour_weight_mode(v1::BEHAVIOUR_WEIGHT_MODE_MASK);
+                        a.set_behaviour_weight_cap(2);
+                        a.set_behaviour_weight_floor(0.5);
+                      }},
+        // The fake's behaviour log-probs (-2.5) are far from the untrained
+        // model's: (log w)^2 is about 1 on most tokens, so M2PO's 0.04 would
+        // mask them all (and rightly make no update); a looser tau keeps some.
+        ObjectiveCase{"m2po", [](v1::AlgorithmConfig& a) { a.set_second_moment_threshold(1.0); }},
+        ObjectiveCase{"dr_grpo",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_objective(v1::OBJECTIVE_GRPO);
+                        a.set_normalize_advantage_by_std(false);
+                        a.set_loss_aggregation(v1::LOSS_AGGREGATION_CONSTANT_NORMALIZER);
+                      }},
+        ObjectiveCase{"clip_higher_sequence_mean",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_clip_eps_high(0.28);
+                        a.set_loss_aggregation(v1::LOSS_AGGREGATION_SEQUENCE_MEAN);
+                      }},
+        ObjectiveCase{"keep_uniform_groups",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_dynamic_sampling(v1::DYNAMIC_SAMPLING_KEEP);
+                      }},
+        ObjectiveCase{"kl_and_entropy",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_kl_coef(0.1);
+                        a.set_entropy_coef(0.01);
+                      }},
+        ObjectiveCase{"trajectory_balance",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+                      }},
+        ObjectiveCase{"trajectory_balance_reference",
+                      [](v1::AlgorithmConfig& a) {
+                        a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+                        a.set_tb_use_reference(true);
+                        a.set_tb_beta(0.5);
+                      }}),
+    [](const auto& info) { return info.param.name; });
+
+// A run that keeps a reference policy: its KL figure is 0 on the first step
+// (the reference is the weights RL starts from) and grows once they move.
+TEST(TrainerRunTest, TheReferenceIsThePolicyRlStartedFrom) {
+  FakeBuffer buffer;
+  FakeReward reward;
+  FakeController controller;
+  WeightStore weights(/*retain=*/8);
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(10);
+  spec.mutable_eval()->set_every_n_steps(0);
+  spec.mutable_eval()->set_num_prompts(2);
+  spec.mutable_algorithm()->set_kl_coef(0.1);
+  spec.mutable_algorithm()->set_learning_rate(2e-2);
+  TrainerRun run("run-kl", spec, {&buffer, &reward, &controller, &weights, nullptr, nullptr});
+  ASSERT_TRUE(run.Run().ok());
+  std::vector<double> kl;
+  for (const auto& r : controller.reports) {
+    if (r.has_step()) kl.push_back(r.step().kl_to_reference());
+  }
+  ASSERT_EQ(kl.size(), 3u);
+  EXPECT_NEAR(kl[0], 0.0, 1e-6);  // after the warm start, before any RL update
+  EXPECT_GT(kl[1], 1e-6);
+  EXPECT_GT(kl[2], 1e-6);
+}
+
 // True when every weight of the published version is finite.
 bool AllFinite(const PublishedVersion& published) {
   for (const std::string& bytes : published.bytes) {
@@ -289,9 +445,11 @@ TEST(TrainerRunTest, UntrainableGroupsAreLeftOutAndEveryPublishedVersionIsFinite
   const absl::Status status = run.Run();
   ASSERT_TRUE(status.ok()) << status;
   int steps = 0;
+  int64_t zero_advantage = 0;
   for (const auto& r : controller.reports) {
     if (!r.has_step()) continue;
     ++steps;
+    zero_advantage += r.step().groups_zero_advantage();
     EXPECT_EQ(r.step().groups_invalid(), 3);
     EXPECT_FALSE(r.step().update_skipped());
     EXPECT_GT(r.step().tokens_trained(), 0);  // the fourth group was trained on

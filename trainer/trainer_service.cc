@@ -83,6 +83,54 @@ struct TrainerMetrics {
                           .Help("Maximum group staleness (versions) in the latest batch")
                           .Register(registry)
                           .Add({})),
+        importance_weight_ess(prometheus::BuildGauge()
+                                  .Name("sluice_trainer_importance_weight_ess")
+                                  .Help("Normalised effective sample size (sum w)^2 / (N sum "
+                                        "w^2) of the latest step's importance weights: 1 "
+                                        "on-policy, falling as the data goes off-policy")
+                                  .Register(registry)
+                                  .Add({})),
+        importance_weight(prometheus::BuildGauge()
+                              .Name("sluice_trainer_importance_weight")
+                              .Help("Tails of the latest step's importance weights, by stat "
+                                    "(max, min, p99, p01)")
+                              .Register(registry)),
+        importance_weight_fraction(
+            prometheus::BuildGauge()
+                .Name("sluice_trainer_importance_weight_fraction")
+                .Help("Fraction of the latest step's tokens with importance weight above 2 "
+                      "(side=above_2) or below 0.5 (side=below_half)")
+                .Register(registry)),
+        tokens_masked_fraction(prometheus::BuildGauge()
+                                   .Name("sluice_trainer_tokens_masked_fraction")
+                                   .Help("Fraction of the latest step's tokens dropped from the "
+                                         "loss, by mechanism (cap, floor, second_moment)")
+                                   .Register(registry)),
+        behaviour_weight_capped_fraction(
+            prometheus::BuildGauge()
+                .Name("sluice_trainer_behaviour_weight_capped_fraction")
+                .Help("Fraction of the latest step's tokens whose behaviour weight exceeded "
+                      "behaviour_weight_cap")
+                .Register(registry)
+                .Add({})),
+        token_staleness_mean(prometheus::BuildGauge()
+                                 .Name("sluice_trainer_token_staleness_mean")
+                                 .Help("Mean staleness (versions) of the latest step's trained "
+                                       "tokens: trainer version - the token's version")
+                                 .Register(registry)
+                                 .Add({})),
+        token_staleness_max(prometheus::BuildGauge()
+                                .Name("sluice_trainer_token_staleness_max")
+                                .Help("Maximum staleness (versions) of the latest step's trained "
+                                      "tokens")
+                                .Register(registry)
+                                .Add({})),
+        kl_to_reference(prometheus::BuildGauge()
+                            .Name("sluice_trainer_kl_to_reference")
+                            .Help("Mean k3 estimate of KL(policy || reference) on the latest "
+                                  "step's tokens (0 without a reference policy)")
+                            .Register(registry)
+                            .Add({})),
         eval_accuracy(prometheus::BuildGauge()
                           .Name("sluice_trainer_eval_accuracy")
                           .Help("Accuracy of the latest held-out evaluation")
@@ -146,6 +194,23 @@ struct TrainerMetrics {
     grad_norm.Set(m.grad_norm());
     staleness_mean.Set(m.staleness_mean());
     staleness_max.Set(static_cast<double>(m.staleness_max()));
+    importance_weight_ess.Set(m.importance_weight_ess());
+    importance_weight.Add({{"stat", "max"}}).Set(m.importance_weight_max());
+    importance_weight.Add({{"stat", "min"}}).Set(m.importance_weight_min());
+    importance_weight.Add({{"stat", "p99"}}).Set(m.importance_weight_p99());
+    importance_weight.Add({{"stat", "p01"}}).Set(m.importance_weight_p01());
+    importance_weight_fraction.Add({{"side", "above_2"}})
+        .Set(m.importance_weight_above_2_fraction());
+    importance_weight_fraction.Add({{"side", "below_half"}})
+        .Set(m.importance_weight_below_half_fraction());
+    tokens_masked_fraction.Add({{"mechanism", "cap"}}).Set(m.tokens_masked_cap_fraction());
+    tokens_masked_fraction.Add({{"mechanism", "floor"}}).Set(m.tokens_masked_floor_fraction());
+    tokens_masked_fraction.Add({{"mechanism", "second_moment"}})
+        .Set(m.tokens_masked_second_moment_fraction());
+    behaviour_weight_capped_fraction.Set(m.behaviour_weight_capped_fraction());
+    token_staleness_mean.Set(m.token_staleness_mean());
+    token_staleness_max.Set(static_cast<double>(m.token_staleness_max()));
+    kl_to_reference.Set(m.kl_to_reference());
     tokens_trained.Increment(static_cast<double>(m.tokens_trained()));
     wait_seconds.Increment(m.trainer_wait_seconds());
     if (m.update_skipped()) updates_skipped.Increment();
@@ -164,6 +229,14 @@ struct TrainerMetrics {
   prometheus::Gauge& grad_norm;
   prometheus::Gauge& staleness_mean;
   prometheus::Gauge& staleness_max;
+  prometheus::Gauge& importance_weight_ess;
+  prometheus::Family<prometheus::Gauge>& importance_weight;
+  prometheus::Family<prometheus::Gauge>& importance_weight_fraction;
+  prometheus::Family<prometheus::Gauge>& tokens_masked_fraction;
+  prometheus::Gauge& behaviour_weight_capped_fraction;
+  prometheus::Gauge& token_staleness_mean;
+  prometheus::Gauge& token_staleness_max;
+  prometheus::Gauge& kl_to_reference;
   prometheus::Gauge& eval_accuracy;
   prometheus::Counter& tokens_trained;
   prometheus::Counter& wait_seconds;

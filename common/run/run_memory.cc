@@ -94,7 +94,20 @@ int64_t GenerationBatchBytes(const model::ModelConfig& config, int64_t sequences
   return Add(kv, std::max(prefill, decode));
 }
 
-int64_t TrainingBatchBytes(const model::ModelConfig& config, int64_t sequences, int64_t tokens) {
+bool KeepsProximalPolicy(const v1::AlgorithmConfig& a) {
+  const bool decoupled =
+      a.objective() == v1::OBJECTIVE_DECOUPLED_PPO || a.objective() == v1::OBJECTIVE_UNSPECIFIED;
+  return decoupled && a.minibatches_per_batch() > 1 && !a.truncated_importance_sampling() &&
+         a.proximal_logprobs() != v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR;
+}
+
+bool KeepsReferencePolicy(const v1::AlgorithmConfig& a) {
+  return a.objective() == v1::OBJECTIVE_TRAJECTORY_BALANCE ? a.tb_use_reference()
+                                                           : a.kl_coef() > 0;
+}
+
+int64_t TrainingBatchBytes(const model::ModelConfig& config, int64_t sequences, int64_t tokens,
+                           bool entropy_gradient) {
   const int64_t d = config.hidden_size;
   const int64_t per_token_per_layer =
       Add(Add(Mul(10, d), Mul(4, config.intermediate_size)),
@@ -102,7 +115,8 @@ int64_t TrainingBatchBytes(const model::ModelConfig& config, int64_t sequences, 
   const int64_t saved = Mul(sequences, tokens, config.num_hidden_layers, per_token_per_layer, kFloat);
   const int64_t attention =
       Mul(sequences, config.num_hidden_layers, config.num_attention_heads, tokens, tokens, 2, kFloat);
-  const int64_t logits = Mul(sequences, tokens, config.vocab_size, 3, kFloat);
+  const int64_t logits =
+      Mul(sequences, tokens, config.vocab_size, entropy_gradient ? 5 : 3, kFloat);
   return Add(Add(saved, attention), logits);
 }
 
@@ -209,12 +223,14 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
     AddTerm(t, "published versions", Mul(params, kRetainedVersions, store_bytes),
             absl::StrCat(kRetainedVersions, " versions kept for the workers"));
     const int minibatches = std::max(1, a.minibatches_per_batch());
-    if (a.objective() == v1::OBJECTIVE_DECOUPLED_PPO && minibatches > 1) {
+    if (KeepsProximalPolicy(a)) {
       AddTerm(t, "proximal policy", Mul(params, kFloat), "a copy of the weights");
     }
-    if (a.kl_coef() > 0) AddTerm(t, "reference policy", Mul(params, kFloat), "a copy of the weights");
+    if (KeepsReferencePolicy(a)) {
+      AddTerm(t, "reference policy", Mul(params, kFloat), "a copy of the weights");
+    }
     const int64_t rl_sequences = Mul((batch_groups + minibatches - 1) / minibatches, group_size);
-    int64_t transient = TrainingBatchBytes(config, rl_sequences, tokens);
+    int64_t transient = TrainingBatchBytes(config, rl_sequences, tokens, a.entropy_coef() > 0);
     std::string transient_how =
         absl::StrCat("RL minibatch of ", Count(rl_sequences), " sequences (",
                      Count(batch_groups), " groups / ", minibatches, " minibatches x ",

@@ -111,8 +111,19 @@ int64_t GenerationBatchBytes(const model::ModelConfig& config, int64_t sequences
 
 // The trainer's forward + backward of one minibatch of `sequences`
 // sequences of `tokens` tokens (saved activations, attention scores and
-// logits with their gradients).
-int64_t TrainingBatchBytes(const model::ModelConfig& config, int64_t sequences, int64_t tokens);
+// logits with their gradients; with `entropy_gradient`, an entropy bonus's
+// softmax and its gradient over the vocabulary too).
+int64_t TrainingBatchBytes(const model::ModelConfig& config, int64_t sequences, int64_t tokens,
+                           bool entropy_gradient = false);
+
+// Whether the trainer keeps a second copy of the weights for the run: the
+// batch start's, for decoupled PPO recomputing pi_prox over several
+// minibatches (proximal_logprobs RECOMPUTE, no truncated importance
+// sampling, minibatches_per_batch > 1).
+bool KeepsProximalPolicy(const v1::AlgorithmConfig& algorithm);
+// The frozen reference policy (the weights when RL starts): kl_coef > 0 for
+// GRPO and decoupled PPO, tb_use_reference for trajectory balance.
+bool KeepsReferencePolicy(const v1::AlgorithmConfig& algorithm);
 
 // Bytes a group of `group_size` trajectories of `tokens` tokens takes in the
 // replay buffer (ids, log-probs, versions, per-trajectory overhead).

@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <limits>
+#include <string>
+#include <vector>
 
 namespace sluice::run {
 namespace {
@@ -67,6 +69,49 @@ TEST(RunMemoryTest, TrainingBatchByHand) {
   // Attention: 2 x 2 layers x 2 heads x 10 x 10 x 2 x 4 = 6400.
   // Logits: 2 x 10 x 100 x 3 x 4 = 24000.
   EXPECT_EQ(TrainingBatchBytes(Small(), 2, 10), 102400 + 6400 + 24000);
+}
+
+TEST(RunMemoryTest, AnEntropyBonusKeepsTwoMoreVocabularySizedTensors) {
+  // Logits: 2 x 10 x 100 x (3 + 2) x 4 = 40000 instead of 24000.
+  EXPECT_EQ(TrainingBatchBytes(Small(), 2, 10, /*entropy_gradient=*/true),
+            102400 + 6400 + 40000);
+}
+
+// The copies of the weights the trainer keeps besides its own: the batch
+// start's (decoupled PPO recomputing pi_prox over minibatches) and the frozen
+// reference (a KL to it, or trajectory balance against it). Each is counted
+// exactly when the trainer allocates it.
+TEST(RunMemoryTest, ProximalAndReferenceCopiesAreCountedWhenKept) {
+  const auto copies = [](const v1::RunSpec& spec) {
+    std::vector<std::string> kept;
+    for (const MemoryTerm& term : EstimateRunMemory(spec, Small(), 8).trainer.terms) {
+      if (term.what == "proximal policy" || term.what == "reference policy") {
+        kept.push_back(term.what);
+      }
+    }
+    return kept;
+  };
+  v1::RunSpec spec = Spec(4, 4);
+  EXPECT_THAT(copies(spec), IsEmpty());
+  spec.mutable_algorithm()->set_minibatches_per_batch(2);
+  EXPECT_THAT(copies(spec), ::testing::ElementsAre("proximal policy"));
+  EXPECT_TRUE(KeepsProximalPolicy(spec.algorithm()));
+  // The log-linear approximation and truncated importance sampling keep none.
+  spec.mutable_algorithm()->set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR);
+  EXPECT_THAT(copies(spec), IsEmpty());
+  spec.mutable_algorithm()->set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
+  spec.mutable_algorithm()->set_truncated_importance_sampling(true);
+  EXPECT_THAT(copies(spec), IsEmpty());
+  spec.mutable_algorithm()->set_truncated_importance_sampling(false);
+  spec.mutable_algorithm()->set_kl_coef(0.01);
+  EXPECT_THAT(copies(spec), ::testing::ElementsAre("proximal policy", "reference policy"));
+  // Trajectory balance has no proximal policy; its reference is its own switch.
+  spec.mutable_algorithm()->set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+  spec.mutable_algorithm()->set_kl_coef(0);
+  EXPECT_THAT(copies(spec), IsEmpty());
+  spec.mutable_algorithm()->set_tb_use_reference(true);
+  EXPECT_THAT(copies(spec), ::testing::ElementsAre("reference policy"));
+  EXPECT_TRUE(KeepsReferencePolicy(spec.algorithm()));
 }
 
 TEST(RunMemoryTest, StoredGroupBytes) {

@@ -303,6 +303,8 @@ TEST_F(RunRegistryTest, WarmStartTrainingFinishedWritesSummaryAndMetrics) {
       m.set_tokens_trained(100);
       m.set_staleness_max(step - 1);
       m.set_staleness_mean(0.5);
+      m.set_importance_weight_ess(0.9);
+      m.set_token_staleness_max(step);
     });
   }
   v1::Run training = *registry_->Get(run_id);
@@ -358,6 +360,15 @@ TEST_F(RunRegistryTest, WarmStartTrainingFinishedWritesSummaryAndMetrics) {
   // 5000 tokens reported within the last 5 s.
   EXPECT_DOUBLE_EQ(metrics[0]["rollout_tokens_per_second"].get<double>(), 1000.0);
   EXPECT_TRUE(metrics[0].contains("kl_to_behaviour"));  // Defaults printed.
+  // The off-policy telemetry (docs/objectives.md), zeros included.
+  EXPECT_DOUBLE_EQ(metrics[0]["importance_weight_ess"].get<double>(), 0.9);
+  EXPECT_EQ(metrics[1]["token_staleness_max"].get<int64_t>(), 2);
+  for (const char* key : {"importance_weight_p99", "importance_weight_above_2_fraction",
+                          "tokens_masked_cap_fraction", "tokens_masked_floor_fraction",
+                          "tokens_masked_second_moment_fraction", "token_staleness_mean",
+                          "kl_to_reference", "groups_uniform_dropped"}) {
+    EXPECT_TRUE(metrics[0].contains(key)) << key;
+  }
   EXPECT_DOUBLE_EQ(metrics[2]["reward_mean"].get<double>(), 0.75);
 
   const std::vector<nlohmann::json> evals = ReadJsonLines(dir + "/evals.jsonl");

@@ -1,0 +1,193 @@
+#include "trainer/objective.h"
+
+#include <algorithm>
+
+#include "common/model/transformer.h"
+#include "trainer/importance_weights.h"
+#include "trainer/trajectory_balance.h"
+
+namespace sluice::trainer {
+namespace {
+
+// The documented defaults (run_spec.h's ResolveDefaults) of fields left 0.
+constexpr double kDefaultClipEps = 0.2;
+constexpr double kDefaultBehaviourWeightCap = 5.0;
+constexpr double kDefaultTbBeta = 1.0;
+constexpr double kDefaultAdvantageEps = 1e-6;
+
+WeightCapMode ToCapMode(v1::BehaviourWeightMode mode) {
+  switch (mode) {
+    case v1::BEHAVIOUR_WEIGHT_MODE_MASK:
+      return WeightCapMode::kMask;
+    case v1::BEHAVIOUR_WEIGHT_MODE_NONE:
+      return WeightCapMode::kNone;
+    default:
+      return WeightCapMode::kTruncate;
+  }
+}
+
+LossAggregation ToAggregation(v1::LossAggregation aggregation) {
+  switch (aggregation) {
+    case v1::LOSS_AGGREGATION_SEQUENCE_MEAN:
+      return LossAggregation::kSequenceMean;
+    case v1::LOSS_AGGREGATION_CONSTANT_NORMALIZER:
+      return LossAggregation::kConstantNormalizer;
+    default:
+      return LossAggregation::kTokenMean;
+  }
+}
+
+double MeanOver(const torch::Tensor& values, const torch::Tensor& mask) {
+  return (values.detach().to(torch::kFloat64) * mask.to(torch::kFloat64)).sum().item<double>() /
+         std::max(1.0, mask.sum().item<double>());
+}
+
+}  // namespace
+
+ObjectiveConfig ObjectiveConfig::FromAlgorithm(const v1::AlgorithmConfig& a,
+                                               int64_t max_new_tokens) {
+  ObjectiveConfig c;
+  c.objective = a.objective() == v1::OBJECTIVE_UNSPECIFIED ? v1::OBJECTIVE_DECOUPLED_PPO
+                                                           : a.objective();
+  if (a.truncated_importance_sampling()) {
+    c.proximal = ProximalSource::kCurrent;
+  } else if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR) {
+    c.proximal = ProximalSource::kLogLinear;
+  }
+  PolicyLossOptions& loss = c.loss;
+  loss.clip_eps_low = a.clip_eps_low() > 0 ? a.clip_eps_low() : kDefaultClipEps;
+  loss.clip_eps_high = a.clip_eps_high() > 0 ? a.clip_eps_high() : loss.clip_eps_low;
+  loss.behaviour_weight_cap =
+      a.behaviour_weight_cap() > 0 ? a.behaviour_weight_cap() : kDefaultBehaviourWeightCap;
+  loss.cap_mode = ToCapMode(a.behaviour_weight_mode());
+  loss.behaviour_weight_floor = a.behaviour_weight_floor();
+  loss.second_moment_threshold = a.second_moment_threshold();
+  loss.aggregation = ToAggregation(a.loss_aggregation());
+  loss.aggregation_constant = static_cast<double>(
+      a.loss_normalizer_tokens() > 0 ? a.loss_normalizer_tokens() : std::max<int64_t>(1, max_new_tokens));
+  loss.kl_coef = a.kl_coef();
+  loss.entropy_coef = a.entropy_coef();
+  c.tb_beta = a.tb_beta() > 0 ? a.tb_beta() : kDefaultTbBeta;
+  c.tb_use_reference = a.tb_use_reference();
+  c.dynamic_sampling = a.dynamic_sampling();
+  if (c.dynamic_sampling == v1::DYNAMIC_SAMPLING_UNSPECIFIED) {
+    c.dynamic_sampling = c.objective == v1::OBJECTIVE_TRAJECTORY_BALANCE
+                             ? v1::DYNAMIC_SAMPLING_KEEP
+                             : v1::DYNAMIC_SAMPLING_DROP;
+  }
+  c.normalize_advantage_by_std =
+      !a.has_normalize_advantage_by_std() || a.normalize_advantage_by_std();
+  c.advantage_eps = a.advantage_eps() > 0 ? a.advantage_eps() : kDefaultAdvantageEps;
+  return c;
+}
+
+bool ObjectiveConfig::UsesReference() const {
+  return objective == v1::OBJECTIVE_TRAJECTORY_BALANCE ? tb_use_reference : loss.kl_coef > 0;
+}
+
+bool ObjectiveConfig::EntropyInLoss() const {
+  return objective != v1::OBJECTIVE_TRAJECTORY_BALANCE && loss.entropy_coef > 0;
+}
+
+double EntropyFigure(const torch::Tensor& logits, const torch::Tensor& mask, double temperature) {
+  torch::NoGradGuard no_grad;
+  return MeanOver(model::Entropy(logits.detach(), temperature), mask);
+}
+
+torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfig& config,
+                               v1::TrainingStepMetrics* metrics) {
+  const torch::Tensor& mask = batch.mask;
+  const torch::Tensor current = batch.logp.detach();
+  const bool trajectory_balance = config.objective == v1::OBJECTIVE_TRAJECTORY_BALANCE;
+
+  // The proximal policy, and the one the telemetry's weights are taken
+  // against: GRPO's trust region is the behaviour policy itself and
+  // trajectory balance has none, so theirs is the current policy before the
+  // update (how far the data is from what is trained).
+  torch::Tensor proximal;
+  if (config.objective == v1::OBJECTIVE_GRPO) {
+    proximal = batch.behaviour;
+  } else if (!trajectory_balance) {
+    switch (config.proximal) {
+      case ProximalSource::kRecompute:
+        proximal = batch.proximal.defined() ? batch.proximal : current;
+        break;
+      case ProximalSource::kLogLinear:
+        proximal = LogLinearProximalLogProbs(current, batch.behaviour, batch.versions,
+                                             batch.batch_start_version, batch.current_version);
+        break;
+      case ProximalSource::kCurrent:
+        proximal = current;
+        break;
+    }
+  }
+  const torch::Tensor observed =
+      config.objective == v1::OBJECTIVE_DECOUPLED_PPO ? proximal : current;
+
+  // The entropy as a loss term (differentiable); otherwise the caller
+  // measures it after the backward pass (EntropyFigure), when the graph's
+  // memory is free again.
+  torch::Tensor entropy;
+  if (config.EntropyInLoss()) entropy = model::Entropy(batch.logits, batch.temperature);
+
+  torch::Tensor loss;
+  if (trajectory_balance) {
+    TrajectoryBalanceInputs inputs;
+    inputs.sequence_logp = (batch.logp * mask).sum(-1);
+    if (config.tb_use_reference) {
+      inputs.sequence_logp_reference = (batch.reference.detach() * mask).sum(-1);
+    }
+    inputs.rewards = batch.rewards;
+    inputs.groups = batch.groups;
+    const TrajectoryBalanceLoss tb = TrajectoryBalance(inputs, config.tb_beta);
+    loss = tb.loss;
+    metrics->set_tb_log_z_mean(tb.log_z_mean);
+    torch::NoGradGuard no_grad;
+    const torch::Tensor log_rho = current - batch.behaviour;
+    metrics->set_kl_to_behaviour(MeanOver(torch::exp(log_rho) - 1 - log_rho, mask));
+    if (config.tb_use_reference) {
+      const torch::Tensor d = batch.reference - current;
+      metrics->set_kl_to_reference(MeanOver(torch::exp(d) - d - 1, mask));
+    }
+  } else {
+    PolicyLossInputs inputs;
+    inputs.logp = batch.logp;
+    inputs.logp_prox = proximal;
+    inputs.logp_behav = batch.behaviour;
+    inputs.advantages = batch.advantages;
+    inputs.mask = mask;
+    inputs.logp_reference = batch.reference;
+    inputs.entropy = entropy;
+    const PolicyLoss policy = DecoupledPpoLoss(inputs, config.loss);
+    loss = policy.loss;
+    metrics->set_clip_fraction(policy.clip_fraction);
+    metrics->set_behaviour_weight_capped_fraction(policy.capped_fraction);
+    metrics->set_kl_to_behaviour(policy.kl_to_behaviour);
+    metrics->set_tokens_masked_cap_fraction(policy.masked_above_cap_fraction);
+    metrics->set_tokens_masked_floor_fraction(policy.masked_below_floor_fraction);
+    metrics->set_tokens_masked_second_moment_fraction(policy.masked_second_moment_fraction);
+    metrics->set_kl_to_reference(policy.kl_to_reference);
+  }
+
+  torch::NoGradGuard no_grad;
+  if (entropy.defined()) metrics->set_entropy(MeanOver(entropy, mask));
+  const ImportanceWeightStats weights =
+      SummarizeImportanceWeights(torch::exp(observed.detach() - batch.behaviour), mask);
+  metrics->set_importance_weight_ess(weights.effective_sample_size);
+  metrics->set_importance_weight_max(weights.max);
+  metrics->set_importance_weight_min(weights.min);
+  metrics->set_importance_weight_p99(weights.p99);
+  metrics->set_importance_weight_p01(weights.p01);
+  metrics->set_importance_weight_above_2_fraction(weights.fraction_above_2);
+  metrics->set_importance_weight_below_half_fraction(weights.fraction_below_half);
+  const torch::Tensor staleness =
+      (static_cast<double>(batch.current_version) - batch.versions.to(torch::kFloat64));
+  metrics->set_token_staleness_mean(MeanOver(staleness, mask));
+  metrics->set_token_staleness_max(
+      mask.sum().item<double>() > 0
+          ? static_cast<int64_t>((staleness * mask.to(torch::kFloat64)).max().item<double>())
+          : 0);
+  return loss;
+}
+
+}  // namespace sluice::trainer

@@ -3,6 +3,8 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <atomic>
+#include <deque>
 #include <map>
 #include <thread>
 #include <tuple>
@@ -35,6 +37,9 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 constexpr int64_t kAcquireWaitMs = 1000;
+// Flushed batches waiting for the finisher at most; past this the loop waits
+// for it (scoring or inserting has fallen behind generation).
+constexpr size_t kMaxQueuedFlushes = 2;
 
 // Sample i of a group whose samples start at `seed` draws from this stream.
 uint64_t SampleSeed(uint64_t seed, int64_t i) {
@@ -66,6 +71,7 @@ class RolloutRun::Impl {
 
   ~Impl() {
     Stop(/*abort=*/true);
+    StopFinisher();
     if (follower_.joinable()) follower_.join();
   }
 
@@ -80,9 +86,19 @@ class RolloutRun::Impl {
     generation_budget_.budget_bytes = deps_.memory_budget_bytes;
     sampling_ = RunSampling();
     follower_ = std::thread([this] { FollowWeights(); });
+    finisher_ = std::thread([this] { Finisher(); });
     absl::Status status = Loop();
     Stop(/*abort=*/false);
+    StopFinisher();
     if (follower_.joinable()) follower_.join();
+    const v1::RolloutRunStatus done = Status();
+    log::Info("rollouts over: where the generation loop's time went",
+              {{"run_id", run_id_},
+               {"decode_seconds", done.decode_seconds()},
+               {"idle_seconds", done.idle_seconds()},
+               {"finish_seconds", done.finish_seconds()},
+               {"groups_inserted", done.groups_inserted()},
+               {"tokens_generated", done.tokens_generated()}});
     if (!status.ok()) {
       log::Error("rollouts failed", {{"run_id", run_id_}, {"error", std::string(status.message())}});
     }
@@ -296,32 +312,44 @@ class RolloutRun::Impl {
 
   // The generation loop: keeps the engine's rows busy with the groups of
   // the prompts it leases, within the staleness gate (a slot per group),
-  // and hands the groups that are done to FinishGroups (score, insert,
-  // report) in batches. Holds up to max_groups groups (those without rows
-  // wait in the engine's queue) and leases more once a quarter of them
-  // are done. A stop, or the controller saying the run is done, lets the
-  // engine finish what it holds; an abort cuts it short and abandons it.
+  // and hands the groups that are done to the finisher (score, insert,
+  // report, on its own thread) in batches, decoding on meanwhile. Holds up
+  // to max_groups groups (those without rows wait in the engine's queue) and
+  // leases more once a quarter of them are done. A stop, or the controller
+  // saying the run is done, lets the engine finish what it holds and the
+  // finisher what it was handed; an abort cuts both short and abandons what
+  // they hold.
   absl::Status Loop() {
     const int group_size = spec_.algorithm().group_size();
     const int max_groups = MaxGroups();
-    // Groups handed to FinishGroups at once: half a training batch, or
+    // Groups handed to the finisher at once: half a training batch, or
     // fewer when they have waited (the trainer wants them fresh).
     const size_t flush_groups = static_cast<size_t>(
         std::max(1, std::min(max_groups, spec_.algorithm().batch_size_groups()) / 2));
     const absl::Duration flush_after = absl::Milliseconds(100);
     absl::Time ready_since = absl::InfinitePast();
     const auto cleanup = absl::MakeCleanup([this] { SetGroupsInFlight(0); });
+    const auto failed = [this](const absl::Status& error, const std::string& reason) {
+      AbandonAll(reason);
+      return error;
+    };
     while (true) {
       if (aborting()) {
         AbandonAll("aborted");
         return absl::OkStatus();
       }
+      if (absl::Status finishing = FinisherError(); !finishing.ok()) {
+        return failed(finishing, "run failing");
+      }
+      // Time not spent decoding is idle: leasing, waiting for slots, weights
+      // or the finisher.
+      const absl::Time idle_start = absl::Now();
+      auto count_idle = absl::MakeCleanup([&] { AddIdleSeconds(idle_start); });
       if (!deferred_.empty() && engine_ != nullptr && engine_->idle()) {
         std::vector<InFlightGroup> deferred = std::move(deferred_);
         deferred_.clear();
         if (absl::Status added = AddToEngine(std::move(deferred), group_size); !added.ok()) {
-          AbandonAll("generation failed");
-          return added;
+          return failed(added, "generation failed");
         }
       }
       const bool busy = engine_ != nullptr && !engine_->idle();
@@ -332,32 +360,29 @@ class RolloutRun::Impl {
         if (!busy || free_groups >= std::max(1, max_groups / 4)) {
           absl::Status topped = TopUp(static_cast<int>(std::max<int64_t>(free_groups, 0)),
                                       group_size, busy);
-          if (!topped.ok()) {
-            AbandonAll("generation failed");
-            return topped;
-          }
-          SetGroupsInFlight(
-              static_cast<int32_t>(in_flight_.size() + ready_.size() + deferred_.size()));
+          if (!topped.ok()) return failed(topped, "generation failed");
+          SetGroupsInFlight(LoopGroups());
         }
       }
       if (engine_ == nullptr || engine_->idle()) {
-        if (!ready_.empty()) {
-          if (absl::Status flushed = FlushReady(); !flushed.ok()) {
-            AbandonAll("run failing");
-            return flushed;
-          }
-        }
+        if (!ready_.empty()) HandOver();
         // Stopping, or the controller needs no more: what was in flight is
-        // finished and handed over (as a batch in progress always was).
-        if (stopping() || run_done_) return absl::OkStatus();
+        // finished and handed over (as a batch in progress always was), and
+        // the finisher has inserted it.
+        if (stopping() || run_done_) {
+          if (absl::Status finished = AwaitFinisher(); !finished.ok()) {
+            return failed(finished, "run failing");
+          }
+          return absl::OkStatus();
+        }
         continue;  // TopUp waited for slots (not busy)
       }
+      std::move(count_idle).Invoke();
       const absl::Time step_start = absl::Now();
       absl::StatusOr<std::vector<model::FinishedSample>> finished = engine_->Step(Latest());
       if (!finished.ok()) {
         // E.g. a policy whose logits went non-finite.
-        AbandonAll("generating");
-        return clients::PrefixMessage(finished.status(), "generating");
+        return failed(clients::PrefixMessage(finished.status(), "generating"), "generating");
       }
       // Tokens sampled this step (decoded rows, and the first token of each
       // sample that joined, from its prompt's prefill).
@@ -375,20 +400,146 @@ class RolloutRun::Impl {
         }
       }
       RecordTokens(tokens, absl::ToDoubleSeconds(absl::Now() - step_start));
+      {
+        absl::MutexLock lock(&mu_);
+        status_.set_decode_seconds(status_.decode_seconds() +
+                                   absl::ToDoubleSeconds(absl::Now() - step_start));
+      }
       if (!ready_.empty() && (ready_.size() >= flush_groups || engine_->idle() ||
                               absl::Now() - ready_since >= flush_after)) {
-        if (absl::Status flushed = FlushReady(); !flushed.ok()) {
-          // What is still in the engine goes back (its slots and prompts).
-          AbandonAll("run failing");
-          return flushed;
-        }
+        HandOver();
       }
     }
   }
 
-  void SetGroupsInFlight(int32_t groups) {
+  void AddIdleSeconds(absl::Time since) {
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - since);
     absl::MutexLock lock(&mu_);
-    status_.set_groups_in_flight(groups);
+    status_.set_idle_seconds(status_.idle_seconds() + seconds);
+  }
+
+  // Groups the loop holds: in the engine, done, or waiting for room.
+  int32_t LoopGroups() const {
+    return static_cast<int32_t>(in_flight_.size() + ready_.size() + deferred_.size());
+  }
+
+  // ---- the finisher ------------------------------------------------------
+  //
+  // Scoring (a reward server round trip), inserting (the buffer's, durable)
+  // and reporting (the controller's) take as long as many decoding steps of
+  // a small model: done on the generation thread they leave the engine's
+  // rows idle. So the loop hands each flushed batch over (HandOver) and
+  // decodes on, and this thread finishes the batches in the order they were
+  // handed over. At most kMaxQueuedFlushes wait: a finisher that falls
+  // behind (a slow reward server) holds the loop back rather than letting
+  // done groups pile up and go stale. Its first error ends the run: the
+  // loop sees it (FinisherError) and gives back what it and the queue hold;
+  // FinishGroups gave back the batch that failed.
+
+  // Hands ready_ (in lease order) to the finisher; waits while its queue is
+  // full (idle time).
+  void HandOver() {
+    std::vector<InFlightGroup> groups = std::move(ready_);
+    ready_.clear();
+    // In lease order, whatever order their samples finished in.
+    std::sort(groups.begin(), groups.end(), [](const InFlightGroup& a, const InFlightGroup& b) {
+      return std::tie(a.batch, a.index) < std::tie(b.batch, b.index);
+    });
+    const absl::Time wait_start = absl::Now();
+    {
+      absl::MutexLock lock(&finish_mu_);
+      auto room = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(finish_mu_) {
+        return finish_queue_.size() < kMaxQueuedFlushes || !finish_error_.ok();
+      };
+      finish_mu_.Await(absl::Condition(&room));
+      groups_finishing_ += static_cast<int64_t>(groups.size());
+      finish_queue_.push_back(std::move(groups));
+    }
+    AddIdleSeconds(wait_start);
+    SetGroupsInFlight(LoopGroups());
+  }
+
+  // The finisher's thread: until StopFinisher, and then until its queue is
+  // empty.
+  void Finisher() {
+    while (true) {
+      std::vector<InFlightGroup> groups;
+      {
+        absl::MutexLock lock(&finish_mu_);
+        auto work = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(finish_mu_) {
+          return !finish_queue_.empty() || finisher_exit_;
+        };
+        finish_mu_.Await(absl::Condition(&work));
+        if (finish_queue_.empty()) return;
+        groups = std::move(finish_queue_.front());
+        finish_queue_.pop_front();
+        finishing_ = true;
+      }
+      const absl::Time start = absl::Now();
+      // After an error the run ends: what was queued behind it goes back.
+      absl::Status status;
+      if (FinisherError().ok()) {
+        status = FinishGroups(groups);
+      } else {
+        GiveBack(Pointers(groups, 0), "run failing");
+      }
+      {
+        const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+        absl::MutexLock lock(&mu_);
+        status_.set_finish_seconds(status_.finish_seconds() + seconds);
+      }
+      {
+        absl::MutexLock lock(&finish_mu_);
+        finishing_ = false;
+        groups_finishing_ -= static_cast<int64_t>(groups.size());
+        if (!status.ok() && finish_error_.ok()) finish_error_ = status;
+      }
+      SetGroupsInFlight(loop_groups_.load());
+    }
+  }
+
+  absl::Status FinisherError() const {
+    absl::MutexLock lock(&finish_mu_);
+    return finish_error_;
+  }
+
+  // Waits until the finisher has finished everything handed to it (idle
+  // time), or failed; its error.
+  absl::Status AwaitFinisher() {
+    const absl::Time wait_start = absl::Now();
+    absl::Status error;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(finish_mu_) {
+        return (finish_queue_.empty() && !finishing_) || !finish_error_.ok();
+      };
+      finish_mu_.Await(absl::Condition(&done));
+      error = finish_error_;
+    }
+    AddIdleSeconds(wait_start);
+    return error;
+  }
+
+  // Tells the finisher to finish what it was handed and exit; joins it.
+  void StopFinisher() {
+    {
+      absl::MutexLock lock(&finish_mu_);
+      finisher_exit_ = true;
+    }
+    if (finisher_.joinable()) finisher_.join();
+  }
+
+  // Groups in flight: those the loop holds (`loop_groups`) and those handed
+  // to the finisher and not yet inserted or given back.
+  void SetGroupsInFlight(int32_t loop_groups) {
+    loop_groups_.store(loop_groups);
+    int64_t finishing = 0;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      finishing = groups_finishing_;
+    }
+    absl::MutexLock lock(&mu_);
+    status_.set_groups_in_flight(static_cast<int32_t>(loop_groups + finishing));
   }
 
   void Release(const std::vector<std::string>& leases, const std::string& reason) {
@@ -442,8 +593,7 @@ class RolloutRun::Impl {
     std::vector<std::string> leases(slots->lease_ids().begin(), slots->lease_ids().end());
     // In flight from their slots until they are inserted or given back:
     // what the controller waits on before it starts another run here.
-    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + ready_.size() + deferred_.size() +
-                                           leases.size()));
+    SetGroupsInFlight(LoopGroups() + static_cast<int32_t>(leases.size()));
     // 2. Weights at least as new as the version the slots were granted at.
     if (busy) {
       const model::PolicySnapshot held = Latest();
@@ -669,25 +819,22 @@ class RolloutRun::Impl {
   // an error).
   void AbandonAll(const std::string& reason) {
     if (engine_ != nullptr) engine_->Drain(model::Finish::kAborted);
+    std::deque<std::vector<InFlightGroup>> queued;
+    {
+      absl::MutexLock lock(&finish_mu_);
+      queued.swap(finish_queue_);
+      for (const auto& groups : queued) groups_finishing_ -= static_cast<int64_t>(groups.size());
+    }
     std::vector<const InFlightGroup*> held = Pointers(ready_, 0);
     for (const InFlightGroup* group : Pointers(deferred_, 0)) held.push_back(group);
     for (const auto& [handle, group] : in_flight_) held.push_back(&group);
+    for (const auto& groups : queued) {
+      for (const InFlightGroup* group : Pointers(groups, 0)) held.push_back(group);
+    }
     GiveBack(held, reason);
     in_flight_.clear();
     ready_.clear();
     deferred_.clear();
-  }
-
-  absl::Status FlushReady() {
-    std::vector<InFlightGroup> groups = std::move(ready_);
-    ready_.clear();
-    // In lease order, whatever order their samples finished in.
-    std::sort(groups.begin(), groups.end(), [](const InFlightGroup& a, const InFlightGroup& b) {
-      return std::tie(a.batch, a.index) < std::tie(b.batch, b.index);
-    });
-    absl::Status status = FinishGroups(groups);
-    SetGroupsInFlight(static_cast<int32_t>(in_flight_.size() + deferred_.size()));
-    return status;
   }
 
   // Scores the groups' completions, inserts the groups and reports them.
@@ -953,9 +1100,11 @@ class RolloutRun::Impl {
     report.set_worker_incarnation(deps_.incarnation);
     for (const auto& id : completed) report.add_completed_prompt_ids(id);
     for (const auto& id : abandoned) report.add_abandoned_prompt_ids(id);
-    report.set_tokens_generated(tokens_since_report_);
+    const int64_t tokens_reported = tokens_since_report_.load();
+    const int64_t late_reported = late_since_report_.load();
+    report.set_tokens_generated(tokens_reported);
     report.set_groups_inserted(groups_inserted);
-    report.set_late_groups_refused(late_since_report_);
+    report.set_late_groups_refused(late_reported);
     report.set_policy_version(Latest().version);
     auto response = deps_.controller->ReportRolloutProgress(report);
     if (!response.ok()) {
@@ -966,8 +1115,8 @@ class RolloutRun::Impl {
                                                  {"error", std::string(response.status().message())}});
       return absl::OkStatus();
     }
-    tokens_since_report_ = 0;
-    late_since_report_ = 0;
+    tokens_since_report_ -= tokens_reported;
+    late_since_report_ -= late_reported;
     if (response->run_done()) {
       log::Info("controller says the run is done", {{"run_id", run_id_}});
       Stop(/*abort=*/false);
@@ -999,9 +1148,22 @@ class RolloutRun::Impl {
   int64_t sampled_tokens_seen_ = 0;
   // LeasePrompts said the run is done: lease no more, finish what is held.
   bool run_done_ = false;
-  int64_t tokens_since_report_ = 0;
-  // Late groups refused since the last report that reached the controller.
-  int64_t late_since_report_ = 0;
+  // Tokens and late groups refused since the last report that reached the
+  // controller (the finisher reports; a loop giving groups back, too).
+  std::atomic<int64_t> tokens_since_report_{0};
+  std::atomic<int64_t> late_since_report_{0};
+  // The finisher (see HandOver): its thread, the batches handed to it in
+  // order, whether it is finishing one, and its first error.
+  std::thread finisher_;
+  mutable absl::Mutex finish_mu_;
+  std::deque<std::vector<InFlightGroup>> finish_queue_ ABSL_GUARDED_BY(finish_mu_);
+  bool finishing_ ABSL_GUARDED_BY(finish_mu_) = false;
+  bool finisher_exit_ ABSL_GUARDED_BY(finish_mu_) = false;
+  absl::Status finish_error_ ABSL_GUARDED_BY(finish_mu_);
+  // Groups queued for or in the finisher, and those the loop last said it
+  // holds: together, status_.groups_in_flight.
+  int64_t groups_finishing_ ABSL_GUARDED_BY(finish_mu_) = 0;
+  std::atomic<int32_t> loop_groups_{0};
   // What generation may use (deps_.memory_budget_bytes and the model's
   // shape), set by Run once the config is loaded.
   GenerationBudget generation_budget_;

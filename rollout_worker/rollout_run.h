@@ -51,7 +51,7 @@ struct RolloutRunDeps {
   std::shared_ptr<weights::RelayFetcher> weight_fetcher;
 };
 
-// One run on a rollout worker (docs/run-lifecycle.md, step 5). Two threads:
+// One run on a rollout worker (docs/run-lifecycle.md, step 5). Three threads:
 //
 //  - the weight follower waits for each new version the trainer publishes
 //    (WatchVersions), downloads it (StreamWeights), builds a fresh model with
@@ -63,11 +63,18 @@ struct RolloutRunDeps {
 //    which the buffer bounds);
 //  - the generation loop acquires admission slots from the buffer, makes
 //    sure it holds weights at least as new as the buffer's version, leases as
-//    many prompts from the controller, samples G completions per prompt in
-//    one batch (or, when the batch would not fit the memory budget, in as
-//    few consecutive ones as do), has every completion scored by the reward
+//    many prompts from the controller and keeps the engine's rows busy with
+//    their G samples each (continuous batching: leasing more as groups
+//    finish), handing each batch of done groups to the finisher;
+//  - the finisher has every completion of a batch scored by the reward
 //    server (in calls within its batch limit), inserts the groups into the
-//    buffer and reports progress to the controller.
+//    buffer and reports progress to the controller, in the order the
+//    batches were handed over, while the loop decodes on (those round trips
+//    would leave the rows idle). At most two batches wait for it; its first
+//    error ends the run.
+//
+// RolloutRunStatus says where the loop's time went (decode_seconds,
+// idle_seconds) and the finisher's (finish_seconds).
 //
 // The decoder asks for the latest policy before every decoding step, so a
 // version that arrives mid-batch is used from the next token on (the KV cache

@@ -17,13 +17,15 @@
 //
 // Also per run: final accuracy, wall and RL seconds, the trainer's share of
 // RL time spent waiting for groups (metrics.jsonl trainer_wait_seconds), the
-// mean staleness of trained groups, and the run's summary path.
+// worker's share of its generation loop spent idle (its "rollouts over" log
+// line), the mean staleness of trained groups, and the run's summary path.
 //
 //   bench_async_vs_sync --spec configs/longtail.yaml [--eta 2] [--seeds 0,1,2]
 //                       [--json FILE] [--runs-dir DIR]
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -69,6 +71,14 @@ struct RunFigures {
   double warm_start_seconds = 0;
   double trainer_wait_fraction = 0;
   double staleness_mean = 0;
+  // The rollout worker's generation loop (its "rollouts over" log line):
+  // seconds decoding, idle (waiting for slots, weights, prompts or its
+  // finisher) and finishing (scoring, inserting, reporting, on its own
+  // thread); worker_idle_fraction = idle / (decode + idle).
+  double worker_decode_seconds = 0;
+  double worker_idle_seconds = 0;
+  double worker_finish_seconds = 0;
+  double worker_idle_fraction = 0;
   // (step, accuracy, RL seconds at that step) of each periodic and final eval.
   std::vector<std::tuple<int64_t, double, double>> evals;
   std::optional<double> time_to_target;
@@ -83,6 +93,29 @@ std::vector<json> ReadJsonLines(const fs::path& path) {
     if (value.is_object()) lines.push_back(std::move(value));
   }
   return lines;
+}
+
+// The value of `key=` in a log line ("key=1.5 ..."), 0 when absent.
+double LogField(const std::string& line, const std::string& key) {
+  const size_t at = line.find(" " + key + "=");
+  if (at == std::string::npos) return 0;
+  return std::atof(line.c_str() + at + key.size() + 2);
+}
+
+// The worker's account of its loop: the last "rollouts over" line of
+// rollout_worker-0's log under the stack's state directory.
+void ReadWorkerSeconds(const fs::path& runs_dir, RunFigures* figures) {
+  std::ifstream log(runs_dir / "stack" / "logs" / "rollout_worker-0.log");
+  std::string line, last;
+  while (std::getline(log, line)) {
+    if (line.find("rollouts over") != std::string::npos) last = line;
+  }
+  if (last.empty()) return;
+  figures->worker_decode_seconds = LogField(last, "decode_seconds");
+  figures->worker_idle_seconds = LogField(last, "idle_seconds");
+  figures->worker_finish_seconds = LogField(last, "finish_seconds");
+  const double loop = figures->worker_decode_seconds + figures->worker_idle_seconds;
+  if (loop > 0) figures->worker_idle_fraction = figures->worker_idle_seconds / loop;
 }
 
 // Runs the spec once; reads the run's files.
@@ -159,6 +192,7 @@ RunFigures RunOnce(const Flags& flags, uint64_t seed, int eta, const fs::path& r
     const double seconds = at != rl_at_step.end() ? at->second : figures.rl_seconds;
     figures.evals.emplace_back(step, eval.value("accuracy", 0.0), seconds);
   }
+  ReadWorkerSeconds(runs_dir, &figures);
   return figures;
 }
 
@@ -192,6 +226,10 @@ json RunJson(const RunFigures& run) {
           {"warm_start_seconds", run.warm_start_seconds},
           {"trainer_wait_fraction", run.trainer_wait_fraction},
           {"staleness_mean", run.staleness_mean},
+          {"worker_decode_seconds", run.worker_decode_seconds},
+          {"worker_idle_seconds", run.worker_idle_seconds},
+          {"worker_finish_seconds", run.worker_finish_seconds},
+          {"worker_idle_fraction", run.worker_idle_fraction},
           {"time_to_target_seconds", run.time_to_target ? json(*run.time_to_target) : json()},
           {"evals", evals}};
 }
@@ -239,8 +277,11 @@ int main(int argc, char** argv) {
                   << (run.error.empty() ? "not SUCCEEDED (see its summary.json)" : run.error) << "\n";
         return 1;
       }
-      std::cerr << absl::StrFormat("  final accuracy %.3f, wall %.1f s (RL %.1f s)\n",
-                                   run.final_accuracy, run.wall_seconds, run.rl_seconds);
+      std::cerr << absl::StrFormat(
+          "  final accuracy %.3f, wall %.1f s (RL %.1f s); trainer waiting %.0f%% of RL, worker "
+          "idle %.0f%% of its loop\n",
+          run.final_accuracy, run.wall_seconds, run.rl_seconds, 100 * run.trainer_wait_fraction,
+          100 * run.worker_idle_fraction);
       (eta == 0 ? sync_runs : async_runs).push_back(std::move(run));
     }
   }

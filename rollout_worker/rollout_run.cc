@@ -388,6 +388,7 @@ class RolloutRun::Impl {
       // sample that joined, from its prompt's prefill).
       const int64_t tokens = engine_->stats().sampled_tokens - sampled_tokens_seen_;
       sampled_tokens_seen_ = engine_->stats().sampled_tokens;
+      decoded_ = true;
       for (model::FinishedSample& sample : *finished) {
         auto it = in_flight_.find(sample.group);
         if (it == in_flight_.end()) continue;
@@ -412,7 +413,10 @@ class RolloutRun::Impl {
     }
   }
 
+  // Idle time counts from the loop's first decoding step: before it the
+  // run is in its warm start, or waits for its first weights.
   void AddIdleSeconds(absl::Time since) {
+    if (!decoded_) return;
     const double seconds = absl::ToDoubleSeconds(absl::Now() - since);
     absl::MutexLock lock(&mu_);
     status_.set_idle_seconds(status_.idle_seconds() + seconds);
@@ -1146,6 +1150,8 @@ class RolloutRun::Impl {
   // Leased for prompts longer than the busy engine has room for.
   std::vector<InFlightGroup> deferred_;
   int64_t sampled_tokens_seen_ = 0;
+  // The loop has made its first decoding step (idle time counts from it).
+  bool decoded_ = false;
   // LeasePrompts said the run is done: lease no more, finish what is held.
   bool run_done_ = false;
   // Tokens and late groups refused since the last report that reached the

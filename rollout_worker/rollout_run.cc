@@ -400,12 +400,7 @@ class RolloutRun::Impl {
           in_flight_.erase(it);
         }
       }
-      RecordTokens(tokens, absl::ToDoubleSeconds(absl::Now() - step_start));
-      {
-        absl::MutexLock lock(&mu_);
-        status_.set_decode_seconds(status_.decode_seconds() +
-                                   absl::ToDoubleSeconds(absl::Now() - step_start));
-      }
+      RecordStep(tokens, absl::ToDoubleSeconds(absl::Now() - step_start));
       if (!ready_.empty() && (ready_.size() >= flush_groups || engine_->idle() ||
                               absl::Now() - ready_since >= flush_after)) {
         HandOver();
@@ -477,7 +472,6 @@ class RolloutRun::Impl {
         if (finish_queue_.empty()) return;
         groups = std::move(finish_queue_.front());
         finish_queue_.pop_front();
-        finishing_ = true;
       }
       const absl::Time start = absl::Now();
       // After an error the run ends: what was queued behind it goes back.
@@ -494,7 +488,6 @@ class RolloutRun::Impl {
       }
       {
         absl::MutexLock lock(&finish_mu_);
-        finishing_ = false;
         groups_finishing_ -= static_cast<int64_t>(groups.size());
         if (!status.ok() && finish_error_.ok()) finish_error_ = status;
       }
@@ -515,7 +508,8 @@ class RolloutRun::Impl {
     {
       absl::MutexLock lock(&finish_mu_);
       auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(finish_mu_) {
-        return (finish_queue_.empty() && !finishing_) || !finish_error_.ok();
+        // Batches are never empty: none queued or being finished.
+        return groups_finishing_ == 0 || !finish_error_.ok();
       };
       finish_mu_.Await(absl::Condition(&done));
       error = finish_error_;
@@ -793,11 +787,12 @@ class RolloutRun::Impl {
     return newest_refused_version_;
   }
 
-  void RecordTokens(int64_t tokens, double seconds) {
-    if (tokens <= 0) return;
-    if (deps_.on_batch_generated) deps_.on_batch_generated(tokens, seconds);
+  // A decoding step: its seconds, and the tokens it sampled.
+  void RecordStep(int64_t tokens, double seconds) {
+    if (tokens > 0 && deps_.on_batch_generated) deps_.on_batch_generated(tokens, seconds);
     absl::MutexLock lock(&mu_);
-    status_.set_tokens_generated(status_.tokens_generated() + tokens);
+    status_.set_decode_seconds(status_.decode_seconds() + seconds);
+    if (tokens > 0) status_.set_tokens_generated(status_.tokens_generated() + tokens);
   }
 
   static std::vector<const InFlightGroup*> Pointers(const std::vector<InFlightGroup>& groups,
@@ -1159,15 +1154,15 @@ class RolloutRun::Impl {
   std::atomic<int64_t> tokens_since_report_{0};
   std::atomic<int64_t> late_since_report_{0};
   // The finisher (see HandOver): its thread, the batches handed to it in
-  // order, whether it is finishing one, and its first error.
+  // order, and its first error.
   std::thread finisher_;
   mutable absl::Mutex finish_mu_;
   std::deque<std::vector<InFlightGroup>> finish_queue_ ABSL_GUARDED_BY(finish_mu_);
-  bool finishing_ ABSL_GUARDED_BY(finish_mu_) = false;
   bool finisher_exit_ ABSL_GUARDED_BY(finish_mu_) = false;
   absl::Status finish_error_ ABSL_GUARDED_BY(finish_mu_);
-  // Groups queued for or in the finisher, and those the loop last said it
-  // holds: together, status_.groups_in_flight.
+  // Groups queued for or in the finisher (0: it has finished all it was
+  // handed), and those the loop last said it holds: together,
+  // status_.groups_in_flight.
   int64_t groups_finishing_ ABSL_GUARDED_BY(finish_mu_) = 0;
   std::atomic<int32_t> loop_groups_{0};
   // What generation may use (deps_.memory_budget_bytes and the model's

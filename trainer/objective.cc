@@ -37,11 +37,6 @@ LossAggregation ToAggregation(v1::LossAggregation aggregation) {
   }
 }
 
-double MeanOver(const torch::Tensor& values, const torch::Tensor& mask) {
-  return (values.detach().to(torch::kFloat64) * mask.to(torch::kFloat64)).sum().item<double>() /
-         std::max(1.0, mask.sum().item<double>());
-}
-
 }  // namespace
 
 ObjectiveConfig ObjectiveConfig::FromAlgorithm(const v1::AlgorithmConfig& a,
@@ -91,7 +86,7 @@ bool ObjectiveConfig::EntropyInLoss() const {
 
 double EntropyFigure(const torch::Tensor& logits, const torch::Tensor& mask, double temperature) {
   torch::NoGradGuard no_grad;
-  return MeanOver(model::Entropy(logits.detach(), temperature), mask);
+  return MaskedMean(model::Entropy(logits.detach(), temperature), mask);
 }
 
 torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfig& config,
@@ -143,11 +138,9 @@ torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfi
     loss = tb.loss;
     metrics->set_tb_log_z_mean(tb.log_z_mean);
     torch::NoGradGuard no_grad;
-    const torch::Tensor log_rho = current - batch.behaviour;
-    metrics->set_kl_to_behaviour(MeanOver(torch::exp(log_rho) - 1 - log_rho, mask));
+    metrics->set_kl_to_behaviour(MaskedMean(K3(current - batch.behaviour), mask));
     if (config.tb_use_reference) {
-      const torch::Tensor d = batch.reference - current;
-      metrics->set_kl_to_reference(MeanOver(torch::exp(d) - d - 1, mask));
+      metrics->set_kl_to_reference(MaskedMean(K3(batch.reference - current), mask));
     }
   } else {
     PolicyLossInputs inputs;
@@ -170,7 +163,7 @@ torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfi
   }
 
   torch::NoGradGuard no_grad;
-  if (entropy.defined()) metrics->set_entropy(MeanOver(entropy, mask));
+  if (entropy.defined()) metrics->set_entropy(MaskedMean(entropy, mask));
   const ImportanceWeightStats weights =
       SummarizeImportanceWeights(torch::exp(observed.detach() - batch.behaviour), mask);
   metrics->set_importance_weight_ess(weights.effective_sample_size);
@@ -182,7 +175,7 @@ torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfi
   metrics->set_importance_weight_below_half_fraction(weights.fraction_below_half);
   const torch::Tensor staleness =
       (static_cast<double>(batch.current_version) - batch.versions.to(torch::kFloat64));
-  metrics->set_token_staleness_mean(MeanOver(staleness, mask));
+  metrics->set_token_staleness_mean(MaskedMean(staleness, mask));
   metrics->set_token_staleness_max(
       mask.sum().item<double>() > 0
           ? static_cast<int64_t>((staleness * mask.to(torch::kFloat64)).max().item<double>())

@@ -24,6 +24,14 @@ torch::Tensor AggregateTokens(const torch::Tensor& values, const torch::Tensor& 
   return kept_values.sum() / keep.sum().clamp_min(1.0);
 }
 
+torch::Tensor K3(const torch::Tensor& log_ratio) { return torch::exp(log_ratio) - log_ratio - 1; }
+
+double MaskedMean(const torch::Tensor& values, const torch::Tensor& mask) {
+  const torch::Tensor m = mask.detach().to(torch::kFloat64);
+  return (values.detach().to(torch::kFloat64) * m).sum().item<double>() /
+         std::max(1.0, m.sum().item<double>());
+}
+
 PolicyLoss DecoupledPpoLoss(const PolicyLossInputs& in, const PolicyLossOptions& options) {
   PolicyLoss out;
   const torch::Tensor mask = in.mask.to(torch::kFloat32);
@@ -46,8 +54,7 @@ PolicyLoss DecoupledPpoLoss(const PolicyLossInputs& in, const PolicyLossOptions&
   torch::Tensor per_token = -(weights.weight * surrogate);
   torch::Tensor k3;
   if (options.kl_coef > 0) {
-    const torch::Tensor d = in.logp_reference.detach() - in.logp;
-    k3 = torch::exp(d) - d - 1;
+    k3 = K3(in.logp_reference.detach() - in.logp);
     per_token = per_token + options.kl_coef * k3;
   }
   if (options.entropy_coef > 0) per_token = per_token - options.entropy_coef * in.entropy;
@@ -55,34 +62,18 @@ PolicyLoss DecoupledPpoLoss(const PolicyLossInputs& in, const PolicyLossOptions&
                              options.aggregation_constant);
 
   torch::NoGradGuard no_grad;
-  const double all_tokens = std::max(1.0, mask.sum().item<double>());
-  const auto mean_over_mask = [&](const torch::Tensor& x) {
-    return (x.detach().to(torch::kFloat32) * mask).sum().item<double>() / all_tokens;
-  };
-  out.clip_fraction = mean_over_mask(((ratio < 1.0 - options.clip_eps_low) & (adv < 0)) |
-                                     ((ratio > 1.0 + options.clip_eps_high) & (adv > 0)));
+  out.clip_fraction = MaskedMean(((ratio < 1.0 - options.clip_eps_low) & (adv < 0)) |
+                                     ((ratio > 1.0 + options.clip_eps_high) & (adv > 0)),
+                                 mask);
   out.capped_fraction = weights.above_cap_fraction;
   out.masked_above_cap_fraction = weights.masked_above_cap_fraction;
   out.masked_below_floor_fraction = weights.masked_below_floor_fraction;
   out.masked_second_moment_fraction = weights.masked_second_moment_fraction;
   // k3 with samples from the behaviour policy: rho = pi/mu, KL(mu||pi) ~ E[rho - 1 - log rho].
-  const torch::Tensor log_rho = in.logp.detach() - behav;
-  out.kl_to_behaviour = mean_over_mask(torch::exp(log_rho) - 1 - log_rho);
-  out.mean_ratio = mean_over_mask(ratio);
-  if (k3.defined()) out.kl_to_reference = mean_over_mask(k3);
+  out.kl_to_behaviour = MaskedMean(K3(in.logp.detach() - behav), mask);
+  out.mean_ratio = MaskedMean(ratio, mask);
+  if (k3.defined()) out.kl_to_reference = MaskedMean(k3, mask);
   return out;
-}
-
-PolicyLoss DecoupledPpoLoss(const torch::Tensor& logp, const torch::Tensor& logp_prox,
-                            const torch::Tensor& logp_behav, const torch::Tensor& advantages,
-                            const torch::Tensor& mask, const PolicyLossOptions& options) {
-  PolicyLossInputs inputs;
-  inputs.logp = logp;
-  inputs.logp_prox = logp_prox;
-  inputs.logp_behav = logp_behav;
-  inputs.advantages = advantages;
-  inputs.mask = mask;
-  return DecoupledPpoLoss(inputs, options);
 }
 
 }  // namespace sluice::trainer

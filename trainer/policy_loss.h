@@ -80,10 +80,14 @@ struct PolicyLoss {
 // so the clip never acts and the gradient is w A grad log pi).
 PolicyLoss DecoupledPpoLoss(const PolicyLossInputs& inputs, const PolicyLossOptions& options);
 
-// The same without a reference or an entropy term.
-PolicyLoss DecoupledPpoLoss(const torch::Tensor& logp, const torch::Tensor& logp_prox,
-                            const torch::Tensor& logp_behav, const torch::Tensor& advantages,
-                            const torch::Tensor& mask, const PolicyLossOptions& options);
+// k3(x) = exp(x) - x - 1, the estimator of a KL from samples of the other
+// side: with x = log(p/q) at tokens sampled from q, mean k3 estimates
+// KL(q || p) (>= 0, unbiased, low variance).
+torch::Tensor K3(const torch::Tensor& log_ratio);
+
+// Mean of `values` over the tokens of `mask` (in double precision, without
+// gradient); 0 for an empty mask.
+double MaskedMean(const torch::Tensor& values, const torch::Tensor& mask);
 
 // Reduces per-token values `values` over the tokens of `keep` (float 0/1,
 // same shape [rows, positions]) as `aggregation` says; 0 when nothing is

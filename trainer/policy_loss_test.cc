@@ -11,6 +11,19 @@ torch::Tensor T(std::vector<float> v) {
   return torch::tensor(v, torch::kFloat32).reshape({1, static_cast<int64_t>(v.size())});
 }
 
+// The loss without a reference or an entropy term.
+PolicyLoss DecoupledPpoLoss(const torch::Tensor& logp, const torch::Tensor& logp_prox,
+                            const torch::Tensor& logp_behav, const torch::Tensor& advantages,
+                            const torch::Tensor& mask, const PolicyLossOptions& options) {
+  PolicyLossInputs inputs;
+  inputs.logp = logp;
+  inputs.logp_prox = logp_prox;
+  inputs.logp_behav = logp_behav;
+  inputs.advantages = advantages;
+  inputs.mask = mask;
+  return trainer::DecoupledPpoLoss(inputs, options);
+}
+
 TEST(DecoupledPpoLossTest, OnPolicyGradientIsAdvantageWeightedLogProb) {
   // logp == prox == behav: ratio 1, weight 1, loss = -mean(A), d loss / d logp = -A / n.
   torch::Tensor logp = T({-1.0f, -2.0f, -0.5f}).requires_grad_(true);

@@ -809,8 +809,7 @@ class TrainerRun::Impl {
           absl::StrCat("step ", step_ + 1), rows.rows,
           {"algorithm.batch_size_groups", "algorithm.minibatches_per_batch (raise it)",
            "algorithm.group_size", "rollout.sampling.max_new_tokens"},
-          /*entropy_gradient=*/objective_.loss.entropy_coef > 0 &&
-              objective_.objective != v1::OBJECTIVE_TRAJECTORY_BALANCE));
+          /*entropy_gradient=*/objective_.EntropyInLoss()));
       PaddedBatch padded = PadRows(rows.rows, pad_id_);
       tokens_trained = padded.real_tokens;
       const int64_t width = padded.inputs.size(1);

@@ -31,6 +31,9 @@
 
 namespace sluice::replay_buffer {
 
+// What a call blocked on, or arriving at, a table that is shutting down gets.
+inline constexpr char kRunTableShuttingDown[] = "replay buffer is shutting down";
+
 // What ConfigureRun fixes for one run (sluice.v1.ConfigureRunRequest).
 struct RunConfig {
   std::string run_id;
@@ -532,6 +535,9 @@ class RunTable {
   static Item MakeItem(std::shared_ptr<const v1::Group> group);
   // The sampler's priority for a group under the current config.
   double PriorityForLocked(const v1::Group& group) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What the sampler is given for `item`: its priority, or for
+  // SAMPLER_KIND_OLDEST_POLICY its min_policy_version.
+  static double SamplerPriority(v1::SamplerKind kind, const Item& item);
 
   // Appends a record to the journal (no-op without one); the mutation it
   // describes must only be applied on OK.

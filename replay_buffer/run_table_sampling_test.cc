@@ -65,6 +65,44 @@ TEST(RunTableSamplingTest, LifoHandsOutTheNewestFirst) {
   EXPECT_THAT(Ids(*table->Sample(Now())), ElementsAre("g2", "g1"));
 }
 
+// Out-of-order completion: a long group leased at version 1 is inserted after
+// two short ones from version 2; eta = 1. FIFO trains the short ones first and
+// the long group goes stale when the trainer reaches version 3; oldest-policy
+// trains it first and nothing is evicted.
+std::vector<std::string> TrainThroughALateLongGroup(v1::SamplerKind sampler, int64_t* evicted) {
+  RunConfig config = Config(sampler);
+  config.max_staleness = 1;
+  auto table = MakeTable(config);
+  SampleRequest at2 = Now();
+  at2.trainer_policy_version = 2;
+  (void)table->Sample(at2);  // the trainer is at version 2; nothing held yet
+  for (auto [id, version] : {std::pair{0, 2}, std::pair{1, 2}, std::pair{2, 1}}) {
+    EXPECT_EQ(table->Insert(MakeGroup(kRun, absl::StrCat("g", id), 2, version)).status,
+              InsertStatus::kStored);
+  }
+  std::vector<std::string> trained;
+  *evicted = 0;
+  for (int64_t version : {2, 3, 3}) {
+    SampleRequest request = Now();
+    request.trainer_policy_version = version;
+    absl::StatusOr<SampleResult> result = table->Sample(request);
+    if (!result.ok()) break;  // nothing left to sample
+    *evicted += result->evicted_stale_groups;
+    for (const std::string& id : Ids(*result)) trained.push_back(id);
+  }
+  return trained;
+}
+
+TEST(RunTableSamplingTest, OldestPolicyTrainsALateGroupThatFifoLetsGoStale) {
+  int64_t evicted = 0;
+  EXPECT_THAT(TrainThroughALateLongGroup(v1::SAMPLER_KIND_FIFO, &evicted),
+              ElementsAre("g0", "g1"));
+  EXPECT_EQ(evicted, 1);
+  EXPECT_THAT(TrainThroughALateLongGroup(v1::SAMPLER_KIND_OLDEST_POLICY, &evicted),
+              ElementsAre("g2", "g0", "g1"));
+  EXPECT_EQ(evicted, 0);
+}
+
 // PRIORITY_SOURCE_REWARD with epsilon 0.01 and alpha 1: a group of mean
 // reward 1 is drawn (1.01 / 1.02) of the time against one of reward 0
 // (0.01 / 1.02). 4000 draws of max_times_sampled = large keep both held; the

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "replay_buffer/samplers/fifo_sampler.h"
 #include "replay_buffer/samplers/lifo_sampler.h"
+#include "replay_buffer/samplers/oldest_policy_sampler.h"
 #include "replay_buffer/samplers/prioritized_sampler.h"
 #include "replay_buffer/samplers/recency_sampler.h"
 #include "replay_buffer/samplers/uniform_sampler.h"
@@ -76,6 +77,8 @@ absl::StatusOr<std::unique_ptr<Sampler>> CreateSampler(const SamplerOptions& opt
     case v1::SAMPLER_KIND_RECENCY:
       return std::unique_ptr<Sampler>(std::make_unique<RecencySampler>(
           options.recency_probability, options.reward_inverse_temperature, options.seed));
+    case v1::SAMPLER_KIND_OLDEST_POLICY:
+      return std::unique_ptr<Sampler>(std::make_unique<OldestPolicySampler>());
     default:
       break;
   }

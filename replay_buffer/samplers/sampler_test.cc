@@ -20,7 +20,8 @@ using ::testing::HasSubstr;
 
 constexpr v1::SamplerKind kAllKinds[] = {v1::SAMPLER_KIND_FIFO, v1::SAMPLER_KIND_LIFO,
                                          v1::SAMPLER_KIND_UNIFORM, v1::SAMPLER_KIND_PRIORITIZED,
-                                         v1::SAMPLER_KIND_RECENCY};
+                                         v1::SAMPLER_KIND_RECENCY,
+                                         v1::SAMPLER_KIND_OLDEST_POLICY};
 constexpr v1::SamplerKind kRandomKinds[] = {v1::SAMPLER_KIND_UNIFORM, v1::SAMPLER_KIND_PRIORITIZED,
                                             v1::SAMPLER_KIND_RECENCY};
 

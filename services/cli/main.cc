@@ -18,6 +18,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <optional>
@@ -269,6 +270,8 @@ int RunQuickstart(LocalStackOptions options, const QuickstartFlags& flags) {
   submit.out = &std::cout;
   submit.progress = &std::cerr;
   submit.progress_redraw = isatty(STDERR_FILENO) != 0;
+  std::atomic<bool> stopping_stack{false};
+  submit.stop_watching = &stopping_stack;
   absl::StatusOr<sluice::v1::Run> run = absl::UnknownError("not finished");
   std::thread watcher([&] {
     run = sluice::cli::SubmitAndWatch(controller, *spec, submit);
@@ -306,6 +309,9 @@ int RunQuickstart(LocalStackOptions options, const QuickstartFlags& flags) {
       std::cerr << "sluice quickstart: the run did not end by itself; stopping the stack\n";
     }
   }
+  // The watch ends with the controller's stream, not after a minute of
+  // trying to reconnect to a controller that is not coming back.
+  stopping_stack.store(true);
   const absl::Status stopped = stack.Stop();
   watcher.join();
   close(wake_fd);

@@ -152,6 +152,12 @@ absl::StatusOr<v1::Run> Follow(const std::string& target, v1::ControllerService:
     }
     const grpc::Status status = reader->Finish();
     if (IsTerminal(last.state())) break;
+    if (options.stop_watching != nullptr && options.stop_watching->load()) {
+      printer.End();
+      return absl::CancelledError(absl::StrCat("stopped watching run ", last.run_id(),
+                                               " (in state ", v1::RunState_Name(last.state()),
+                                               "): the controller is being stopped"));
+    }
     if (status.error_code() == grpc::StatusCode::NOT_FOUND ||
         status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
       printer.End();

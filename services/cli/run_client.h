@@ -1,6 +1,7 @@
 #ifndef SLUICE_SERVICES_CLI_RUN_CLIENT_H_
 #define SLUICE_SERVICES_CLI_RUN_CLIENT_H_
 
+#include <atomic>
 #include <cstdint>
 #include <iosfwd>
 #include <string>
@@ -42,6 +43,10 @@ struct SubmitOptions {
   // network) reconnects, quickly at first then every 2 s, until the
   // controller has not answered for this long.
   absl::Duration resume_for = absl::Minutes(1);
+  // Set (by another thread) when whoever watches is stopping the controller
+  // itself (`sluice quickstart` stopping its stack): a stream that breaks
+  // then is not resumed, the watch returns CANCELLED at once.
+  const std::atomic<bool>* stop_watching = nullptr;
 };
 
 // Submits `spec` to the controller at `target` and, with options.watch,

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -187,28 +188,30 @@ TEST(RunClientStandaloneTest, TargetComesFromTheFlagThenTheLocalStack) {
 // directory a moment later, re-adopts the run, and the watch goes on to the
 // run's real end. Before, the watch gave up after 5 quick retries (and the
 // stopping controller failed the run anyway).
-TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
-  const std::string runs_dir = ::testing::TempDir() + "/run-client-restart";
-  std::filesystem::remove_all(runs_dir);
-  auto trainer = std::make_shared<fakes::FakeTrainer>();
-  auto worker = std::make_shared<fakes::FakeWorker>();
+// A real controller service (fake trainer, worker and buffer behind it) that
+// a test can stop and start again on the same port.
+class RunClientRestartTest : public ::testing::Test {
+ protected:
   struct Controller {
     std::unique_ptr<controller::RunRegistry> registry;
     std::unique_ptr<controller::ControllerServiceImpl> service;
     std::unique_ptr<grpc::Server> server;
     int port = 0;
   };
-  const auto start = [&](int port) {
+
+  void SetUp() override { std::filesystem::remove_all(runs_dir_); }
+
+  Controller Start(int port) {
     Controller c;
     controller::RunRegistryOptions options;
-    options.runs_dir = runs_dir;
+    options.runs_dir = runs_dir_;
     options.driver.prompt_source = [](const v1::RunSpec&) {
       std::vector<v1::Prompt> prompts(4);
       for (size_t i = 0; i < prompts.size(); ++i) prompts[i].set_prompt_id(absl::StrCat(i));
       return prompts;
     };
     controller::ServiceClients clients;
-    clients.trainer = trainer;
+    clients.trainer = trainer_;
     clients.replay_buffer = std::make_shared<fakes::FakeBuffer>();
     clients.workers = std::make_shared<controller::WorkerRegistry>(
         controller::WorkerRegistryOptions{.heartbeat_interval = absl::Milliseconds(5)});
@@ -216,7 +219,7 @@ TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
     clients.health = std::make_shared<fakes::FakeHealth>();
     c.registry = std::make_unique<controller::RunRegistry>(options, clients);
     EXPECT_TRUE(c.registry->Restore().ok());
-    worker->Attach(clients.workers);
+    worker_->Attach(clients.workers);
     c.service = std::make_unique<controller::ControllerServiceImpl>(c.registry.get());
     grpc::ServerBuilder builder;
     builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
@@ -224,29 +227,38 @@ TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
     builder.RegisterService(c.service.get());
     c.server = builder.BuildAndStart();
     return c;
-  };
-  const auto stop = [](Controller& c) {
+  }
+
+  static void Stop(Controller& c) {
     c.service->BeginShutdown();
     c.registry->Shutdown();
     c.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  };
+  }
 
-  Controller first = start(0);
+  const std::string runs_dir_ = ::testing::TempDir() + "/run-client-restart";
+  std::shared_ptr<fakes::FakeTrainer> trainer_ = std::make_shared<fakes::FakeTrainer>();
+  std::shared_ptr<fakes::FakeWorker> worker_ = std::make_shared<fakes::FakeWorker>();
+};
+
+// Tells when a watch has shown its first progress line: it is following the
+// run (a watch started while no controller answers fails at once, as a wrong
+// --target should).
+struct FirstLine : std::stringbuf {
+  int sync() override {
+    if (!shown.HasBeenNotified()) shown.Notify();
+    return std::stringbuf::sync();
+  }
+  absl::Notification shown;
+};
+
+TEST_F(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
+  Controller first = Start(0);
   ASSERT_GT(first.port, 0);
   const std::string target = absl::StrCat("127.0.0.1:", first.port);
   absl::StatusOr<v1::Run> submitted = SubmitAndWatch(target, ValidSpec(), SubmitOptions());
   ASSERT_TRUE(submitted.ok()) << submitted.status();
-  ASSERT_TRUE(trainer->AwaitStarts(1, absl::Seconds(10)));
-  // Tells when the watch has shown its first progress line: it is
-  // following the run (a watch started while no controller answers fails
-  // at once, as a wrong --target should).
-  struct FirstLine : std::stringbuf {
-    int sync() override {
-      if (!shown.HasBeenNotified()) shown.Notify();
-      return std::stringbuf::sync();
-    }
-    absl::Notification shown;
-  } first_line;
+  ASSERT_TRUE(trainer_->AwaitStarts(1, absl::Seconds(10)));
+  FirstLine first_line;
   std::ostream progress(&first_line);
   absl::StatusOr<v1::Run> watched = absl::UnknownError("not returned");
   std::thread watcher([&] {
@@ -257,11 +269,11 @@ TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
     watched = WatchRun(target, submitted->run_id(), options);
   });
   ASSERT_TRUE(first_line.shown.WaitForNotificationWithTimeout(absl::Seconds(10)));
-  stop(first);
+  Stop(first);
   absl::SleepFor(absl::Seconds(2));  // The controller is down meanwhile.
-  Controller second = start(first.port);
+  Controller second = Start(first.port);
   ASSERT_EQ(second.port, first.port);
-  ASSERT_TRUE(trainer->AwaitStarts(2, absl::Seconds(10)));  // Re-adopted.
+  ASSERT_TRUE(trainer_->AwaitStarts(2, absl::Seconds(10)));  // Re-adopted.
   v1::ReportTrainerProgressRequest finished;
   finished.set_run_id(submitted->run_id());
   finished.set_state(v1::TRAINER_STATE_FINISHED);
@@ -270,7 +282,37 @@ TEST(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
   ASSERT_TRUE(watched.ok()) << watched.status();
   EXPECT_EQ(watched->state(), v1::RUN_STATE_SUCCEEDED);
   EXPECT_EQ(watched->summary().recovery().controller_readoptions(), 1);
-  stop(second);
+  Stop(second);
+}
+
+// `sluice quickstart` stopping its own stack: the broken stream is not
+// resumed (it would be for resume_for, 30 s here, against a controller that
+// is not coming back); the watch says it stopped.
+TEST_F(RunClientRestartTest, AWatchToldTheControllerIsStoppingEndsWithItsStream) {
+  Controller controller = Start(0);
+  ASSERT_GT(controller.port, 0);
+  const std::string target = absl::StrCat("127.0.0.1:", controller.port);
+  absl::StatusOr<v1::Run> submitted = SubmitAndWatch(target, ValidSpec(), SubmitOptions());
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  ASSERT_TRUE(trainer_->AwaitStarts(1, absl::Seconds(10)));
+  FirstLine first_line;
+  std::ostream progress(&first_line);
+  std::atomic<bool> stopping{false};
+  absl::StatusOr<v1::Run> watched = absl::UnknownError("not returned");
+  std::thread watcher([&] {
+    SubmitOptions options;
+    options.watch_interval_ms = 10;
+    options.resume_for = absl::Seconds(30);
+    options.progress = &progress;
+    options.stop_watching = &stopping;
+    watched = WatchRun(target, submitted->run_id(), options);
+  });
+  ASSERT_TRUE(first_line.shown.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  stopping.store(true);
+  Stop(controller);
+  watcher.join();
+  EXPECT_EQ(watched.status().code(), absl::StatusCode::kCancelled) << watched.status();
+  EXPECT_THAT(std::string(watched.status().message()), HasSubstr("the controller is being stopped"));
 }
 
 TEST(FormatTest, ProgressLineShowsTheFigures) {

@@ -1,6 +1,7 @@
 // bench_async_vs_sync: the product's headline. Runs the same spec on the real
 // services (`sluice quickstart --spec`, one stack per run) synchronously
-// (eta = 0) and asynchronously (--eta, default 2), for each --seeds, and
+// (eta = 0) and asynchronously (--eta, default 4: the best bound measured on
+// the long-tail task, benchmarks/README.md), for each --seeds, and
 // reports how much sooner the asynchronous runs reach the target held-out
 // accuracy.
 //
@@ -20,7 +21,7 @@
 // worker's share of its generation loop spent idle (its "rollouts over" log
 // line), the mean staleness of trained groups, and the run's summary path.
 //
-//   bench_async_vs_sync --spec configs/longtail.yaml [--eta 2] [--seeds 0,1,2]
+//   bench_async_vs_sync --spec configs/longtail.yaml [--eta 4] [--seeds 0,1,2]
 //                       [--json FILE] [--runs-dir DIR]
 #include <algorithm>
 #include <cmath>
@@ -48,7 +49,7 @@ using nlohmann::json;
 
 struct Flags {
   std::string spec;
-  int eta = 2;
+  int eta = 4;
   std::vector<uint64_t> seeds = {0};
   double target_accuracy = 0;  // 0 = sync final - margin
   double target_margin = 0.02;

@@ -251,34 +251,61 @@ struct FirstLine : std::stringbuf {
   absl::Notification shown;
 };
 
+// A watch of a run submitted to `target`, on its own thread, following it
+// (its first progress line shown) when Follow() returns true.
+class Watch {
+ public:
+  Watch(const std::string& target, const std::atomic<bool>* stop_watching)
+      : target_(target), progress_(&first_line_), stop_watching_(stop_watching) {}
+  ~Watch() { Join(); }
+
+  // Submits, waits until the trainer starts the run, then watches it; true
+  // once the watch follows it.
+  bool Follow(fakes::FakeTrainer& trainer) {
+    submitted_ = SubmitAndWatch(target_, ValidSpec(), SubmitOptions());
+    if (!submitted_.ok() || !trainer.AwaitStarts(1, absl::Seconds(10))) return false;
+    thread_ = std::thread([this] {
+      SubmitOptions options;
+      options.watch_interval_ms = 10;
+      options.resume_for = absl::Seconds(30);
+      options.progress = &progress_;
+      options.stop_watching = stop_watching_;
+      watched_ = WatchRun(target_, submitted_->run_id(), options);
+    });
+    return first_line_.shown.WaitForNotificationWithTimeout(absl::Seconds(10));
+  }
+  const std::string& run_id() const { return submitted_->run_id(); }
+  // What the watch returned (after it returned).
+  const absl::StatusOr<v1::Run>& Join() {
+    if (thread_.joinable()) thread_.join();
+    return watched_;
+  }
+
+ private:
+  const std::string target_;
+  FirstLine first_line_;
+  std::ostream progress_;
+  const std::atomic<bool>* stop_watching_;
+  absl::StatusOr<v1::Run> submitted_ = absl::UnknownError("not submitted");
+  absl::StatusOr<v1::Run> watched_ = absl::UnknownError("not returned");
+  std::thread thread_;
+};
+
 TEST_F(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
   Controller first = Start(0);
   ASSERT_GT(first.port, 0);
-  const std::string target = absl::StrCat("127.0.0.1:", first.port);
-  absl::StatusOr<v1::Run> submitted = SubmitAndWatch(target, ValidSpec(), SubmitOptions());
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  ASSERT_TRUE(trainer_->AwaitStarts(1, absl::Seconds(10)));
-  FirstLine first_line;
-  std::ostream progress(&first_line);
-  absl::StatusOr<v1::Run> watched = absl::UnknownError("not returned");
-  std::thread watcher([&] {
-    SubmitOptions options;
-    options.watch_interval_ms = 10;
-    options.resume_for = absl::Seconds(30);
-    options.progress = &progress;
-    watched = WatchRun(target, submitted->run_id(), options);
-  });
-  ASSERT_TRUE(first_line.shown.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  Watch watch(absl::StrCat("127.0.0.1:", first.port), /*stop_watching=*/nullptr);
+  ASSERT_TRUE(watch.Follow(*trainer_));
   Stop(first);
   absl::SleepFor(absl::Seconds(2));  // The controller is down meanwhile.
   Controller second = Start(first.port);
   ASSERT_EQ(second.port, first.port);
   ASSERT_TRUE(trainer_->AwaitStarts(2, absl::Seconds(10)));  // Re-adopted.
   v1::ReportTrainerProgressRequest finished;
-  finished.set_run_id(submitted->run_id());
+  finished.set_run_id(watch.run_id());
   finished.set_state(v1::TRAINER_STATE_FINISHED);
   ASSERT_TRUE(second.registry->ReportTrainerProgress(finished).ok());
-  watcher.join();
+  const absl::StatusOr<v1::Run>& watched = watch.Join();
   ASSERT_TRUE(watched.ok()) << watched.status();
   EXPECT_EQ(watched->state(), v1::RUN_STATE_SUCCEEDED);
   EXPECT_EQ(watched->summary().recovery().controller_readoptions(), 1);
@@ -291,28 +318,15 @@ TEST_F(RunClientRestartTest, WatchPicksUpAgainAfterAControllerRestart) {
 TEST_F(RunClientRestartTest, AWatchToldTheControllerIsStoppingEndsWithItsStream) {
   Controller controller = Start(0);
   ASSERT_GT(controller.port, 0);
-  const std::string target = absl::StrCat("127.0.0.1:", controller.port);
-  absl::StatusOr<v1::Run> submitted = SubmitAndWatch(target, ValidSpec(), SubmitOptions());
-  ASSERT_TRUE(submitted.ok()) << submitted.status();
-  ASSERT_TRUE(trainer_->AwaitStarts(1, absl::Seconds(10)));
-  FirstLine first_line;
-  std::ostream progress(&first_line);
   std::atomic<bool> stopping{false};
-  absl::StatusOr<v1::Run> watched = absl::UnknownError("not returned");
-  std::thread watcher([&] {
-    SubmitOptions options;
-    options.watch_interval_ms = 10;
-    options.resume_for = absl::Seconds(30);
-    options.progress = &progress;
-    options.stop_watching = &stopping;
-    watched = WatchRun(target, submitted->run_id(), options);
-  });
-  ASSERT_TRUE(first_line.shown.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  Watch watch(absl::StrCat("127.0.0.1:", controller.port), &stopping);
+  ASSERT_TRUE(watch.Follow(*trainer_));
   stopping.store(true);
   Stop(controller);
-  watcher.join();
+  const absl::StatusOr<v1::Run>& watched = watch.Join();
   EXPECT_EQ(watched.status().code(), absl::StatusCode::kCancelled) << watched.status();
-  EXPECT_THAT(std::string(watched.status().message()), HasSubstr("the controller is being stopped"));
+  EXPECT_THAT(std::string(watched.status().message()),
+              HasSubstr("the controller is being stopped"));
 }
 
 TEST(FormatTest, ProgressLineShowsTheFigures) {

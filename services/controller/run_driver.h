@@ -14,6 +14,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "services/controller/prompt_feed.h"
@@ -362,6 +363,12 @@ class RunDriver {
 
 // SUCCEEDED, FAILED or CANCELLED.
 bool IsTerminal(v1::RunState state);
+
+// What a run's error says of a failed call: "trainer (127.0.0.1:5) is
+// unreachable: ..." for transport failures, else "trainer (127.0.0.1:5)
+// refused StartTraining: CODE: ...".
+std::string CallFailure(absl::string_view service, absl::string_view address,
+                        absl::string_view method, const absl::Status& status);
 
 void SetTimestamp(absl::Time time, google::protobuf::Timestamp* timestamp);
 

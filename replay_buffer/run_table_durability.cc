@@ -1,6 +1,6 @@
 // RunTable's durability half: its state as snapshot records, a table rebuilt
 // from a snapshot, and journal records applied on restore (the live
-// mutations are in run_table.cc).
+// mutations are in run_table.cc, run_table_gate.cc and run_table_sampling.cc).
 #include <algorithm>
 #include <memory>
 #include <string>

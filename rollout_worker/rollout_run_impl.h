@@ -62,6 +62,8 @@ class RolloutRun::Impl {
   v1::RolloutRunStatus Status() const;
 
  private:
+  // How long an AcquireSlots call of a worker with nothing to decode waits
+  // for a slot (a busy worker does not wait).
   static constexpr int64_t kAcquireWaitMs = 1000;
   // Flushed batches waiting for the finisher at most; past this the loop waits
   // for it (scoring or inserting has fallen behind generation).

@@ -515,7 +515,9 @@ TEST(RolloutInsertTest, TransientFailureIsRetried) {
   FakeReward reward;
   RolloutRun run("run-t", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
   ASSERT_TRUE(run.Run().ok());
-  EXPECT_EQ(buffer.insert_calls.load(), 2);
+  // The failed call and its retry (and one more call per further batch:
+  // groups are handed to the finisher as they finish).
+  EXPECT_GE(buffer.insert_calls.load(), 2);
   absl::MutexLock lock(&buffer.mu);
   EXPECT_EQ(buffer.groups.size(), 3u);
   absl::MutexLock lock2(&controller.mu);
@@ -533,7 +535,8 @@ TEST(RolloutInsertTest, RefusedGroupAbandonsItsPrompt) {
     for (int i = 0; i < request.groups_size(); ++i) {
       auto* r = response.add_results();
       r->set_idempotency_key(request.groups(i).idempotency_key());
-      r->set_status(i == 1 ? v1::INSERT_STATUS_REJECTED_STALE : v1::INSERT_STATUS_STORED);
+      r->set_status(request.groups(i).prompt_id() == "p1-1" ? v1::INSERT_STATUS_REJECTED_STALE
+                                                            : v1::INSERT_STATUS_STORED);
     }
     return response;
   };
@@ -541,7 +544,8 @@ TEST(RolloutInsertTest, RefusedGroupAbandonsItsPrompt) {
   FakeReward reward;
   RolloutRun run("run-r", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
   ASSERT_TRUE(run.Run().ok());
-  EXPECT_EQ(buffer.insert_calls.load(), 1);
+  // One call, or more: groups are handed to the finisher as they finish.
+  EXPECT_GE(buffer.insert_calls.load(), 1);
   absl::MutexLock lock2(&controller.mu);
   EXPECT_EQ(controller.completed, 2);
   // Abandoned, not completed: the controller hands the prompt out again
@@ -564,7 +568,8 @@ TEST(RolloutInsertTest, AnInvalidGroupIsNotCountedLate) {
     for (int i = 0; i < request.groups_size(); ++i) {
       auto* r = response.add_results();
       r->set_idempotency_key(request.groups(i).idempotency_key());
-      r->set_status(i == 0 ? v1::INSERT_STATUS_INVALID : v1::INSERT_STATUS_STORED);
+      r->set_status(request.groups(i).prompt_id() == "p1-0" ? v1::INSERT_STATUS_INVALID
+                                                            : v1::INSERT_STATUS_STORED);
     }
     return response;
   };
@@ -595,7 +600,10 @@ TEST(RolloutInsertTest, FatalErrorEndsTheRun) {
   EXPECT_EQ(controller.completed, 0);
   EXPECT_GE(controller.abandoned, 3);
   EXPECT_EQ(controller.abandoned, controller.prompts_leased);
-  EXPECT_EQ(run.Status().groups_dropped(), 3);  // the batch the buffer refused
+  // The batch the buffer refused (all three, unless they finished apart
+  // and the rest were given back unsent).
+  EXPECT_GE(run.Status().groups_dropped(), 1);
+  EXPECT_LE(run.Status().groups_dropped(), 3);
   absl::MutexLock lock(&buffer.mu);
   EXPECT_GE(buffer.released, 3);  // the three slots, and the run's release-all at the end
 }
@@ -679,7 +687,7 @@ TEST(RolloutLateGroupTest, ADuplicateOfOurOwnLostAckIsStoredNotLate) {
   FakeReward reward;
   RolloutRun run("run-ack", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
   ASSERT_TRUE(run.Run().ok());
-  EXPECT_EQ(buffer.insert_calls.load(), 2);
+  EXPECT_GE(buffer.insert_calls.load(), 2);  // the lost ack and its resend
   EXPECT_EQ(run.Status().groups_inserted(), 3);
   EXPECT_EQ(run.Status().late_groups_refused(), 0);
   EXPECT_EQ(run.Status().groups_dropped(), 0);
@@ -733,12 +741,14 @@ TEST(RolloutServicesAwayTest, ARewardServerAwayForAWhileScoresTheBatchOnceAndIns
   RolloutRun run("run-rs", Spec(), {&trainer, &buffer, &controller, &retrying, "w1", 1});
   const absl::Status status = run.Run();
   ASSERT_TRUE(status.ok()) << status;
-  EXPECT_EQ(restarting.calls.load(), 7);
+  // Six failures and the call that got through (and one call per further
+  // batch, if the groups finished apart).
+  EXPECT_GE(restarting.calls.load(), 7);
   absl::MutexLock lock(&reward.mu);
   EXPECT_EQ(reward.items, 12);  // 3 prompts x G = 4, scored once
   absl::MutexLock lock2(&buffer.mu);
   EXPECT_EQ(buffer.groups.size(), 3u);
-  EXPECT_EQ(buffer.insert_calls.load(), 1);
+  EXPECT_EQ(buffer.insert_calls.load(), restarting.calls.load() - 6);  // once per batch
   absl::MutexLock lock3(&controller.mu);
   EXPECT_EQ(controller.completed, 3);
   EXPECT_EQ(controller.abandoned, 0);
@@ -926,7 +936,7 @@ TEST(RolloutServicesAwayTest, StopEndsTheClientsRetriesPromptly) {
   // retries.
   absl::MutexLock lock(&controller.mu);
   EXPECT_GE(gone.calls.load(), 1);
-  EXPECT_LE(gone.calls.load(), controller.leases);
+  EXPECT_LE(gone.calls.load(), controller.prompts_leased);  // a batch holds a group or more
   EXPECT_GE(controller.abandoned, 3);
   EXPECT_EQ(controller.abandoned, controller.prompts_leased);
 }

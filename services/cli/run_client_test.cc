@@ -37,7 +37,10 @@ class RunClientTest : public ::testing::Test {
  protected:
   RunClientTest() {
     controller::RunRegistryOptions options;
-    options.runs_dir = ::testing::TempDir() + "/run-client-runs";
+    // Its own directory: ctest runs this fixture's tests side by side.
+    options.runs_dir = absl::StrCat(
+        ::testing::TempDir(), "/run-client-runs-",
+        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-", getpid());
     options.driver.prompt_source = [](const v1::RunSpec&) {
       std::vector<v1::Prompt> prompts(4);
       for (size_t i = 0; i < prompts.size(); ++i) prompts[i].set_prompt_id(absl::StrCat(i));
@@ -199,7 +202,18 @@ class RunClientRestartTest : public ::testing::Test {
     int port = 0;
   };
 
-  void SetUp() override { std::filesystem::remove_all(runs_dir_); }
+  // A directory of its own: ctest runs this fixture's tests side by side,
+  // and a controller restores every run in its directory.
+  void SetUp() override {
+    runs_dir_ = absl::StrCat(::testing::TempDir(), "/run-client-restart-",
+                             ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                             getpid());
+    std::filesystem::remove_all(runs_dir_);
+  }
+  void TearDown() override {
+    std::error_code ignored;
+    std::filesystem::remove_all(runs_dir_, ignored);
+  }
 
   Controller Start(int port) {
     Controller c;
@@ -235,7 +249,7 @@ class RunClientRestartTest : public ::testing::Test {
     c.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(5));
   }
 
-  const std::string runs_dir_ = ::testing::TempDir() + "/run-client-restart";
+  std::string runs_dir_;
   std::shared_ptr<fakes::FakeTrainer> trainer_ = std::make_shared<fakes::FakeTrainer>();
   std::shared_ptr<fakes::FakeWorker> worker_ = std::make_shared<fakes::FakeWorker>();
 };

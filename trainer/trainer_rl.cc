@@ -2,6 +2,8 @@
 // optimizer step per minibatch, publishing each version, periodic evaluation.
 #include "trainer/trainer_impl.h"
 
+#include "trainer/lr_schedule.h"
+
 namespace sluice::trainer {
 
 absl::Status TrainerRun::Impl::TrainRl() {
@@ -152,10 +154,7 @@ absl::StatusOr<v1::TrainingStepMetrics> TrainerRun::Impl::TrainStep(
   }
   const int64_t groups = end - begin;
   const int64_t groups_invalid = static_cast<int64_t>(rows.invalid.size());
-  double lr = alg.learning_rate();
-  if (alg.lr_warmup_steps() > 0) {
-    lr *= std::min(1.0, double(step_ + 1) / double(alg.lr_warmup_steps()));
-  }
+  const double lr = LearningRateAt(alg, step_ + 1);
   double loss_value = 0;
   double grad_norm = 0;
   int64_t tokens_trained = 0;

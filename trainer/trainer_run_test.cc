@@ -218,6 +218,32 @@ TEST(TrainerRunTest, WarmStartThenRlPublishesEveryVersionAndReportsEachStep) {
   EXPECT_EQ(run.Status().step(), 3);
 }
 
+// Each step's report carries the rate it trained at: the schedule's, by
+// the step's number.
+TEST(TrainerRunTest, StepsTrainAtTheScheduledLearningRate) {
+  FakeBuffer buffer;
+  FakeReward reward;
+  FakeController controller;
+  WeightStore weights(/*retain=*/8);
+  weights.Reset("run-lr");
+  v1::RunSpec spec = SmallSpec();
+  spec.mutable_warm_start()->set_sft_steps(0);
+  spec.mutable_algorithm()->set_lr_schedule(v1::LR_SCHEDULE_LINEAR);
+  spec.mutable_algorithm()->set_min_lr_ratio(0.25);
+  TrainerRunDeps deps{&buffer, &reward, &controller, &weights, nullptr, nullptr};
+  TrainerRun run("run-lr", spec, deps);
+  ASSERT_TRUE(run.Run().ok());
+  std::vector<double> rates;
+  for (const auto& r : controller.reports) {
+    if (r.has_step()) rates.push_back(r.step().learning_rate());
+  }
+  // 1e-3 * (0.25 + 0.75 * (1 - p)), p = 0, 1/3, 2/3.
+  ASSERT_EQ(rates.size(), 3u);
+  EXPECT_NEAR(rates[0], 1e-3, 1e-12);
+  EXPECT_NEAR(rates[1], 0.75e-3, 1e-12);
+  EXPECT_NEAR(rates[2], 0.5e-3, 1e-12);
+}
+
 TEST(TrainerRunTest, MinibatchesPublishOneVersionEachAndClipAgainstTheBatchStart) {
   FakeBuffer buffer;
   FakeReward reward;

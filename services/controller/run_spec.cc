@@ -409,6 +409,19 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
     problems.Add("algorithm.lr_warmup_steps", "must be >= 0, got ", a.lr_warmup_steps());
   }
   AtMost(problems, "algorithm.lr_warmup_steps", a.lr_warmup_steps(), kMaxSteps);
+  if (!v1::LrSchedule_IsValid(a.lr_schedule()) ||
+      a.lr_schedule() == v1::LR_SCHEDULE_UNSPECIFIED) {
+    problems.Add("algorithm.lr_schedule", "must be LR_SCHEDULE_CONSTANT, _COSINE or _LINEAR, got ",
+                 static_cast<int>(a.lr_schedule()));
+  }
+  if (!(a.min_lr_ratio() >= 0 && a.min_lr_ratio() <= 1)) {
+    problems.Add("algorithm.min_lr_ratio", "must be in [0, 1], got ", a.min_lr_ratio());
+  } else if (a.lr_schedule() == v1::LR_SCHEDULE_CONSTANT && a.min_lr_ratio() != 0) {
+    problems.Add("algorithm.min_lr_ratio",
+                 "is where a decaying schedule ends; set algorithm.lr_schedule to cosine or "
+                 "linear, or leave it out (got ",
+                 a.min_lr_ratio(), " with a constant learning rate)");
+  }
   ValidateObjectiveChoices(a, problems);
   if (a.minibatches_per_batch() < 1) {
     problems.Add("algorithm.minibatches_per_batch", "must be >= 1, got ",
@@ -622,6 +635,7 @@ RunSpec ResolveDefaults(RunSpec spec) {
   if (a.advantage_eps() == 0) a.set_advantage_eps(kDefaultAdvantageEps);
   if (a.total_steps() == 0) a.set_total_steps(kDefaultTotalSteps);
   if (a.minibatches_per_batch() == 0) a.set_minibatches_per_batch(1);
+  if (a.lr_schedule() == v1::LR_SCHEDULE_UNSPECIFIED) a.set_lr_schedule(v1::LR_SCHEDULE_CONSTANT);
   if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_UNSPECIFIED) {
     a.set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
   }

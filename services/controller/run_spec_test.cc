@@ -111,6 +111,8 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_DOUBLE_EQ(a.advantage_eps(), 1e-6);
   EXPECT_EQ(a.total_steps(), 1000);
   EXPECT_EQ(a.minibatches_per_batch(), 1);
+  EXPECT_EQ(a.lr_schedule(), v1::LR_SCHEDULE_CONSTANT);
+  EXPECT_EQ(a.min_lr_ratio(), 0);
   EXPECT_EQ(a.proximal_logprobs(), v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
   EXPECT_EQ(a.loss_aggregation(), v1::LOSS_AGGREGATION_TOKEN_MEAN);
   EXPECT_EQ(a.loss_normalizer_tokens(), 0);  // only resolved for CONSTANT_NORMALIZER
@@ -560,6 +562,9 @@ TEST(ValidateRunSpecTest, ObjectiveChoicesParseFromYamlAndValidate) {
       "{objective: grpo, dynamic_sampling: keep, kl_coef: 0.01, entropy_coef: 0.001}",
       "{objective: trajectory_balance, tb_beta: 0.1, tb_use_reference: true}",
       "{objective: trajectory_balance, dynamic_sampling: drop}",
+      "{objective: grpo, lr_warmup_steps: 10, lr_schedule: cosine, min_lr_ratio: 0.1}",
+      "{objective: decoupled_ppo, lr_schedule: linear}",
+      "{objective: grpo, lr_schedule: constant}",
   };
   for (const std::string& algorithm : algorithms) {
     SCOPED_TRACE(algorithm);
@@ -655,6 +660,16 @@ TEST(ValidateRunSpecTest, ObjectiveChoicesOutOfRangeOrIgnoredAreRefused) {
        },
        "algorithm.kl_coef: is a term of the GRPO and decoupled-PPO losses; trajectory balance "
        "takes its reference inside the residual: set tb_use_reference"},
+      {[](v1::AlgorithmConfig& a) { a.set_lr_schedule(static_cast<v1::LrSchedule>(6)); },
+       "algorithm.lr_schedule: must be LR_SCHEDULE_CONSTANT, _COSINE or _LINEAR, got 6"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_lr_schedule(v1::LR_SCHEDULE_COSINE);
+         a.set_min_lr_ratio(1.5);
+       },
+       "algorithm.min_lr_ratio: must be in [0, 1], got 1.5"},
+      {[](v1::AlgorithmConfig& a) { a.set_min_lr_ratio(0.1); },
+       "algorithm.min_lr_ratio: is where a decaying schedule ends; set algorithm.lr_schedule to "
+       "cosine or linear, or leave it out (got 0.1 with a constant learning rate)"},
       {[](v1::AlgorithmConfig& a) { a.set_tb_use_reference(true); },
        "algorithm.tb_use_reference: is trajectory balance's (OBJECTIVE_TRAJECTORY_BALANCE); for "
        "a KL to the reference with OBJECTIVE_DECOUPLED_PPO set kl_coef"},

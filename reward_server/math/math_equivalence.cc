@@ -31,6 +31,57 @@ using math::LatexExpr;
 // Points at which two expressions with symbols are evaluated.
 constexpr int kEvaluationPoints = 5;
 
+// Largest |log2 |v|| of any value met while evaluating at a point: far past
+// what a double holds, and small enough that GiNaC's arbitrary-precision
+// floats stay cheap. (Without it "2^{2^{2^{2^{30}x}}}" asked CLN for 6 GB.)
+constexpr double kMaxEvaluationLog2 = 1e5;
+
+struct EvaluationTooLarge {};
+
+double Log2Magnitude(const GiNaC::numeric& n) {
+  const double m = GiNaC::abs(n).to_double();
+  if (m == 0) return 0;
+  if (!std::isfinite(m)) return INFINITY;
+  return std::abs(std::log2(m));
+}
+
+// Substitutes `values` and evaluates numerically bottom-up, refusing
+// (EvaluationTooLarge) any value, or power about to be computed, whose
+// magnitude passes kMaxEvaluationLog2.
+class BoundedEvaluation : public GiNaC::map_function {
+ public:
+  explicit BoundedEvaluation(const GiNaC::exmap& values) : values_(values) {}
+
+  GiNaC::ex operator()(const GiNaC::ex& e) override {
+    if (GiNaC::is_a<GiNaC::symbol>(e)) {
+      auto it = values_.find(e);
+      return it != values_.end() ? it->second : e;
+    }
+    GiNaC::ex result;
+    if (GiNaC::is_exactly_a<GiNaC::power>(e)) {
+      const GiNaC::ex base = (*this)(e.op(0));
+      const GiNaC::ex exponent = (*this)(e.op(1));
+      if (GiNaC::is_exactly_a<GiNaC::numeric>(base) &&
+          GiNaC::is_exactly_a<GiNaC::numeric>(exponent)) {
+        const double p = GiNaC::abs(GiNaC::ex_to<GiNaC::numeric>(exponent)).to_double();
+        const double b = Log2Magnitude(GiNaC::ex_to<GiNaC::numeric>(base));
+        if (!(p * std::max(b, 1.0) <= kMaxEvaluationLog2)) throw EvaluationTooLarge();
+      }
+      result = GiNaC::pow(base, exponent).evalf();
+    } else {
+      result = e.map(*this).evalf();
+    }
+    if (GiNaC::is_exactly_a<GiNaC::numeric>(result) &&
+        !(Log2Magnitude(GiNaC::ex_to<GiNaC::numeric>(result)) <= kMaxEvaluationLog2)) {
+      throw EvaluationTooLarge();
+    }
+    return result;
+  }
+
+ private:
+  const GiNaC::exmap& values_;
+};
+
 uint64_t Mix(uint64_t x) {
   x += 0x9E3779B97F4A7C15ULL;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
@@ -238,7 +289,8 @@ class Comparer {
         const double v = 0.3 + 2.0 * static_cast<double>(h >> 11) / 9007199254740992.0;
         values[symbol] = GiNaC::numeric(v);
       }
-      const GiNaC::ex value = x.subs(values).evalf();
+      BoundedEvaluation evaluate(values);
+      const GiNaC::ex value = evaluate(x);
       if (!GiNaC::is_a<GiNaC::numeric>(value)) return std::nullopt;
       const GiNaC::numeric& n = GiNaC::ex_to<GiNaC::numeric>(value);
       const double re = GiNaC::real(n).to_double();

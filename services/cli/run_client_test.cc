@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -33,14 +34,19 @@ v1::RunSpec ValidSpec() {
   return spec;
 }
 
+// A runs directory of the current test's own: ctest runs a fixture's tests
+// side by side, and a controller restores every run in its directory.
+std::string OwnRunsDir(absl::string_view prefix) {
+  return absl::StrCat(::testing::TempDir(), "/", prefix, "-",
+                      ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
+                      getpid());
+}
+
 class RunClientTest : public ::testing::Test {
  protected:
   RunClientTest() {
     controller::RunRegistryOptions options;
-    // Its own directory: ctest runs this fixture's tests side by side.
-    options.runs_dir = absl::StrCat(
-        ::testing::TempDir(), "/run-client-runs-",
-        ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-", getpid());
+    options.runs_dir = OwnRunsDir("run-client-runs");
     options.driver.prompt_source = [](const v1::RunSpec&) {
       std::vector<v1::Prompt> prompts(4);
       for (size_t i = 0; i < prompts.size(); ++i) prompts[i].set_prompt_id(absl::StrCat(i));
@@ -202,12 +208,8 @@ class RunClientRestartTest : public ::testing::Test {
     int port = 0;
   };
 
-  // A directory of its own: ctest runs this fixture's tests side by side,
-  // and a controller restores every run in its directory.
   void SetUp() override {
-    runs_dir_ = absl::StrCat(::testing::TempDir(), "/run-client-restart-",
-                             ::testing::UnitTest::GetInstance()->current_test_info()->name(), "-",
-                             getpid());
+    runs_dir_ = OwnRunsDir("run-client-restart");
     std::filesystem::remove_all(runs_dir_);
   }
   void TearDown() override {

@@ -46,6 +46,7 @@ RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request) {
   config.batch_size_groups = request.batch_size_groups();
   config.max_staleness = request.max_staleness();
   config.group_size = request.group_size();
+  config.staleness_bound = request.staleness_bound();
   config.buffer = request.config();
   config.initial_policy_version = request.initial_policy_version();
   config.seed = request.seed();
@@ -63,6 +64,7 @@ v1::ConfigureRunRequest RunConfigToProto(const RunConfig& config) {
   request.set_batch_size_groups(config.batch_size_groups);
   request.set_max_staleness(config.max_staleness);
   request.set_group_size(config.group_size);
+  request.set_staleness_bound(config.staleness_bound);
   *request.mutable_config() = config.buffer;
   request.set_initial_policy_version(config.initial_policy_version);
   request.set_seed(config.seed);
@@ -85,6 +87,10 @@ absl::Status RunConfig::Validate() const {
   }
   if (group_size <= 0) {
     problems.push_back(absl::StrCat("group_size: must be > 0, got ", group_size));
+  }
+  if (!v1::StalenessBound_IsValid(staleness_bound)) {
+    problems.push_back(
+        absl::StrCat("staleness_bound: unknown value ", static_cast<int>(staleness_bound)));
   }
   if (initial_policy_version < 0) {
     problems.push_back(
@@ -189,6 +195,7 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
     : run_id_(config.run_id),
       batch_size_groups_(config.batch_size_groups),
       max_staleness_(config.max_staleness),
+      bound_newest_token_(config.staleness_bound == v1::STALENESS_BOUND_TOKEN),
       group_size_(config.group_size),
       options_(std::move(options)),
       lease_id_prefix_(NewLeaseIdPrefix()),
@@ -235,6 +242,11 @@ absl::Status RunTable::Reconfigure(const RunConfig& config) {
   RETURN_IF_ERROR(fixed("batch_size_groups", batch_size_groups_, config.batch_size_groups));
   RETURN_IF_ERROR(fixed("max_staleness", max_staleness_, config.max_staleness));
   RETURN_IF_ERROR(fixed("group_size", group_size_, config.group_size));
+  RETURN_IF_ERROR(fixed("staleness_bound",
+                        bound_newest_token_ ? v1::STALENESS_BOUND_TOKEN : v1::STALENESS_BOUND_GROUP,
+                        config.staleness_bound == v1::STALENESS_BOUND_TOKEN
+                            ? v1::STALENESS_BOUND_TOKEN
+                            : v1::STALENESS_BOUND_GROUP));
   ASSIGN_OR_RETURN(const SamplerOptions sampler_options,
                    SamplerOptions::FromConfig(config.buffer, config.seed));
   ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, CreateSampler(sampler_options));
@@ -343,6 +355,7 @@ void RunTable::SetGroupLimitsLocked(const RunConfig& config) {
 RunTable::Item RunTable::MakeItem(std::shared_ptr<const v1::Group> group) {
   Item item;
   item.min_policy_version = group->min_policy_version();
+  item.max_policy_version = group->max_policy_version();
   // Without the fields the buffer sets (sequence, insert time), so that a
   // group counts the same whether stored, replayed or restored.
   size_t bytes = group->ByteSizeLong();
@@ -487,13 +500,14 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
     return refuse(InsertStatus::kInvalid, v1::INSERT_STATUS_INVALID,
                   std::string(CheckVersionsNotAhead(*stored, newest).message()));
   }
-  if (const int64_t staleness = policy_version_ - item.min_policy_version;
+  if (const int64_t staleness = policy_version_ - StalenessVersion(item);
       staleness > max_staleness_) {
     return refuse(
         InsertStatus::kRejectedStale, v1::INSERT_STATUS_REJECTED_STALE,
         absl::StrCat("group is ", staleness, " versions stale (policy version ", policy_version_,
-                     ", min_policy_version ", item.min_policy_version, ") and max_staleness is ",
-                     max_staleness_, "; it can never be trained"));
+                     bound_newest_token_ ? ", max_policy_version " : ", min_policy_version ",
+                     StalenessVersion(item), ") and max_staleness is ", max_staleness_,
+                     "; it can never be trained"));
   }
 
   // The memory budget, last: a group refused for any other reason must not
@@ -590,7 +604,7 @@ void RunTable::AddItemLocked(int64_t sequence, Item item, bool charged) {
   } else if (!charged && options_.memory != nullptr) {
     options_.memory->Charge(item.size_bytes);
   }
-  by_min_version_.emplace(item.min_policy_version, sequence);
+  by_staleness_version_.emplace(StalenessVersion(item), sequence);
   sampler_->Insert(sequence, SamplerPriority(sampler_->kind(), item));
   size_trajectories_ += item.trajectories;
   size_bytes_ += item.size_bytes;
@@ -603,7 +617,7 @@ void RunTable::AddItemLocked(int64_t sequence, Item item, bool charged) {
 void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
   auto it = items_.find(sequence);
   if (it == items_.end()) return;
-  by_min_version_.erase({it->second.min_policy_version, sequence});
+  by_staleness_version_.erase({StalenessVersion(it->second), sequence});
   sampler_->Delete(sequence);
   size_trajectories_ -= it->second.trajectories;
   size_bytes_ -= it->second.size_bytes;

@@ -43,6 +43,10 @@ struct RunConfig {
   int32_t max_staleness = 0;
   // G: trajectories per group; inserts with another count are INVALID.
   int32_t group_size = 0;
+  // What eta bounds: with STALENESS_BOUND_TOKEN a group is stale when its
+  // newest token is more than eta versions old, otherwise when its oldest
+  // is. Fixed for the table's life, as B, eta and G are.
+  v1::StalenessBound staleness_bound = v1::STALENESS_BOUND_UNSPECIFIED;
   // Sampler, max_times_sampled, capacity, min size to sample.
   v1::BufferConfig buffer;
   // Version the run starts from (> 0 when resuming from a checkpoint).
@@ -317,7 +321,10 @@ struct RunStats {
 // Since the trainer consumes B groups per version, generation never runs
 // more than eta versions ahead of consumption. Consumption enforces the
 // bound per group: Sample first evicts every group whose staleness
-// (trainer version - min_policy_version) exceeds eta.
+// (trainer version - min_policy_version) exceeds eta. With
+// STALENESS_BOUND_TOKEN the group's newest token counts instead
+// (max_policy_version): a long sample that outlived eta versions keeps its
+// group, and the trainer drops the tokens more than eta old from the loss.
 //
 // Inserts. A group is stored (accepted + 1) whether or not its slot lease is
 // still live: a slow worker whose lease expired has still produced a valid
@@ -512,6 +519,7 @@ class RunTable {
   struct Item {
     std::shared_ptr<const v1::Group> group;
     int64_t min_policy_version = 0;
+    int64_t max_policy_version = 0;
     int32_t times_sampled = 0;
     double priority = 0;
     int64_t size_bytes = 0;
@@ -577,7 +585,12 @@ class RunTable {
   absl::StatusOr<int64_t> AdvanceVersionLocked(int64_t policy_version)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t ApplyVersionLocked(int64_t policy_version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts groups with reference_version - min_policy_version > max_staleness.
+  // The version a group's staleness is measured from: its oldest token's
+  // (STALENESS_BOUND_GROUP) or its newest token's (STALENESS_BOUND_TOKEN).
+  int64_t StalenessVersion(const Item& item) const {
+    return bound_newest_token_ ? item.max_policy_version : item.min_policy_version;
+  }
+  // Evicts groups with reference_version - StalenessVersion > max_staleness.
   int64_t EvictStaleLocked(int64_t reference_version, int64_t max_staleness)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether EvictStaleLocked would evict anything.
@@ -628,6 +641,7 @@ class RunTable {
   const std::string run_id_;
   const int32_t batch_size_groups_;
   const int32_t max_staleness_;
+  const bool bound_newest_token_;
   const int32_t group_size_;
   const RunTableOptions options_;
   // Makes lease ids unique across tables and process restarts.
@@ -665,8 +679,8 @@ class RunTable {
 
   // The groups, by buffer_sequence (ascending = insertion order).
   absl::btree_map<int64_t, Item> items_ ABSL_GUARDED_BY(mu_);
-  // (min_policy_version, buffer_sequence): stale eviction in O(evicted log n).
-  std::set<std::pair<int64_t, int64_t>> by_min_version_ ABSL_GUARDED_BY(mu_);
+  // (StalenessVersion, buffer_sequence): stale eviction in O(evicted log n).
+  std::set<std::pair<int64_t, int64_t>> by_staleness_version_ ABSL_GUARDED_BY(mu_);
   // Sequences of the held groups whose rewards are all equal.
   std::set<int64_t> uniform_items_ ABSL_GUARDED_BY(mu_);
   // group_id -> buffer_sequence of the groups held (UpdatePriorities).

@@ -18,14 +18,14 @@ namespace sluice::replay_buffer {
 // ---------------------------------------------------------------------------
 
 bool RunTable::HasStaleLocked(int64_t reference_version, int64_t max_staleness) const {
-  return !by_min_version_.empty() &&
-         reference_version - by_min_version_.begin()->first > max_staleness;
+  return !by_staleness_version_.empty() &&
+         reference_version - by_staleness_version_.begin()->first > max_staleness;
 }
 
 int64_t RunTable::EvictStaleLocked(int64_t reference_version, int64_t max_staleness) {
   int64_t evicted = 0;
   while (HasStaleLocked(reference_version, max_staleness)) {
-    RemoveItemLocked(by_min_version_.begin()->second, EvictionReason::kStale);
+    RemoveItemLocked(by_staleness_version_.begin()->second, EvictionReason::kStale);
     DropUntrainedLocked();
     ++evicted;
   }

@@ -490,6 +490,67 @@ TEST(RunTableTest, StaleEvictionIsCountedAndGivesCapacityBack) {
             "policy_version: must be >= 0, got -1");
 }
 
+// A group whose samples span versions 1..3 (a long sample that kept
+// decoding across two swaps) and one generated wholly at version 1.
+v1::Group SpanningGroup(int index) {
+  v1::Group group = Group(index, 1);
+  for (int i = 0; i < group.trajectories_size(); ++i) {
+    auto* versions = group.mutable_trajectories(i)->mutable_token_policy_versions();
+    for (int t = 5; t < versions->size(); ++t) versions->Set(t, t < 8 ? 2 : 3);
+  }
+  return group;
+}
+
+TEST(RunTableTest, TokenStalenessBoundKeepsGroupsWhoseNewestTokenIsFresh) {
+  // eta = 1. Under the group bound a group is stale from its oldest token
+  // (version 1) at v = 3; under the token bound only from its newest: the
+  // spanning group (newest 3) stays until v = 5, the flat one goes at v = 3.
+  RunConfig config = Config(2, 1);
+  config.staleness_bound = v1::STALENESS_BOUND_TOKEN;
+  auto table = MakeTable(config);
+  ASSERT_TRUE(table->UpdatePolicyVersion(2).ok());
+  ASSERT_EQ(table->Insert(SpanningGroup(0)).status, InsertStatus::kStored);
+  ASSERT_EQ(table->Insert(Group(1, 1)).status, InsertStatus::kStored);
+  absl::StatusOr<UpdateVersionResult> update = table->UpdatePolicyVersion(3);
+  ASSERT_TRUE(update.ok());
+  EXPECT_EQ(update->evicted_stale_groups, 1);  // g1: newest token 1, 2 > eta old
+  // At v = 3 a group whose newest token is version 1 is refused at insert,
+  // naming the bound it broke; the spanning one is stored.
+  const InsertResult refused = table->Insert(Group(2, 1));
+  EXPECT_EQ(refused.status, InsertStatus::kRejectedStale);
+  EXPECT_THAT(refused.message, HasSubstr("max_policy_version 1"));
+  ASSERT_EQ(table->Insert(SpanningGroup(3)).status, InsertStatus::kStored);
+  absl::StatusOr<SampleResult> batch = table->Sample(Request(4, absl::ZeroDuration(), 2));
+  ASSERT_TRUE(batch.ok()) << batch.status();
+  EXPECT_THAT(GroupIds(*batch), ElementsAre("g0", "g3"));
+  EXPECT_EQ(batch->evicted_stale_groups, 0);
+  // The reported staleness is still the group's oldest token's: the
+  // trainer masks the tokens past eta.
+  EXPECT_EQ(batch->groups[0].staleness, 3);
+  EXPECT_EQ(table->Stats().evictions.stale, 1);
+
+  // The same inserts under the group bound: both spanning groups are stale
+  // (oldest token 1) at v = 3.
+  auto grouped = MakeTable(Config(2, 1));
+  ASSERT_TRUE(grouped->UpdatePolicyVersion(2).ok());
+  ASSERT_EQ(grouped->Insert(SpanningGroup(0)).status, InsertStatus::kStored);
+  EXPECT_EQ(grouped->UpdatePolicyVersion(3)->evicted_stale_groups, 1);
+  EXPECT_EQ(grouped->Insert(SpanningGroup(3)).status, InsertStatus::kRejectedStale);
+}
+
+TEST(RunTableTest, StalenessBoundIsFixedForTheTablesLife) {
+  RunConfig config = Config(2, 1);
+  auto table = MakeTable(config);
+  config.staleness_bound = v1::STALENESS_BOUND_TOKEN;
+  const absl::Status changed = table->Reconfigure(config);
+  EXPECT_EQ(changed.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(changed.message(), HasSubstr("staleness_bound"));
+  config.staleness_bound = v1::STALENESS_BOUND_GROUP;  // what unspecified means
+  EXPECT_TRUE(table->Reconfigure(config).ok());
+  config.staleness_bound = static_cast<v1::StalenessBound>(7);
+  EXPECT_THAT(table->Reconfigure(config).message(), HasSubstr("staleness_bound: unknown value 7"));
+}
+
 TEST(RunTableTest, StaleEvictionWakesABlockedAcquire) {
   auto table = MakeTable(Config(2, 0));  // limit 2 at v = 0
   ASSERT_EQ(table->Insert(Group(0, 0)).status, InsertStatus::kStored);

@@ -14,6 +14,7 @@ constexpr double kDefaultClipEps = 0.2;
 constexpr double kDefaultBehaviourWeightCap = 5.0;
 constexpr double kDefaultTbBeta = 1.0;
 constexpr double kDefaultAdvantageEps = 1e-6;
+constexpr int64_t kDefaultMaxStaleness = 4;
 
 WeightCapMode ToCapMode(v1::BehaviourWeightMode mode) {
   switch (mode) {
@@ -73,6 +74,9 @@ ObjectiveConfig ObjectiveConfig::FromAlgorithm(const v1::AlgorithmConfig& a,
   c.normalize_advantage_by_std =
       !a.has_normalize_advantage_by_std() || a.normalize_advantage_by_std();
   c.advantage_eps = a.advantage_eps() > 0 ? a.advantage_eps() : kDefaultAdvantageEps;
+  if (a.staleness_bound() == v1::STALENESS_BOUND_TOKEN) {
+    c.max_token_staleness = a.has_max_staleness() ? a.max_staleness() : kDefaultMaxStaleness;
+  }
   return c;
 }
 
@@ -91,7 +95,20 @@ double EntropyFigure(const torch::Tensor& logits, const torch::Tensor& mask, dou
 
 torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfig& config,
                                v1::TrainingStepMetrics* metrics) {
-  const torch::Tensor& mask = batch.mask;
+  // Token staleness: the current weights' version minus the one that
+  // sampled each token. Under a per-token bound the tokens past it leave
+  // the loss (and every figure below, which is over the tokens trained).
+  const torch::Tensor staleness =
+      (static_cast<double>(batch.current_version) - batch.versions.to(torch::kFloat64));
+  torch::Tensor mask = batch.mask;
+  if (config.max_token_staleness >= 0) {
+    torch::NoGradGuard no_grad;
+    mask = batch.mask * (staleness <= static_cast<double>(config.max_token_staleness))
+                            .to(batch.mask.scalar_type());
+    const double completion = batch.mask.sum().item<double>();
+    metrics->set_tokens_masked_stale_fraction(
+        completion > 0 ? 1.0 - mask.sum().item<double>() / completion : 0.0);
+  }
   const torch::Tensor current = batch.logp.detach();
   const bool trajectory_balance = config.objective == v1::OBJECTIVE_TRAJECTORY_BALANCE;
 
@@ -173,8 +190,6 @@ torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfi
   metrics->set_importance_weight_p01(weights.p01);
   metrics->set_importance_weight_above_2_fraction(weights.fraction_above_2);
   metrics->set_importance_weight_below_half_fraction(weights.fraction_below_half);
-  const torch::Tensor staleness =
-      (static_cast<double>(batch.current_version) - batch.versions.to(torch::kFloat64));
   metrics->set_token_staleness_mean(MaskedMean(staleness, mask));
   metrics->set_token_staleness_max(
       mask.sum().item<double>() > 0

@@ -43,6 +43,10 @@ struct ObjectiveConfig {
   v1::DynamicSampling dynamic_sampling = v1::DYNAMIC_SAMPLING_DROP;
   bool normalize_advantage_by_std = true;
   double advantage_eps = 1e-6;
+  // STALENESS_BOUND_TOKEN: tokens more than this many versions older than
+  // the current weights drop out of the loss (eta). -1 = none (GROUP: the
+  // buffer evicts whole groups instead).
+  int64_t max_token_staleness = -1;
 
   // `max_new_tokens`: the run's (what the constant normaliser defaults to).
   static ObjectiveConfig FromAlgorithm(const v1::AlgorithmConfig& algorithm,
@@ -90,7 +94,8 @@ struct ObjectiveBatch {
 
 // The scalar loss to backpropagate, and the step's figures in `metrics`:
 // clip_fraction, behaviour_weight_capped_fraction, kl_to_behaviour, the
-// importance-weight statistics, the masked fractions, token staleness,
+// importance-weight statistics, the masked fractions (the stale tokens'
+// among them), token staleness (of the tokens trained),
 // kl_to_reference, tb_log_z_mean, and entropy when EntropyInLoss().
 torch::Tensor ComputeObjective(const ObjectiveBatch& batch, const ObjectiveConfig& config,
                                v1::TrainingStepMetrics* metrics);

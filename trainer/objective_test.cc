@@ -113,6 +113,35 @@ TEST(ComputeObjectiveTest, GrpoTelemetryIsTheCurrentPolicyAgainstTheBehaviour) {
   EXPECT_NEAR(metrics.importance_weight_above_2_fraction(), 0.5, 1e-9);
 }
 
+TEST(ComputeObjectiveTest, TokenStalenessBoundDropsTokensOlderThanEta) {
+  // OneRow's tokens are 4 and 0 versions old. With a per-token bound of
+  // eta = 3 token 0 leaves the loss: what is left is token 1 alone (u = 1,
+  // w = 1): loss -1, half the tokens masked, and the figures are over the
+  // trained token (staleness 0, w = 1).
+  v1::AlgorithmConfig algorithm;
+  algorithm.set_staleness_bound(v1::STALENESS_BOUND_TOKEN);
+  algorithm.set_max_staleness(3);
+  const ObjectiveConfig config = ObjectiveConfig::FromAlgorithm(algorithm, 16);
+  EXPECT_EQ(config.max_token_staleness, 3);
+  v1::TrainingStepMetrics metrics;
+  const torch::Tensor loss = ComputeObjective(OneRow(), config, &metrics);
+  EXPECT_NEAR(loss.item<double>(), -1.0, 1e-5);
+  EXPECT_NEAR(metrics.tokens_masked_stale_fraction(), 0.5, 1e-9);
+  EXPECT_NEAR(metrics.token_staleness_mean(), 0.0, 1e-9);
+  EXPECT_EQ(metrics.token_staleness_max(), 0);
+  EXPECT_NEAR(metrics.importance_weight_max(), 1.0, 1e-5);
+
+  // eta = 4 keeps both (exactly eta old is fresh enough): the unmasked loss.
+  algorithm.set_max_staleness(4);
+  metrics.Clear();
+  EXPECT_NEAR(ComputeObjective(OneRow(), ObjectiveConfig::FromAlgorithm(algorithm, 16), &metrics)
+                  .item<double>(),
+              -(std::exp(1.0) + 1) / 2, 1e-5);
+  EXPECT_EQ(metrics.tokens_masked_stale_fraction(), 0.0);
+  // The group bound (the default) masks nothing in the trainer.
+  EXPECT_EQ(ObjectiveConfig::FromAlgorithm(v1::AlgorithmConfig(), 16).max_token_staleness, -1);
+}
+
 TEST(ComputeObjectiveTest, TrajectoryBalanceSumsCompletionTokens) {
   // Two samples of one group, beta 1, no reference. Row 1's second
   // position is padding (its -5 is not counted):

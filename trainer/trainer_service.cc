@@ -207,6 +207,7 @@ struct TrainerMetrics {
     tokens_masked_fraction.Add({{"mechanism", "floor"}}).Set(m.tokens_masked_floor_fraction());
     tokens_masked_fraction.Add({{"mechanism", "second_moment"}})
         .Set(m.tokens_masked_second_moment_fraction());
+    tokens_masked_fraction.Add({{"mechanism", "stale"}}).Set(m.tokens_masked_stale_fraction());
     behaviour_weight_capped_fraction.Set(m.behaviour_weight_capped_fraction());
     token_staleness_mean.Set(m.token_staleness_mean());
     token_staleness_max.Set(static_cast<double>(m.token_staleness_max()));

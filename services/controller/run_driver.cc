@@ -342,6 +342,7 @@ bool RunDriver::StartServices() {
   *configure.mutable_config() = spec_.buffer();
   configure.set_batch_size_groups(spec_.algorithm().batch_size_groups());
   configure.set_max_staleness(spec_.algorithm().max_staleness());
+  configure.set_staleness_bound(spec_.algorithm().staleness_bound());
   configure.set_group_size(spec_.algorithm().group_size());
   configure.set_initial_policy_version(0);
   configure.set_seed(spec_.seed());

@@ -336,6 +336,15 @@ void ValidateObjectiveChoices(const v1::AlgorithmConfig& a, Problems& problems) 
                  "is trajectory balance's (OBJECTIVE_TRAJECTORY_BALANCE); for a KL to the "
                  "reference with ", objective, " set kl_coef");
   }
+  if (!v1::StalenessBound_IsValid(a.staleness_bound()) ||
+      a.staleness_bound() == v1::STALENESS_BOUND_UNSPECIFIED) {
+    problems.Add("algorithm.staleness_bound", "must be STALENESS_BOUND_GROUP or _TOKEN, got ",
+                 static_cast<int>(a.staleness_bound()));
+  } else if (a.staleness_bound() == v1::STALENESS_BOUND_TOKEN && trajectory_balance) {
+    problems.Add("algorithm.staleness_bound",
+                 "STALENESS_BOUND_TOKEN drops single tokens from the loss; trajectory balance's "
+                 "loss is over whole sequences (use STALENESS_BOUND_GROUP)");
+  }
 }
 
 void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
@@ -636,6 +645,9 @@ RunSpec ResolveDefaults(RunSpec spec) {
   if (a.total_steps() == 0) a.set_total_steps(kDefaultTotalSteps);
   if (a.minibatches_per_batch() == 0) a.set_minibatches_per_batch(1);
   if (a.lr_schedule() == v1::LR_SCHEDULE_UNSPECIFIED) a.set_lr_schedule(v1::LR_SCHEDULE_CONSTANT);
+  if (a.staleness_bound() == v1::STALENESS_BOUND_UNSPECIFIED) {
+    a.set_staleness_bound(v1::STALENESS_BOUND_GROUP);
+  }
   if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_UNSPECIFIED) {
     a.set_proximal_logprobs(v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
   }

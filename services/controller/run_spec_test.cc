@@ -113,6 +113,7 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_EQ(a.minibatches_per_batch(), 1);
   EXPECT_EQ(a.lr_schedule(), v1::LR_SCHEDULE_CONSTANT);
   EXPECT_EQ(a.min_lr_ratio(), 0);
+  EXPECT_EQ(a.staleness_bound(), v1::STALENESS_BOUND_GROUP);
   EXPECT_EQ(a.proximal_logprobs(), v1::PROXIMAL_LOGPROBS_METHOD_RECOMPUTE);
   EXPECT_EQ(a.loss_aggregation(), v1::LOSS_AGGREGATION_TOKEN_MEAN);
   EXPECT_EQ(a.loss_normalizer_tokens(), 0);  // only resolved for CONSTANT_NORMALIZER
@@ -565,6 +566,8 @@ TEST(ValidateRunSpecTest, ObjectiveChoicesParseFromYamlAndValidate) {
       "{objective: grpo, lr_warmup_steps: 10, lr_schedule: cosine, min_lr_ratio: 0.1}",
       "{objective: decoupled_ppo, lr_schedule: linear}",
       "{objective: grpo, lr_schedule: constant}",
+      "{objective: decoupled_ppo, max_staleness: 8, staleness_bound: token}",
+      "{objective: grpo, staleness_bound: group}",
   };
   for (const std::string& algorithm : algorithms) {
     SCOPED_TRACE(algorithm);
@@ -670,6 +673,14 @@ TEST(ValidateRunSpecTest, ObjectiveChoicesOutOfRangeOrIgnoredAreRefused) {
       {[](v1::AlgorithmConfig& a) { a.set_min_lr_ratio(0.1); },
        "algorithm.min_lr_ratio: is where a decaying schedule ends; set algorithm.lr_schedule to "
        "cosine or linear, or leave it out (got 0.1 with a constant learning rate)"},
+      {[](v1::AlgorithmConfig& a) { a.set_staleness_bound(static_cast<v1::StalenessBound>(5)); },
+       "algorithm.staleness_bound: must be STALENESS_BOUND_GROUP or _TOKEN, got 5"},
+      {[](v1::AlgorithmConfig& a) {
+         a.set_objective(v1::OBJECTIVE_TRAJECTORY_BALANCE);
+         a.set_staleness_bound(v1::STALENESS_BOUND_TOKEN);
+       },
+       "algorithm.staleness_bound: STALENESS_BOUND_TOKEN drops single tokens from the loss; "
+       "trajectory balance's loss is over whole sequences"},
       {[](v1::AlgorithmConfig& a) { a.set_tb_use_reference(true); },
        "algorithm.tb_use_reference: is trajectory balance's (OBJECTIVE_TRAJECTORY_BALANCE); for "
        "a KL to the reference with OBJECTIVE_DECOUPLED_PPO set kl_coef"},

@@ -246,6 +246,7 @@ TEST_F(RunRegistryTest, WarmStartTrainingFinishedWritesSummaryAndMetrics) {
   EXPECT_EQ(configure.batch_size_groups(), 2);
   EXPECT_EQ(configure.max_staleness(), 2);
   EXPECT_EQ(configure.group_size(), 4);
+  EXPECT_EQ(configure.staleness_bound(), v1::STALENESS_BOUND_GROUP);  // resolved default
   EXPECT_EQ(configure.config().sampler(), v1::SAMPLER_KIND_FIFO);
   const v1::StartTrainingRequest start = trainer_->start_request();
   EXPECT_EQ(start.spec().algorithm().objective(), v1::OBJECTIVE_DECOUPLED_PPO);

@@ -195,7 +195,7 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
     : run_id_(config.run_id),
       batch_size_groups_(config.batch_size_groups),
       max_staleness_(config.max_staleness),
-      bound_newest_token_(config.staleness_bound == v1::STALENESS_BOUND_TOKEN),
+      staleness_bound_(config.resolved_staleness_bound()),
       group_size_(config.group_size),
       options_(std::move(options)),
       lease_id_prefix_(NewLeaseIdPrefix()),
@@ -242,11 +242,8 @@ absl::Status RunTable::Reconfigure(const RunConfig& config) {
   RETURN_IF_ERROR(fixed("batch_size_groups", batch_size_groups_, config.batch_size_groups));
   RETURN_IF_ERROR(fixed("max_staleness", max_staleness_, config.max_staleness));
   RETURN_IF_ERROR(fixed("group_size", group_size_, config.group_size));
-  RETURN_IF_ERROR(fixed("staleness_bound",
-                        bound_newest_token_ ? v1::STALENESS_BOUND_TOKEN : v1::STALENESS_BOUND_GROUP,
-                        config.staleness_bound == v1::STALENESS_BOUND_TOKEN
-                            ? v1::STALENESS_BOUND_TOKEN
-                            : v1::STALENESS_BOUND_GROUP));
+  RETURN_IF_ERROR(
+      fixed("staleness_bound", staleness_bound_, config.resolved_staleness_bound()));
   ASSIGN_OR_RETURN(const SamplerOptions sampler_options,
                    SamplerOptions::FromConfig(config.buffer, config.seed));
   ASSIGN_OR_RETURN(std::unique_ptr<Sampler> sampler, CreateSampler(sampler_options));
@@ -505,7 +502,8 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
     return refuse(
         InsertStatus::kRejectedStale, v1::INSERT_STATUS_REJECTED_STALE,
         absl::StrCat("group is ", staleness, " versions stale (policy version ", policy_version_,
-                     bound_newest_token_ ? ", max_policy_version " : ", min_policy_version ",
+                     staleness_bound_ == v1::STALENESS_BOUND_TOKEN ? ", max_policy_version "
+                                                                   : ", min_policy_version ",
                      StalenessVersion(item), ") and max_staleness is ", max_staleness_,
                      "; it can never be trained"));
   }

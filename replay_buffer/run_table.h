@@ -74,6 +74,11 @@ struct RunConfig {
 
   // buffer.max_times_sampled with its default (1: each group trained once).
   int32_t max_times_sampled() const;
+  // staleness_bound with its default (GROUP).
+  v1::StalenessBound resolved_staleness_bound() const {
+    return staleness_bound == v1::STALENESS_BOUND_TOKEN ? v1::STALENESS_BOUND_TOKEN
+                                                        : v1::STALENESS_BOUND_GROUP;
+  }
 };
 
 RunConfig RunConfigFromProto(const v1::ConfigureRunRequest& request);
@@ -588,7 +593,8 @@ class RunTable {
   // The version a group's staleness is measured from: its oldest token's
   // (STALENESS_BOUND_GROUP) or its newest token's (STALENESS_BOUND_TOKEN).
   int64_t StalenessVersion(const Item& item) const {
-    return bound_newest_token_ ? item.max_policy_version : item.min_policy_version;
+    return staleness_bound_ == v1::STALENESS_BOUND_TOKEN ? item.max_policy_version
+                                                         : item.min_policy_version;
   }
   // Evicts groups with reference_version - StalenessVersion > max_staleness.
   int64_t EvictStaleLocked(int64_t reference_version, int64_t max_staleness)
@@ -641,7 +647,7 @@ class RunTable {
   const std::string run_id_;
   const int32_t batch_size_groups_;
   const int32_t max_staleness_;
-  const bool bound_newest_token_;
+  const v1::StalenessBound staleness_bound_;  // resolved: GROUP or TOKEN
   const int32_t group_size_;
   const RunTableOptions options_;
   // Makes lease ids unique across tables and process restarts.

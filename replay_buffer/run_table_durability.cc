@@ -205,7 +205,7 @@ absl::Status RunTable::ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& r
       const RunConfig config = RunConfigFromProto(record.configured());
       if (config.batch_size_groups != batch_size_groups_ ||
           config.max_staleness != max_staleness_ || config.group_size != group_size_ ||
-          (config.staleness_bound == v1::STALENESS_BOUND_TOKEN) != bound_newest_token_) {
+          config.resolved_staleness_bound() != staleness_bound_) {
         return corrupt("reconfigures B, eta, G or the staleness bound");
       }
       absl::StatusOr<SamplerOptions> options = SamplerOptions::FromConfig(config.buffer, config.seed);

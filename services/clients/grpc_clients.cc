@@ -9,6 +9,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/crc32c.h"
 #include "services/clients/clients.h"
+#include "services/clients/retrier.h"
 #include "services/runtime/grpc_status.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
@@ -45,11 +46,22 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
 }
 
+// `status` as an absl::Status whose message names the call and its target,
+// payloads kept.
+absl::Status Annotate(absl::Status status, absl::string_view what, const std::string& target) {
+  return PrefixMessage(status, absl::StrCat(what, " on ", target));
+}
 absl::Status Annotate(const grpc::Status& status, absl::string_view what,
                       const std::string& target) {
-  absl::Status s = FromGrpcStatus(status);
-  if (s.ok()) return s;
-  return absl::Status(s.code(), absl::StrCat(what, " on ", target, ": ", s.message()));
+  return Annotate(FromGrpcStatus(status), what, target);
+}
+// Same for a finished call made with `context`, with the retry hint
+// (runtime::RetryAfter) of a server that sent one in its trailing metadata:
+// a server that is full (the reward server's sandbox pool) says when to come
+// back, and the retrying clients wait that long.
+absl::Status Annotate(const grpc::Status& status, const grpc::ClientContext& context,
+                      absl::string_view what, const std::string& target) {
+  return Annotate(FromGrpcStatus(status, context.GetServerTrailingMetadata()), what, target);
 }
 
 template <typename Response, typename Call>
@@ -59,7 +71,7 @@ absl::StatusOr<Response> Unary(absl::string_view what, const std::string& target
   SetDeadline(context, timeout);
   Response response;
   grpc::Status status = call(&context, &response);
-  if (!status.ok()) return Annotate(status, what, target);
+  if (!status.ok()) return Annotate(status, context, what, target);
   return response;
 }
 
@@ -122,7 +134,7 @@ class GrpcReplayBufferClient final : public ReplayBufferClient {
     const bool read = wrote && stream->Read(&response);
     stream->WritesDone();
     grpc::Status status = stream->Finish();
-    if (!status.ok()) return Annotate(status, "replay_buffer InsertGroups", target_);
+    if (!status.ok()) return Annotate(status, context, "replay_buffer InsertGroups", target_);
     if (!read) {
       return absl::UnavailableError(
           absl::StrCat("replay_buffer InsertGroups on ", target_, ": stream ended without a reply"));
@@ -281,7 +293,7 @@ class GrpcTrainerClient final : public TrainerClient {
       return absl::UnavailableError(
           absl::StrCat("trainer WatchVersions on ", target_, ": stream ended without a version"));
     }
-    return Annotate(status, "trainer WatchVersions", target_);
+    return Annotate(status, context, "trainer WatchVersions", target_);
   }
 
   absl::StatusOr<FetchedWeights> FetchWeights(const std::string& run_id,
@@ -335,7 +347,7 @@ class GrpcTrainerClient final : public TrainerClient {
       return problem;
     }
     grpc::Status status = reader->Finish();
-    if (!status.ok()) return Annotate(status, "trainer StreamWeights", target_);
+    if (!status.ok()) return Annotate(status, context, "trainer StreamWeights", target_);
     if (!have_manifest) return absl::DataLossError("weight stream ended before its manifest");
     for (int i = 0; i < fetched.manifest.tensors_size(); ++i) {
       const auto& spec = fetched.manifest.tensors(i);
@@ -412,7 +424,7 @@ absl::Status StreamWeightsFrom(Stub& stub, const std::string& target, absl::stri
     return absl::UnavailableError(absl::StrCat(what, " at ", target, " sent nothing for ",
                                                absl::FormatDuration(stall)));
   }
-  if (!status.ok()) return Annotate(status, what, target);
+  if (!status.ok()) return Annotate(status, context, what, target);
   return absl::OkStatus();
 }
 

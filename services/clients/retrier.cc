@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "services/runtime/grpc_status.h"
 
 namespace sluice::clients {
 namespace {
@@ -118,19 +119,26 @@ Retrier::Retrier(std::string service, RetryOptions options)
                                                      : std::make_shared<RetryCancellation>()),
       rng_(options_.seed) {}
 
+double Retrier::Jitter() {
+  if (options_.jitter <= 0) return 0.0;
+  absl::MutexLock lock(&mu_);
+  return std::uniform_real_distribution<double>(0.0, options_.jitter)(rng_);
+}
+
 absl::Duration Retrier::Backoff(int retry) {
   absl::Duration backoff = options_.initial_backoff;
   for (int i = 1; i < retry && backoff < options_.max_backoff; ++i) {
     backoff *= options_.backoff_multiplier;
   }
   backoff = std::min(backoff, options_.max_backoff);
-  if (options_.jitter <= 0) return backoff;
-  double fraction;
-  {
-    absl::MutexLock lock(&mu_);
-    fraction = std::uniform_real_distribution<double>(0.0, options_.jitter)(rng_);
-  }
-  return backoff * (1.0 - fraction);
+  return backoff * (1.0 - Jitter());
+}
+
+absl::Duration Retrier::HintedBackoff(absl::Duration hint) {
+  // Lengthened, not shortened: the server asked for at least `hint`, and
+  // clients it refused together should not all come back at its end.
+  const absl::Duration at_least = std::max(hint, options_.initial_backoff);
+  return at_least * (1.0 + Jitter());
 }
 
 absl::Status Retrier::Run(absl::string_view method, RetryOn on,
@@ -165,24 +173,34 @@ absl::Status Retrier::Run(absl::string_view method, RetryOn on,
   while (true) {
     absl::Status status = attempt();
     ++attempts;
-    if (status.ok() || !IsRetryable(status.code(), on)) return status;
+    if (status.ok()) return status;
+    // The server refused the call unprocessed and said when to come back:
+    // retried whatever `on` says, and not an ambiguous answer.
+    const std::optional<absl::Duration> hint = runtime::RetryAfter(status);
+    if (!hint.has_value() && !IsRetryable(status.code(), on)) return status;
     if (stopped()) return stopped_error(status);
     const absl::Duration failing_for = Now() - start;
     const bool unavailable = status.code() == absl::StatusCode::kUnavailable;
+    const bool ambiguous = !unavailable && !hint.has_value();
     const bool out_of_time = failing_for >= deadline;
-    if (out_of_time || (!unavailable && ambiguous_retries >= options_.max_ambiguous_retries)) {
+    if (out_of_time || (ambiguous && ambiguous_retries >= options_.max_ambiguous_retries)) {
       notify(RetryEvent::Kind::kGaveUp, status, attempts, absl::ZeroDuration(), failing_for);
       absl::Status gave_up = PrefixMessage(
-          status, absl::StrCat(service_, unavailable ? " unreachable" : " failing", " for ",
-                               Format(failing_for), " (", method, ": ", attempts, " attempts, ",
-                               out_of_time ? absl::StrCat("retry deadline ", Format(deadline))
-                                           : absl::StrCat(ambiguous_retries, " retries after ",
-                                                          "answers that may not be transient"),
-                               ")"));
+          runtime::WithoutRetryAfter(status),
+          absl::StrCat(service_,
+                       hint.has_value() ? " busy"
+                       : unavailable    ? " unreachable"
+                                        : " failing",
+                       " for ", Format(failing_for), " (", method, ": ", attempts, " attempts, ",
+                       out_of_time ? absl::StrCat("retry deadline ", Format(deadline))
+                                   : absl::StrCat(ambiguous_retries, " retries after ",
+                                                  "answers that may not be transient"),
+                       ")"));
       return limits.exhausted_is_final ? MarkRetriesExhausted(std::move(gave_up)) : gave_up;
     }
-    if (!unavailable) ++ambiguous_retries;
-    const absl::Duration backoff = std::min(Backoff(attempts), deadline - failing_for);
+    if (ambiguous) ++ambiguous_retries;
+    const absl::Duration backoff = std::min(
+        hint.has_value() ? HintedBackoff(*hint) : Backoff(attempts), deadline - failing_for);
     notify(RetryEvent::Kind::kRetry, status, attempts, backoff, failing_for);
     if (cancellation_->WaitFor(backoff, limits.stop)) return stopped_error(status);
   }

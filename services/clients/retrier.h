@@ -74,7 +74,11 @@ struct RetryOptions {
   absl::Duration initial_backoff = absl::Milliseconds(100);
   absl::Duration max_backoff = absl::Seconds(5);
   double backoff_multiplier = 2.0;
-  // In [0, 1]; 0 = no jitter.
+  // In [0, 1]; 0 = no jitter. After a failure that carries a retry hint
+  // (runtime::RetryAfter: the server was full and said when to come back)
+  // the backoff is instead the hint lengthened by a uniform draw of up to
+  // `jitter` of itself: never shorter than the server asked, and never
+  // shorter than initial_backoff (a hint of 0 must not make a busy loop).
   double jitter = 0.2;
   // Bound on one call's retries, from its first attempt: no retry starts
   // after it. Long enough for a supervisor to restart a service (seconds to a
@@ -83,8 +87,8 @@ struct RetryOptions {
   absl::Duration deadline = absl::Minutes(3);
   // Retries per call after an answer that may mean the server is broken
   // rather than away (DEADLINE_EXCEEDED, ABORTED, INTERNAL, UNKNOWN,
-  // CANCELLED; idempotent calls only). UNAVAILABLE is retried until the
-  // deadline.
+  // CANCELLED; idempotent calls only). UNAVAILABLE, and any failure with a
+  // retry hint, are retried until the deadline and do not count here.
   int max_ambiguous_retries = 4;
   // Seed of the jitter: give each process its own (a hash of the worker id
   // and incarnation) so that clients do not retry in lockstep.
@@ -103,7 +107,14 @@ struct RetryOptions {
   absl::Status Validate() const;
 };
 
-// Which failures of a call are retried.
+// Which failures of a call are retried, by code. Besides these, a failure
+// that carries a retry hint (runtime::RetryAfter, from the server's
+// grpc-retry-pushback-ms trailing metadata; the reward server's
+// RESOURCE_EXHAUSTED when its sandbox pool is full) is retried under either
+// value until the deadline, after waiting for the hint: the server said it
+// did not process the request, and when to come back. Without a hint,
+// RESOURCE_EXHAUSTED is final (other services use it for quotas no retry
+// cures).
 enum class RetryOn {
   // UNAVAILABLE only: the service is down, restarting or unreachable, and
   // the request was most likely not processed (or its answer was lost).
@@ -115,7 +126,8 @@ enum class RetryOn {
   kTransient,
 };
 
-// True when `code` is retried under `on`.
+// True when `code` is retried under `on`. A failure with a retry hint is
+// retried whatever its code (see RetryOn); this answers for the code alone.
 bool IsRetryable(absl::StatusCode code, RetryOn on);
 
 // Limits of one call that differ from the options.
@@ -138,12 +150,13 @@ struct CallLimits {
 // than be retried again. Survives PrefixMessage.
 bool IsRetriesExhausted(const absl::Status& status);
 // `status` (not OK) marked as IsRetriesExhausted.
+absl::Status MarkRetriesExhausted(absl::Status status);
+
 // Appends to `problems` what is wrong with a backoff schedule (RetryOptions,
 // GroupInserterOptions): one line per field.
 void CheckBackoff(absl::Duration initial_backoff, absl::Duration max_backoff,
                   double backoff_multiplier, double jitter, std::vector<std::string>& problems);
 
-absl::Status MarkRetriesExhausted(absl::Status status);
 // `status` with "<prefix>: " before its message, payloads kept.
 absl::Status PrefixMessage(const absl::Status& status, absl::string_view prefix);
 
@@ -155,15 +168,19 @@ class Retrier {
   Retrier(std::string service, RetryOptions options);
 
   // Calls `attempt` until it succeeds, fails with a code not retried under
-  // `on`, the caller stops, or the deadline passes. Blocks for the attempts
-  // and the backoffs: at most about the deadline plus one attempt's own
-  // timeout. Returns:
+  // `on` and without a retry hint, the caller stops, or the deadline passes.
+  // A hinted failure waits for its hint (plus jitter; at most until the
+  // deadline) before the next attempt. Blocks for the attempts and the
+  // backoffs: at most about the deadline plus one attempt's own timeout.
+  // Returns:
   //   - the attempt's result when it succeeds or its error is not retried;
   //   - CANCELLED naming the last error when the cancellation (or
   //     limits.stop) ended the retries;
   //   - the last error, marked IsRetriesExhausted (unless
   //     limits.exhausted_is_final is false) and saying for how long and over
-  //     how many attempts the service failed, when the retries ran out.
+  //     how many attempts the service failed, when the retries ran out; its
+  //     retry hint, if any, is removed (the retries are over: a caller that
+  //     retries too must not take it as an invitation).
   template <typename T>
   absl::StatusOr<T> Call(absl::string_view method, RetryOn on,
                          absl::FunctionRef<absl::StatusOr<T>()> attempt,
@@ -193,6 +210,10 @@ class Retrier {
 
  private:
   absl::Duration Backoff(int retry) ABSL_LOCKS_EXCLUDED(mu_);
+  // The wait a server's retry hint asks for: at least `hint` (and
+  // initial_backoff), plus up to `jitter` of it.
+  absl::Duration HintedBackoff(absl::Duration hint) ABSL_LOCKS_EXCLUDED(mu_);
+  double Jitter() ABSL_LOCKS_EXCLUDED(mu_);
 
   const std::string service_;
   const RetryOptions options_;

@@ -8,6 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "services/runtime/grpc_status.h"
 
 namespace sluice::clients {
 namespace {
@@ -336,6 +337,145 @@ TEST(RetrierTest, TheExhaustedMarkSurvivesAPrefix) {
   EXPECT_EQ(prefixed.message(), "scoring rollouts: down");
   EXPECT_FALSE(IsRetriesExhausted(PrefixMessage(absl::UnavailableError("down"), "x")));
   EXPECT_FALSE(IsRetriesExhausted(MarkRetriesExhausted(absl::OkStatus())));
+}
+
+// ---- retry hints: a server that is full says when to come back -----------
+
+// RESOURCE_EXHAUSTED with a hint of `hint` for the first `failures`
+// attempts, then 42; records when each attempt started.
+struct Busy {
+  absl::Duration hint;
+  int failures;
+  std::vector<absl::Time> started;
+  absl::StatusOr<int> operator()() {
+    started.push_back(absl::Now());
+    if (static_cast<int>(started.size()) <= failures) {
+      return runtime::WithRetryAfter(absl::ResourceExhaustedError("sandbox pool full"), hint);
+    }
+    return 42;
+  }
+};
+
+class HintedTest : public ::testing::TestWithParam<RetryOn> {};
+
+TEST_P(HintedTest, AHintedRefusalIsRetriedAfterAtLeastTheHintUnderAnyRetryOn) {
+  Recorded recorded;
+  RetryOptions options = FastOptions(&recorded);
+  options.jitter = 0.5;
+  options.seed = 7;
+  options.max_ambiguous_retries = 0;  // a hinted refusal is not ambiguous
+  Retrier retrier("reward_server", options);
+  const absl::Duration hint = absl::Milliseconds(30);
+  Busy busy{hint, 2};
+  absl::StatusOr<int> result = retrier.Call<int>("ScoreBatch", GetParam(), [&] { return busy(); });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(*result, 42);
+  ASSERT_EQ(busy.started.size(), 3u);
+  for (size_t i = 1; i < busy.started.size(); ++i) {
+    EXPECT_GE(busy.started[i] - busy.started[i - 1], hint) << i;
+  }
+  absl::MutexLock lock(&recorded.mu);
+  EXPECT_EQ(recorded.kinds, std::vector<RetryEvent::Kind>(2, RetryEvent::Kind::kRetry));
+  ASSERT_EQ(recorded.backoffs.size(), 2u);
+  for (const absl::Duration backoff : recorded.backoffs) {
+    // The hint lengthened by up to `jitter` of it, never shortened; nothing
+    // of the ordinary schedule (1 ms, 2 ms) shows.
+    EXPECT_GE(backoff, hint);
+    EXPECT_LE(backoff, hint * 1.5);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(RetryOn, HintedTest,
+                         ::testing::Values(RetryOn::kUnavailable, RetryOn::kTransient),
+                         [](const ::testing::TestParamInfo<RetryOn>& info) {
+                           return info.param == RetryOn::kUnavailable ? "Unavailable"
+                                                                      : "Transient";
+                         });
+
+TEST(RetrierTest, AHintOfZeroStillWaitsTheInitialBackoff) {
+  Recorded recorded;
+  RetryOptions options = FastOptions(&recorded);
+  options.initial_backoff = absl::Milliseconds(5);
+  Retrier retrier("reward_server", options);
+  Busy busy{absl::ZeroDuration(), 1};
+  ASSERT_TRUE(retrier.Call<int>("ScoreBatch", RetryOn::kTransient, [&] { return busy(); }).ok());
+  absl::MutexLock lock(&recorded.mu);
+  EXPECT_EQ(recorded.backoffs, std::vector<absl::Duration>({absl::Milliseconds(5)}));
+}
+
+// The hint runs past the deadline: the wait is cut at the deadline, one last
+// attempt is made there, and the call gives up as final, without the hint (a
+// caller that retries too must not take it as an invitation).
+TEST(RetrierTest, AHintPastTheDeadlineGivesUpAtTheDeadline) {
+  Recorded recorded;
+  RetryOptions options = FastOptions(&recorded);
+  FakeClock clock;
+  options.clock = [&] { return clock.Now(); };
+  options.deadline = absl::Seconds(10);
+  Retrier retrier("reward_server", options);
+  int attempts = 0;
+  absl::StatusOr<int> result = retrier.Call<int>("ScoreBatch", RetryOn::kTransient, [&] {
+    // The first attempt leaves 50 ms of the deadline.
+    clock.Advance(++attempts == 1 ? absl::Milliseconds(9950) : absl::Seconds(1));
+    return absl::StatusOr<int>(runtime::WithRetryAfter(
+        absl::ResourceExhaustedError("sandbox pool full; retry after 5000 ms"),
+        absl::Seconds(5)));
+  });
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(IsRetriesExhausted(result.status()));
+  EXPECT_EQ(runtime::RetryAfter(result.status()), std::nullopt);
+  EXPECT_THAT(std::string(result.status().message()),
+              HasSubstr("reward_server busy for 10.95s (ScoreBatch: 2 attempts, retry deadline "
+                        "10s): sandbox pool full"));
+  EXPECT_EQ(attempts, 2);
+  absl::MutexLock lock(&recorded.mu);
+  EXPECT_EQ(recorded.kinds,
+            std::vector<RetryEvent::Kind>({RetryEvent::Kind::kRetry, RetryEvent::Kind::kGaveUp}));
+  EXPECT_EQ(recorded.backoffs[0], absl::Milliseconds(50));
+}
+
+TEST(RetrierTest, ResourceExhaustedWithoutAHintIsReturnedAtOnce) {
+  for (const RetryOn on : {RetryOn::kUnavailable, RetryOn::kTransient}) {
+    Recorded recorded;
+    Retrier retrier("replay_buffer", FastOptions(&recorded));
+    int attempts = 0;
+    absl::StatusOr<int> result = retrier.Call<int>("GetStats", on, [&] {
+      ++attempts;
+      return absl::StatusOr<int>(absl::ResourceExhaustedError("quota"));
+    });
+    EXPECT_EQ(result.status(), absl::ResourceExhaustedError("quota"));
+    EXPECT_EQ(attempts, 1);
+    absl::MutexLock lock(&recorded.mu);
+    EXPECT_TRUE(recorded.kinds.empty());
+  }
+}
+
+// The ambiguous answers after a hinted refusal still have their own limit.
+TEST(RetrierTest, HintedRefusalsDoNotUseUpTheAmbiguousRetries) {
+  Recorded recorded;
+  RetryOptions options = FastOptions(&recorded);
+  options.max_ambiguous_retries = 1;
+  Retrier retrier("reward_server", options);
+  int attempts = 0;
+  absl::StatusOr<int> result = retrier.Call<int>("ScoreBatch", RetryOn::kTransient, [&] {
+    ++attempts;
+    if (attempts <= 3) {
+      return absl::StatusOr<int>(
+          runtime::WithRetryAfter(absl::ResourceExhaustedError("full"), absl::Milliseconds(1)));
+    }
+    return absl::StatusOr<int>(absl::InternalError("broken"));
+  });
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(IsRetriesExhausted(result.status()));
+  EXPECT_EQ(attempts, 5);  // 3 hinted, 1 ambiguous retried, 1 given up
+}
+
+TEST(RetrierTest, TheRetryHintSurvivesAPrefix) {
+  const absl::Status hinted =
+      runtime::WithRetryAfter(absl::ResourceExhaustedError("full"), absl::Milliseconds(150));
+  const absl::Status prefixed = PrefixMessage(hinted, "reward_server ScoreBatch on host:1");
+  EXPECT_EQ(runtime::RetryAfter(prefixed), absl::Milliseconds(150));
+  EXPECT_EQ(prefixed.message(), "reward_server ScoreBatch on host:1: full");
 }
 
 }  // namespace

@@ -20,7 +20,10 @@
 //
 //   service        method                  retries on   why
 //   -------------  ----------------------  -----------  ---------------------------
-//   reward_server  ScoreBatch              transient    pure: scoring twice is harmless
+//   reward_server  ScoreBatch              transient,   pure: scoring twice is harmless;
+//                                          and hinted   RESOURCE_EXHAUSTED with a retry
+//                                                       hint when its sandbox pool is
+//                                                       full (see below)
 //   replay_buffer  AcquireGenerationSlots  UNAVAILABLE  not idempotent, but a slot
 //                                                       lease granted to a lost answer
 //                                                       only leaks until it expires
@@ -65,7 +68,20 @@
 // "transient": UNAVAILABLE until the deadline, and DEADLINE_EXCEEDED, ABORTED,
 // INTERNAL, UNKNOWN, CANCELLED up to RetryOptions::max_ambiguous_retries
 // (RetryOn::kTransient). Every other code (INVALID_ARGUMENT, NOT_FOUND,
-// FAILED_PRECONDITION, RESOURCE_EXHAUSTED, ...) returns at once.
+// FAILED_PRECONDITION, RESOURCE_EXHAUSTED, ...) returns at once, unless it
+// carries a retry hint.
+//
+// "hinted", for every method retried here whatever its column says (so all
+// but InsertGroups; within its own timeout for WaitForVersionAfter): a
+// failure that carries a retry hint (the server's grpc-retry-pushback-ms
+// trailing metadata, read by the gRPC clients into runtime::RetryAfter) is
+// retried until the deadline, after waiting at least the hint (plus up to
+// RetryOptions::jitter of it, at most until the deadline), and does not
+// count against max_ambiguous_retries. A server sends one only with a refusal of a
+// call it did not process (the reward server's RESOURCE_EXHAUSTED when its
+// code-sandbox pool is full: backpressure), so repeating the call is safe even
+// where it must not run twice; without a hint RESOURCE_EXHAUSTED stays final
+// (other services use it for quotas no retry cures).
 //
 // At worst, then, when a connection is cut after the server processed a call
 // but before its answer arrived: a slot lease or a prompt lease granted to the

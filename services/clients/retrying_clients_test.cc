@@ -6,8 +6,10 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -20,6 +22,8 @@
 #include "reward_server/reward_server_service.h"
 #include "reward_server/scorer.h"
 #include "services/clients/retry_metrics.h"
+#include "services/runtime/grpc_status.h"
+#include "sluice/v1/reward_server.grpc.pb.h"
 
 namespace sluice::clients {
 namespace {
@@ -438,6 +442,143 @@ TEST(RetryingClientsTest, ScoreBatchRidesOutARewardServerRestartAtTheSameAddress
   ASSERT_EQ(scored->results_size(), 2);
   EXPECT_EQ(scored->results(0).result().reward(), 1.0);
   EXPECT_EQ(scored->results(1).result().reward(), 0.0);
+}
+
+// ---- backpressure: a reward server whose sandbox pool is full ---------------
+
+// Refuses the first `refusals` ScoreBatch calls as the reward server does
+// when its code-sandbox pool is full: RESOURCE_EXHAUSTED, with the
+// grpc-retry-pushback-ms trailing metadata when `pushback_ms` is set; then
+// scores every item 1. Served on loopback by the real gRPC server.
+class BusyRewardServer {
+ public:
+  BusyRewardServer(int refusals, std::optional<std::string> pushback_ms)
+      : service_(refusals, std::move(pushback_ms)) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    EXPECT_NE(server_, nullptr);
+  }
+  ~BusyRewardServer() { server_->Shutdown(); }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  // When each ScoreBatch call arrived.
+  std::vector<absl::Time> calls() const { return service_.calls(); }
+
+ private:
+  class Service final : public v1::RewardService::Service {
+   public:
+    Service(int refusals, std::optional<std::string> pushback_ms)
+        : refusals_(refusals), pushback_ms_(std::move(pushback_ms)) {}
+
+    grpc::Status ScoreBatch(grpc::ServerContext* context, const v1::ScoreBatchRequest* request,
+                            v1::ScoreBatchResponse* response) override {
+      absl::MutexLock lock(&mu_);
+      calls_.push_back(absl::Now());
+      if (static_cast<int>(calls_.size()) <= refusals_) {
+        if (pushback_ms_.has_value()) {
+          context->AddTrailingMetadata(std::string(runtime::kRetryPushbackMetadataKey),
+                                       *pushback_ms_);
+        }
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("code sandbox pool full; retry after ",
+                                         pushback_ms_.value_or("?"), " ms"));
+      }
+      for (const v1::ScoreItem& item : request->items()) {
+        v1::ScoreResult* result = response->add_results();
+        result->set_item_id(item.item_id());
+        result->mutable_result()->set_reward(1.0);
+      }
+      return grpc::Status::OK;
+    }
+
+    std::vector<absl::Time> calls() const {
+      absl::MutexLock lock(&mu_);
+      return calls_;
+    }
+
+   private:
+    const int refusals_;
+    const std::optional<std::string> pushback_ms_;
+    mutable absl::Mutex mu_;
+    std::vector<absl::Time> calls_ ABSL_GUARDED_BY(mu_);
+  };
+
+  Service service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+struct RecordedBackoffs {
+  absl::Mutex mu;
+  std::vector<absl::Duration> retries ABSL_GUARDED_BY(mu);
+  int gave_up ABSL_GUARDED_BY(mu) = 0;
+};
+
+RetryOptions RecordingOptions(RecordedBackoffs& recorded) {
+  RetryOptions options;
+  options.initial_backoff = absl::Milliseconds(10);
+  options.max_backoff = absl::Milliseconds(50);
+  options.deadline = absl::Seconds(30);
+  options.observer = [&recorded](const RetryEvent& event) {
+    absl::MutexLock lock(&recorded.mu);
+    if (event.kind == RetryEvent::Kind::kRetry) {
+      recorded.retries.push_back(event.backoff);
+    } else {
+      ++recorded.gave_up;
+    }
+  };
+  return options;
+}
+
+// The hint crosses the wire: the gRPC client reads grpc-retry-pushback-ms
+// from the trailing metadata, and the retrying client comes back no sooner
+// than told (its own schedule would have come back after 10 ms).
+TEST(RetryingClientsTest, ScoreBatchComesBackWhenAFullRewardServerSays) {
+  BusyRewardServer server(1, "150");
+  RecordedBackoffs recorded;
+  RetryingRewardClient reward(NewGrpcRewardClient(server.address()), RecordingOptions(recorded));
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::ScoreBatchResponse> scored = reward.ScoreBatch(TwoItems(), absl::Seconds(10));
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_TRUE(scored.ok()) << scored.status();
+  EXPECT_EQ(scored->results_size(), 2);
+  const std::vector<absl::Time> calls = server.calls();
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_GE(calls[1] - calls[0], absl::Milliseconds(150));
+  EXPECT_GE(took, absl::Milliseconds(150));
+  absl::MutexLock lock(&recorded.mu);
+  ASSERT_EQ(recorded.retries.size(), 1u);
+  EXPECT_GE(recorded.retries[0], absl::Milliseconds(150));
+  EXPECT_EQ(recorded.gave_up, 0);
+}
+
+// Without the hint RESOURCE_EXHAUSTED is a quota no retry cures: returned at
+// once, naming the call.
+TEST(RetryingClientsTest, ResourceExhaustedWithoutAPushbackIsFinal) {
+  BusyRewardServer server(1, std::nullopt);
+  RecordedBackoffs recorded;
+  RetryingRewardClient reward(NewGrpcRewardClient(server.address()), RecordingOptions(recorded));
+  absl::StatusOr<v1::ScoreBatchResponse> scored = reward.ScoreBatch(TwoItems(), absl::Seconds(10));
+  EXPECT_EQ(scored.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(scored.status().message()),
+              HasSubstr("reward_server ScoreBatch on " + server.address()));
+  EXPECT_EQ(runtime::RetryAfter(scored.status()), std::nullopt);
+  EXPECT_EQ(server.calls().size(), 1u);
+  absl::MutexLock lock(&recorded.mu);
+  EXPECT_TRUE(recorded.retries.empty());
+}
+
+// The plain gRPC client hands the hint to whoever retries (and keeps the
+// server's words after its own prefix).
+TEST(RetryingClientsTest, TheGrpcRewardClientAttachesThePushbackToItsError) {
+  BusyRewardServer server(1, "150");
+  std::unique_ptr<RewardClient> reward = NewGrpcRewardClient(server.address());
+  absl::StatusOr<v1::ScoreBatchResponse> scored = reward->ScoreBatch(TwoItems(), absl::Seconds(10));
+  EXPECT_EQ(scored.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(runtime::RetryAfter(scored.status()), absl::Milliseconds(150));
+  EXPECT_THAT(std::string(scored.status().message()), HasSubstr("retry after 150 ms"));
 }
 
 }  // namespace

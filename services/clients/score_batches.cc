@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "services/clients/retrier.h"
 
 namespace sluice::clients {
 
@@ -49,9 +50,10 @@ absl::StatusOr<v1::ScoreBatchResponse> ScoreInBatches(RewardClient& reward,
     for (int i = begin; i < end; ++i) *batch.add_items() = request.items(i);
     absl::StatusOr<v1::ScoreBatchResponse> scored = score(batch);
     if (!scored.ok()) {
-      return absl::Status(scored.status().code(),
-                          absl::StrCat("items [", begin, ", ", end, ") of ", total, ": ",
-                                       scored.status().message()));
+      // Payloads kept: the caller tells a final give-up (IsRetriesExhausted)
+      // from a failure of one batch by them.
+      return PrefixMessage(scored.status(),
+                           absl::StrCat("items [", begin, ", ", end, ") of ", total));
     }
     if (scored->results_size() != end - begin) {
       return absl::InternalError(absl::StrCat("reward server returned ", scored->results_size(),

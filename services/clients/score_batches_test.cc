@@ -13,6 +13,7 @@
 #include "reward_server/builtin_verifiers.h"
 #include "reward_server/reward_server_service.h"
 #include "reward_server/scorer.h"
+#include "services/clients/retrier.h"
 
 namespace sluice::clients {
 namespace {
@@ -20,7 +21,7 @@ namespace {
 using ::testing::HasSubstr;
 
 // Answers like the reward server (INVALID_ARGUMENT past `limit` items),
-// failing the calls listed in `fail_calls` with UNAVAILABLE.
+// failing the calls listed in `fail_calls` with `failure`.
 class FakeReward : public RewardClient {
  public:
   explicit FakeReward(int limit) : limit_(limit) {}
@@ -36,7 +37,7 @@ class FakeReward : public RewardClient {
                                                      request.items_size(), "; split the batch"));
     }
     for (int failing : fail_calls) {
-      if (failing == call) return absl::UnavailableError("reward server restarting");
+      if (failing == call) return failure;
     }
     v1::ScoreBatchResponse response;
     for (const v1::ScoreItem& item : request.items()) {
@@ -51,6 +52,7 @@ class FakeReward : public RewardClient {
   std::vector<int> batch_sizes ABSL_GUARDED_BY(mu);
   std::vector<int> compositions ABSL_GUARDED_BY(mu);
   std::vector<int> fail_calls ABSL_GUARDED_BY(mu);
+  absl::Status failure ABSL_GUARDED_BY(mu) = absl::UnavailableError("reward server restarting");
 
  private:
   const int limit_;
@@ -124,6 +126,23 @@ TEST(ScoreInBatchesTest, AFailedBatchIsRepeatedThenNamedInTheError) {
   scored = ScoreInBatches(reward, Items(10), options);
   EXPECT_EQ(scored.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(std::string(scored.status().message()), HasSubstr("items [4, 8) of 10"));
+}
+
+// A rollout worker ends its run on a give-up of the retrying client
+// (IsRetriesExhausted) but not on an ordinary failure: naming the batch must
+// not drop the mark.
+TEST(ScoreInBatchesTest, AFailedLaterBatchKeepsTheRetriesExhaustedMark) {
+  FakeReward reward(4);
+  {
+    absl::MutexLock lock(&reward.mu);
+    reward.fail_calls = {1};
+    reward.failure = MarkRetriesExhausted(absl::UnavailableError("reward_server unreachable"));
+  }
+  absl::StatusOr<v1::ScoreBatchResponse> scored =
+      ScoreInBatches(reward, Items(10), {.max_items = 4});
+  EXPECT_EQ(scored.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(IsRetriesExhausted(scored.status()));
+  EXPECT_EQ(scored.status().message(), "items [4, 8) of 10: reward_server unreachable");
 }
 
 TEST(ScoreInBatchesTest, AStopIsSeenBetweenBatches) {

@@ -3,11 +3,13 @@
 #include <ginac/ginac.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <complex>
 #include <cstdint>
 #include <optional>
 #include <set>
+#include <unordered_map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -60,7 +62,16 @@ class BoundedEvaluation : public GiNaC::map_function {
     GiNaC::ex result;
     if (GiNaC::is_exactly_a<GiNaC::power>(e)) {
       const GiNaC::ex base = (*this)(e.op(0));
-      const GiNaC::ex exponent = (*this)(e.op(1));
+      // A rational exponent stays exact (x^{-1} of every quotient, x^2,
+      // \sqrt{x}): CLN then multiplies or takes a square root, where a float
+      // exponent made it exp(y log x) at every power, which was a fifth of
+      // all comparison time. The value differs in the last bits of CLN's
+      // precision only. A zero base keeps the float exponent, as before.
+      const bool exact_exponent =
+          GiNaC::is_exactly_a<GiNaC::numeric>(e.op(1)) &&
+          GiNaC::ex_to<GiNaC::numeric>(e.op(1)).is_rational() &&
+          !(GiNaC::is_exactly_a<GiNaC::numeric>(base) && base.is_zero());
+      const GiNaC::ex exponent = exact_exponent ? e.op(1) : (*this)(e.op(1));
       if (GiNaC::is_exactly_a<GiNaC::numeric>(base) &&
           GiNaC::is_exactly_a<GiNaC::numeric>(exponent)) {
         const double p = GiNaC::abs(GiNaC::ex_to<GiNaC::numeric>(exponent)).to_double();
@@ -99,9 +110,7 @@ uint64_t Mix(uint64_t x) {
 class Comparer {
  public:
   Comparer(const MathCompareOptions& options, const SymbolTable& symbols)
-      : options_(options) {
-    for (const auto& [name, symbol] : symbols) symbols_.push_back({name, symbol});
-  }
+      : options_(options), symbols_(symbols) {}
 
   bool Equal(const Value& g, const Value& p, int depth = 0) {
     if (depth > 64) return false;
@@ -281,13 +290,25 @@ class Comparer {
 
   // `x` at evaluation point `k` (every symbol a pseudo-random value in
   // [0.3, 2.3], fixed by its name and k); nullopt when not a finite number.
+  // Memoised per expression: matching sets and lists (Distinct, Unordered)
+  // evaluates each item against every other, and each evaluation is a walk
+  // with CLN arithmetic at every node.
   std::optional<std::complex<double>> Evaluate(const GiNaC::ex& x, int k) {
+    std::array<std::optional<std::optional<std::complex<double>>>, kEvaluationPoints>& memo =
+        evaluations_[x];
+    if (!memo[k]) memo[k] = EvaluateUncached(x, k);
+    return *memo[k];
+  }
+
+  std::optional<std::complex<double>> EvaluateUncached(const GiNaC::ex& x, int k) {
     try {
-      GiNaC::exmap values;
-      for (const auto& [name, symbol] : symbols_) {
-        uint64_t h = Mix(std::hash<std::string>()(name) ^ Mix(static_cast<uint64_t>(k) + 17));
-        const double v = 0.3 + 2.0 * static_cast<double>(h >> 11) / 9007199254740992.0;
-        values[symbol] = GiNaC::numeric(v);
+      GiNaC::exmap& values = points_[k];
+      if (values.empty()) {
+        for (const auto& [name, symbol] : symbols_) {
+          uint64_t h = Mix(std::hash<std::string>()(name) ^ Mix(static_cast<uint64_t>(k) + 17));
+          const double v = 0.3 + 2.0 * static_cast<double>(h >> 11) / 9007199254740992.0;
+          values[symbol] = GiNaC::numeric(v);
+        }
       }
       BoundedEvaluation evaluate(values);
       const GiNaC::ex value = evaluate(x);
@@ -380,7 +401,14 @@ class Comparer {
   }
 
   const MathCompareOptions& options_;
-  std::vector<std::pair<std::string, GiNaC::symbol>> symbols_;
+  const SymbolTable& symbols_;
+  // Every symbol's value at each evaluation point, made on first use.
+  std::array<GiNaC::exmap, kEvaluationPoints> points_;
+  std::unordered_map<
+      GiNaC::ex,
+      std::array<std::optional<std::optional<std::complex<double>>>, kEvaluationPoints>,
+      std::hash<GiNaC::ex>, GiNaC::ex_is_equal>
+      evaluations_;
 };
 
 // Whether both answers carry units (LatexExpr::units) and not the same ones.

@@ -139,9 +139,15 @@ bool ShortConnective(absl::string_view gap) {
 size_t RFindIgnoreCase(absl::string_view s, absl::string_view needle, size_t before,
                        size_t from) {
   if (before > s.size()) before = s.size();
-  if (needle.size() > before) return absl::string_view::npos;
+  if (needle.empty() || needle.size() > before) return absl::string_view::npos;
+  // Rejecting on the first byte inline: a call to EqualsIgnoreCase at every
+  // offset of every candidate's window was a tenth of all comparison time.
+  const char first = absl::ascii_tolower(static_cast<unsigned char>(needle[0]));
   for (size_t i = before - needle.size() + 1; i-- > from;) {
-    if (absl::EqualsIgnoreCase(s.substr(i, needle.size()), needle)) return i;
+    if (absl::ascii_tolower(static_cast<unsigned char>(s[i])) == first &&
+        absl::EqualsIgnoreCase(s.substr(i, needle.size()), needle)) {
+      return i;
+    }
   }
   return absl::string_view::npos;
 }
@@ -267,13 +273,18 @@ std::vector<ExprMatch> FindExprs(absl::string_view s) {
   constexpr absl::string_view kCurrency = "$\xE2\x82\xAC\xC2\xA3\xC2\xA5";  // $ € £ ¥
   std::optional<ExprRun> run;
   while (i < s.size()) {
+    // `starts` first: it is false at most bytes and cheaper than `anchored`.
+    const bool starts = IsDigit(s[i]) || (s[i] == '-' && i + 1 < s.size() && IsDigit(s[i + 1])) ||
+                        (s[i] == '.' && i + 1 < s.size() && IsDigit(s[i + 1])) || s[i] == '(';
+    if (!starts) {
+      ++i;
+      continue;
+    }
     const bool anchored =
         i == 0 || IsSpace(s[i - 1]) || s[i - 1] == '=' || s[i - 1] == '*' ||
         (kCurrency.find(s[i - 1]) != absl::string_view::npos &&
          (i < 2 || IsSpace(s[i - 2]) || s[i - 2] == '=' || static_cast<unsigned char>(s[i - 2]) >= 0x80));
-    const bool starts = IsDigit(s[i]) || (s[i] == '-' && i + 1 < s.size() && IsDigit(s[i + 1])) ||
-                        (s[i] == '.' && i + 1 < s.size() && IsDigit(s[i + 1])) || s[i] == '(';
-    if (!anchored || !starts || (i > 0 && IsDigit(s[i - 1]))) {
+    if (!anchored || (i > 0 && IsDigit(s[i - 1]))) {
       ++i;
       continue;
     }

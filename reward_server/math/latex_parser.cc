@@ -119,18 +119,32 @@ class Parser {
     return s_.substr(start, end - start);
   }
 
+  // Skips spaces, "$", spacing commands (\quad, \,), \left/\right and the
+  // like. The grammar calls it before every alternative it tries, often
+  // several times at one position; a position known to have nothing to skip
+  // returns at once (the checks of spacing commands were a fifth of parsing).
   void SkipSpace() {
+    if (pos_ == settled_pos_ && matrix_depth_ == settled_matrix_depth_) return;
+    if (SkipSpaceUncached()) {
+      settled_pos_ = pos_;
+      settled_matrix_depth_ = matrix_depth_;
+    }
+  }
+
+  // True when it stopped where nothing is to skip (a pure function of the
+  // text, the position and matrix_depth_); false after a malformed \hspace.
+  bool SkipSpaceUncached() {
     while (pos_ < s_.size()) {
       const unsigned char c = static_cast<unsigned char>(s_[pos_]);
       if (absl::ascii_isspace(c) || c == '$' || c == '~') {
         ++pos_;
         continue;
       }
-      if (At("\xC2\xA0")) {  // No-break space.
+      if (c == 0xC2 && At("\xC2\xA0")) {  // No-break space.
         pos_ += 2;
         continue;
       }
-      if (c != '\\') return;
+      if (c != '\\') return true;
       const char next = Peek(1);
       if (next == '$') NoteUnit("dollar");
       if (next == ',' || next == ';' || next == ':' || next == '!' || next == ' ' || next == '$' ||
@@ -144,7 +158,7 @@ class Parser {
       }
       size_t length = 0;
       const absl::string_view name = CommandAt(pos_, &length);
-      if (name.empty()) return;
+      if (name.empty()) return true;
       if (absl::StartsWith(name, "qquad")) {
         pos_ += length - (name.size() - 5);
         continue;
@@ -163,11 +177,12 @@ class Parser {
       if (OneOf(name, {"hspace", "vspace", "phantom", "hphantom", "vphantom"})) {
         pos_ += length;
         std::string ignored;
-        if (!ReadRawBraces(&ignored)) return;
+        if (!ReadRawBraces(&ignored)) return false;
         continue;
       }
-      return;
+      return true;
     }
+    return true;
   }
 
   // At `{`: the raw text up to the matching `}` (escaped braces skipped).
@@ -995,6 +1010,9 @@ class Parser {
   int depth_ = 0;
   int abs_depth_ = 0;
   int matrix_depth_ = 0;
+  // Where SkipSpace last found nothing to skip, at which matrix depth.
+  size_t settled_pos_ = absl::string_view::npos;
+  int settled_matrix_depth_ = -1;
   absl::Status status_;
   LatexExpr out_;
 };

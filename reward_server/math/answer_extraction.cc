@@ -1,6 +1,7 @@
 #include "reward_server/math/answer_extraction.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -524,13 +525,23 @@ std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
       add(std::move(match.text), match.percent, 300, match.start, match.end, false);
     }
   }
-  std::stable_sort(out.begin(), out.end(), [](const RankedCandidate& a, const RankedCandidate& b) {
+  // Sorts indices, then moves each candidate once: sorting the candidates
+  // themselves moved their strings through the merge buffer at every pass.
+  std::vector<uint32_t> order(out.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<uint32_t>(k);
+  std::stable_sort(order.begin(), order.end(), [&out](uint32_t x, uint32_t y) {
+    const RankedCandidate& a = out[x];
+    const RankedCandidate& b = out[y];
     if (a.candidate.priority != b.candidate.priority) {
       return a.candidate.priority < b.candidate.priority;
     }
     if (a.candidate.end != b.candidate.end) return a.candidate.end > b.candidate.end;
     return a.start < b.start;
   });
+  std::vector<RankedCandidate> sorted;
+  sorted.reserve(out.size() + 1);
+  for (const uint32_t k : order) sorted.push_back(std::move(out[k]));
+  out = std::move(sorted);
   // Last resort: the whole text when it looks like a bare expression (no
   // prose: no run of three letters outside a command).
   absl::string_view whole = absl::StripAsciiWhitespace(s);

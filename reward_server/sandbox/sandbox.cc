@@ -29,67 +29,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "reward_server/sandbox/sandbox_internal.h"
 #include "reward_server/sandbox/seccomp_filter.h"
 
 namespace sluice::reward_server::sandbox {
+namespace internal {
 namespace {
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
 #endif
 
-// Descriptors of bwrap (and, for 0-4, of the program).
-constexpr int kStdinFd = 0;
-constexpr int kStdoutFd = 1;
-constexpr int kStderrFd = 2;
-constexpr int kSeccompFd = 5;
-constexpr int kStatusFd = 6;  // bwrap --json-status-fd: reports the pid ns init.
-constexpr int kFirstFileFd = 7;
-constexpr int kMaxFiles = 16;
-constexpr int kMaxChildFds = kFirstFileFd + kMaxFiles;
+}  // namespace
 
-constexpr size_t kResultBytesKept = 4096;
-constexpr size_t kStatusBytesKept = 4096;
-constexpr size_t kReadChunk = 64 << 10;
-// After the program exits, how long its pipes may stay open (only a process
-// outside the pid namespace could hold them: none should).
-constexpr absl::Duration kDrainGrace = absl::Seconds(2);
-// How long the pid namespace may take to empty once its init is killed.
-constexpr absl::Duration kNamespaceExitGrace = absl::Seconds(5);
-
-// An owned file descriptor.
-class UniqueFd {
- public:
-  UniqueFd() = default;
-  explicit UniqueFd(int fd) : fd_(fd) {}
-  UniqueFd(UniqueFd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  UniqueFd& operator=(UniqueFd&& other) noexcept {
-    if (this != &other) {
-      Reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  ~UniqueFd() { Reset(); }
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void Reset() {
-    if (fd_ >= 0) close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
-
-absl::Status ErrnoError(absl::string_view what, int error = errno) {
+absl::Status ErrnoError(absl::string_view what, int error) {
   return absl::InternalError(absl::StrCat(what, ": ", strerror(error)));
 }
-
-struct Pipe {
-  UniqueFd read;
-  UniqueFd write;
-};
 
 absl::StatusOr<Pipe> MakePipe() {
   int fds[2];
@@ -109,8 +64,6 @@ absl::Status WriteAll(int fd, absl::string_view data) {
   return absl::OkStatus();
 }
 
-// A sealed-size anonymous file holding `contents`, positioned at its start,
-// for bwrap to read (--seccomp, --ro-bind-data).
 absl::StatusOr<UniqueFd> MakeMemfd(const char* name, absl::string_view contents) {
   UniqueFd fd(memfd_create(name, MFD_CLOEXEC));
   if (!fd.valid()) return ErrnoError("memfd_create");
@@ -129,6 +82,8 @@ int PidfdOpen(pid_t pid) { return static_cast<int>(syscall(SYS_pidfd_open, pid, 
 int PidfdSendSignal(int pidfd, int sig) {
   return static_cast<int>(syscall(SYS_pidfd_send_signal, pidfd, sig, nullptr, 0));
 }
+
+namespace {
 
 // The uids handed to concurrent runs when the server is root. Exclusive
 // within the process (a set) and across processes (an flock per uid in
@@ -194,31 +149,23 @@ class UidPool {
   bool lock_dir_ready_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-// A uid of the pool, held until destruction.
-class UidLease {
- public:
-  static absl::StatusOr<std::unique_ptr<UidLease>> Acquire(const SandboxOptions& options) {
-    auto lease = std::unique_ptr<UidLease>(new UidLease());
-    absl::StatusOr<uint32_t> uid = UidPool::Get().Acquire(
-        options.uid_base, options.uid_count, options.uid_lock_dir, &lease->lock_);
-    if (!uid.ok()) return uid.status();
-    lease->uid_ = *uid;
-    lease->held_ = true;
-    return lease;
-  }
-  ~UidLease() {
-    if (held_) UidPool::Get().Release(uid_);
-  }
-  UidLease(const UidLease&) = delete;
-  UidLease& operator=(const UidLease&) = delete;
-  uint32_t uid() const { return uid_; }
+}  // namespace
 
- private:
-  UidLease() = default;
-  uint32_t uid_ = 0;
-  bool held_ = false;
-  UniqueFd lock_;  // Closed after Release: the flock outlives the set entry.
-};
+absl::StatusOr<std::unique_ptr<UidLease>> UidLease::Acquire(const SandboxOptions& options) {
+  auto lease = std::unique_ptr<UidLease>(new UidLease());
+  absl::StatusOr<uint32_t> uid = UidPool::Get().Acquire(options.uid_base, options.uid_count,
+                                                        options.uid_lock_dir, &lease->lock_);
+  if (!uid.ok()) return uid.status();
+  lease->uid_ = *uid;
+  lease->held_ = true;
+  return lease;
+}
+
+UidLease::~UidLease() {
+  if (held_) UidPool::Get().Release(uid_);
+}
+
+namespace {
 
 // Everything the forked child needs, prepared before fork: between fork and
 // exec only async-signal-safe calls are allowed (the server is
@@ -319,44 +266,34 @@ std::vector<char*> CStrings(std::vector<std::string>& strings) {
   return pointers;
 }
 
-// Output of one pipe, drained as it comes.
-struct Stream {
-  int fd = -1;
-  bool open = false;
-  bool keep_tail = false;  // Keep the last `kept_limit` bytes, else the first.
-  size_t kept_limit = 0;
-  std::string kept;
-  uint64_t total = 0;
+}  // namespace
 
-  // Reads what is available. Returns the bytes read; closes at EOF/error.
-  size_t ReadSome(char* buffer) {
-    const ssize_t n = read(fd, buffer, kReadChunk);
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) return 0;
-      open = false;
-      return 0;
-    }
-    if (n == 0) {
-      open = false;
-      return 0;
-    }
-    total += n;
-    if (keep_tail) {
-      kept.append(buffer, n);
-      // Trim in amortised O(1): only when twice the limit.
-      if (kept.size() > 2 * kept_limit) kept.erase(0, kept.size() - kept_limit);
-    } else if (kept.size() < kept_limit) {
-      kept.append(buffer, std::min<size_t>(n, kept_limit - kept.size()));
-    }
-    return static_cast<size_t>(n);
+size_t Stream::ReadSome(char* buffer) {
+  const ssize_t n = read(fd, buffer, kReadChunk);
+  if (n < 0) {
+    if (errno == EAGAIN || errno == EINTR) return 0;
+    open = false;
+    return 0;
   }
-
-  void Finish() {
-    if (keep_tail && kept.size() > kept_limit) kept.erase(0, kept.size() - kept_limit);
+  if (n == 0) {
+    open = false;
+    return 0;
   }
-};
+  total += n;
+  if (keep_tail) {
+    kept.append(buffer, n);
+    // Trim in amortised O(1): only when twice the limit.
+    if (kept.size() > 2 * kept_limit) kept.erase(0, kept.size() - kept_limit);
+  } else if (kept.size() < kept_limit) {
+    kept.append(buffer, std::min<size_t>(n, kept_limit - kept.size()));
+  }
+  return static_cast<size_t>(n);
+}
 
-// "child-pid": N from bwrap's first JSON status document.
+void Stream::Finish() {
+  if (keep_tail && kept.size() > kept_limit) kept.erase(0, kept.size() - kept_limit);
+}
+
 std::optional<pid_t> ParseChildPid(const std::string& status) {
   constexpr char kKey[] = "\"child-pid\":";
   const size_t at = status.find(kKey);
@@ -381,7 +318,6 @@ int PollTimeoutMs(absl::Time deadline) {
   return static_cast<int>(std::min<int64_t>(ms, INT_MAX));
 }
 
-// Blocks until `pidfd`'s process has exited or `deadline` passes.
 bool WaitPidfd(int pidfd, absl::Time deadline) {
   while (true) {
     struct pollfd p = {pidfd, POLLIN, 0};
@@ -427,7 +363,137 @@ absl::Status ValidPath(absl::string_view field, absl::string_view path) {
   return absl::OkStatus();
 }
 
-}  // namespace
+int64_t RunCpuSeconds(const SandboxOptions& options, absl::Time deadline, absl::Time start) {
+  int64_t cpu_seconds = absl::ToInt64Seconds(absl::Ceil(options.cpu_time, absl::Seconds(1)));
+  if (deadline != absl::InfiniteFuture()) {
+    const int64_t wall = absl::ToInt64Seconds(absl::Ceil(deadline - start, absl::Seconds(1))) + 1;
+    cpu_seconds = std::max<int64_t>(1, std::min(cpu_seconds, wall));
+  }
+  return cpu_seconds;
+}
+
+std::vector<std::pair<int, struct rlimit>> ProgramLimits(const SandboxOptions& options) {
+  return {
+      {RLIMIT_AS, {options.address_space_bytes, options.address_space_bytes}},
+      {RLIMIT_FSIZE, {options.max_file_bytes, options.max_file_bytes}},
+      {RLIMIT_NOFILE, {static_cast<rlim_t>(options.max_open_files),
+                       static_cast<rlim_t>(options.max_open_files)}},
+      {RLIMIT_CORE, {0, 0}},
+  };
+}
+
+std::vector<std::string> BwrapSandboxArgs(const SandboxOptions& options) {
+  std::vector<std::string> args = {
+      options.bwrap_path,
+      "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+      "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
+      "--hostname", "sandbox",
+  };
+  for (const std::string& path : options.read_only_paths) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) continue;
+    if (S_ISLNK(st.st_mode)) {
+      char target[PATH_MAX];
+      const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
+      if (n <= 0) continue;
+      args.insert(args.end(), {"--symlink", std::string(target, n), path});
+    } else {
+      args.insert(args.end(), {"--ro-bind", path, path});
+    }
+  }
+  const std::string tmpfs_size = absl::StrCat(options.tmpfs_bytes);
+  args.insert(args.end(), {"--proc", "/proc", "--dev", "/dev",
+                           "--size", tmpfs_size, "--tmpfs", "/tmp",
+                           "--size", tmpfs_size, "--tmpfs", "/dev/shm",
+                           "--remount-ro", "/dev"});
+  return args;
+}
+
+std::vector<std::pair<std::string, std::string>> SandboxEnv(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::pair<std::string, std::string>> env = {
+      {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/tmp"}, {"TMPDIR", "/tmp"},
+      {"LANG", "C.UTF-8"}};
+  for (const auto& entry : overrides) {
+    // (Not a structured binding: C++17 lambdas cannot capture those.)
+    const std::string& key = entry.first;
+    auto it = std::find_if(env.begin(), env.end(), [&](const auto& kv) { return kv.first == key; });
+    if (it != env.end()) {
+      it->second = entry.second;
+    } else {
+      env.emplace_back(key, entry.second);
+    }
+  }
+  return env;
+}
+
+absl::StatusOr<pid_t> LaunchBwrap(const SandboxOptions& options, const BwrapLaunch& launch) {
+  if (launch.fds.size() > static_cast<size_t>(kMaxChildFds) || launch.limits.size() > 8) {
+    return absl::InternalError("LaunchBwrap: too many descriptors or limits");
+  }
+  absl::StatusOr<Pipe> report = MakePipe();
+  if (!report.ok()) return report.status();
+  std::vector<std::string> args = launch.args;
+  std::vector<std::string> bwrap_env = {"PATH=/usr/bin:/bin"};
+  std::vector<char*> argv = CStrings(args);
+  std::vector<char*> envp = CStrings(bwrap_env);
+
+  // --- The child's plan: everything prepared before fork.
+  ChildPlan plan = {};
+  plan.path = options.bwrap_path.c_str();
+  plan.argv = argv.data();
+  plan.envp = envp.data();
+  for (size_t i = 0; i < launch.fds.size(); ++i) plan.fds[i] = launch.fds[i];
+  plan.num_fds = static_cast<int>(launch.fds.size());
+  for (const auto& [resource, limit] : launch.limits) {
+    plan.resources[plan.num_limits] = resource;
+    plan.limits[plan.num_limits] = limit;
+    ++plan.num_limits;
+  }
+  plan.switch_uid = launch.uid.has_value();
+  plan.uid = launch.uid.value_or(0);
+  plan.parent_pid = getpid();
+  plan.report_fd = report->write.get();
+
+  const pid_t pid = fork();
+  if (pid < 0) return ErrnoError("fork");
+  if (pid == 0) RunChild(plan);
+  report->write.Reset();
+
+  // Blocks only until the child execs (the report pipe closes) or fails.
+  ChildFailure failure = {};
+  ssize_t report_bytes;
+  do {
+    report_bytes = read(report->read.get(), &failure, sizeof(failure));
+  } while (report_bytes < 0 && errno == EINTR);
+  if (report_bytes <= 0) return pid;
+  int wait_status;
+  while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
+  }
+  const char* step = failure.step == kStepExec     ? "exec"
+                     : failure.step == kStepRlimit ? "setrlimit"
+                     : failure.step == kStepUid    ? "switching to the sandbox uid"
+                                                   : "preparing descriptors";
+  if (failure.step == kStepExec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot execute bwrap at ", options.bwrap_path, ": ", strerror(failure.error),
+        ". Install bubblewrap (apt-get install bubblewrap) or set bwrap_path"));
+  }
+  if (failure.step == kStepUid) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "running as root, the sandbox could not switch to uid ", plan.uid, ": ",
+        strerror(failure.error),
+        ". The server is root without CAP_SETUID over that uid (e.g. root of a user namespace "
+        "that does not map uid_base..uid_base+uid_count): map that range, pick a mapped "
+        "uid_base, or run the server as an ordinary user"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("sandbox child failed ", step, ": ", strerror(failure.error)));
+}
+
+}  // namespace internal
+
+using namespace internal;  // NOLINT(build/namespaces): this file's own helpers.
 
 std::string SandboxSetupHint(const std::string& bwrap_stderr) {
   const bool namespaces_refused =
@@ -543,8 +609,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const 
   absl::StatusOr<Pipe> secret = MakePipe();
   absl::StatusOr<Pipe> result = MakePipe();
   absl::StatusOr<Pipe> status = MakePipe();
-  absl::StatusOr<Pipe> report = MakePipe();
-  for (const auto* pipe : {&out, &err, &secret, &result, &status, &report}) {
+  for (const auto* pipe : {&out, &err, &secret, &result, &status}) {
     if (!pipe->ok()) return pipe->status();
   }
   // The secret fits the pipe's buffer (64 KiB), so writing never blocks.
@@ -561,48 +626,15 @@ absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const 
   }
 
   // --- bwrap's command line.
-  std::vector<std::string> args = {
-      options_.bwrap_path,
-      "--unshare-user", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
-      "--unshare-cgroup-try", "--die-with-parent", "--new-session", "--cap-drop", "ALL",
-      "--hostname", "sandbox",
-  };
-  for (const std::string& path : options_.read_only_paths) {
-    struct stat st;
-    if (lstat(path.c_str(), &st) != 0) continue;
-    if (S_ISLNK(st.st_mode)) {
-      char target[PATH_MAX];
-      const ssize_t n = readlink(path.c_str(), target, sizeof(target) - 1);
-      if (n <= 0) continue;
-      args.insert(args.end(), {"--symlink", std::string(target, n), path});
-    } else {
-      args.insert(args.end(), {"--ro-bind", path, path});
-    }
-  }
-  const std::string tmpfs_size = absl::StrCat(options_.tmpfs_bytes);
-  args.insert(args.end(), {"--proc", "/proc", "--dev", "/dev",
-                           "--size", tmpfs_size, "--tmpfs", "/tmp",
-                           "--size", tmpfs_size, "--tmpfs", "/dev/shm",
-                           "--remount-ro", "/dev"});
+  std::vector<std::string> args = BwrapSandboxArgs(options_);
   for (size_t i = 0; i < request.files.size(); ++i) {
     args.insert(args.end(),
                 {"--ro-bind-data", absl::StrCat(kFirstFileFd + i), request.files[i].path});
   }
   args.insert(args.end(), {"--remount-ro", "/", "--chdir", "/tmp", "--clearenv"});
-  std::vector<std::pair<std::string, std::string>> env = {
-      {"PATH", "/usr/local/bin:/usr/bin:/bin"}, {"HOME", "/tmp"}, {"TMPDIR", "/tmp"},
-      {"LANG", "C.UTF-8"}};
-  for (const auto& entry : request.env) {
-    // (Not a structured binding: C++17 lambdas cannot capture those.)
-    const std::string& key = entry.first;
-    auto it = std::find_if(env.begin(), env.end(), [&](const auto& kv) { return kv.first == key; });
-    if (it != env.end()) {
-      it->second = entry.second;
-    } else {
-      env.emplace_back(key, entry.second);
-    }
+  for (const auto& [key, value] : SandboxEnv(request.env)) {
+    args.insert(args.end(), {"--setenv", key, value});
   }
-  for (const auto& [key, value] : env) args.insert(args.end(), {"--setenv", key, value});
   args.insert(args.end(), {"--seccomp", absl::StrCat(kSeccompFd), "--json-status-fd",
                            absl::StrCat(kStatusFd), "--"});
   if (!as_root) {
@@ -612,99 +644,48 @@ absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const 
                              absl::StrCat("--nproc=", options_.max_processes), "--"});
   }
   args.insert(args.end(), request.argv.begin(), request.argv.end());
-  std::vector<std::string> bwrap_env = {"PATH=/usr/bin:/bin"};
-  std::vector<char*> argv = CStrings(args);
-  std::vector<char*> envp = CStrings(bwrap_env);
 
-  // --- The child's plan.
-  ChildPlan plan = {};
-  plan.path = options_.bwrap_path.c_str();
-  plan.argv = argv.data();
-  plan.envp = envp.data();
-  plan.fds[kStdinFd] = dev_null.get();
-  plan.fds[kStdoutFd] = out->write.get();
-  plan.fds[kStderrFd] = err->write.get();
-  plan.fds[kSecretFd] = secret->read.get();
-  plan.fds[kResultFd] = result->write.get();
-  plan.fds[kSeccompFd] = seccomp->get();
-  plan.fds[kStatusFd] = status->write.get();
-  for (size_t i = 0; i < file_fds.size(); ++i) plan.fds[kFirstFileFd + i] = file_fds[i].get();
-  plan.num_fds = kFirstFileFd + static_cast<int>(file_fds.size());
+  BwrapLaunch launch;
+  launch.args = std::move(args);
+  launch.fds.resize(kFirstFileFd + file_fds.size());
+  launch.fds[kStdinFd] = dev_null.get();
+  launch.fds[kStdoutFd] = out->write.get();
+  launch.fds[kStderrFd] = err->write.get();
+  launch.fds[kSecretFd] = secret->read.get();
+  launch.fds[kResultFd] = result->write.get();
+  launch.fds[kSeccompFd] = seccomp->get();
+  launch.fds[kStatusFd] = status->write.get();
+  for (size_t i = 0; i < file_fds.size(); ++i) launch.fds[kFirstFileFd + i] = file_fds[i].get();
   // CPU: the configured limit, or the wall budget when that is shorter (a
   // busy loop dies by SIGXCPU rather than holding a core until the kill).
-  int64_t cpu_seconds = absl::ToInt64Seconds(absl::Ceil(options_.cpu_time, absl::Seconds(1)));
-  if (request.deadline != absl::InfiniteFuture()) {
-    const int64_t wall =
-        absl::ToInt64Seconds(absl::Ceil(request.deadline - start, absl::Seconds(1))) + 1;
-    cpu_seconds = std::max<int64_t>(1, std::min(cpu_seconds, wall));
+  const int64_t cpu_seconds = RunCpuSeconds(options_, request.deadline, start);
+  launch.limits = ProgramLimits(options_);
+  launch.limits.push_back({RLIMIT_CPU, {static_cast<rlim_t>(cpu_seconds),
+                                        static_cast<rlim_t>(cpu_seconds + 1)}});
+  if (as_root) {
+    launch.limits.push_back({RLIMIT_NPROC, {static_cast<rlim_t>(options_.max_processes),
+                                            static_cast<rlim_t>(options_.max_processes)}});
   }
-  auto add_limit = [&plan](int resource, rlim_t soft, rlim_t hard) {
-    plan.resources[plan.num_limits] = resource;
-    plan.limits[plan.num_limits] = {soft, hard};
-    ++plan.num_limits;
-  };
-  add_limit(RLIMIT_CPU, cpu_seconds, cpu_seconds + 1);
-  add_limit(RLIMIT_AS, options_.address_space_bytes, options_.address_space_bytes);
-  add_limit(RLIMIT_FSIZE, options_.max_file_bytes, options_.max_file_bytes);
-  add_limit(RLIMIT_NOFILE, options_.max_open_files, options_.max_open_files);
-  add_limit(RLIMIT_CORE, 0, 0);
-  if (as_root) add_limit(RLIMIT_NPROC, options_.max_processes, options_.max_processes);
 
   std::unique_ptr<UidLease> root_lease;  // Held until the namespace is empty.
   if (as_root) {
     absl::StatusOr<std::unique_ptr<UidLease>> lease = UidLease::Acquire(options_);
     if (!lease.ok()) return lease.status();
     root_lease = *std::move(lease);
-    plan.switch_uid = true;
-    plan.uid = root_lease->uid();
+    launch.uid = root_lease->uid();
   }
-  plan.parent_pid = getpid();
-  plan.report_fd = report->write.get();
-
-  const pid_t pid = fork();
-  if (pid < 0) return ErrnoError("fork");
-  if (pid == 0) RunChild(plan);
+  absl::StatusOr<pid_t> launched = LaunchBwrap(options_, launch);
+  if (!launched.ok()) return launched.status();
+  const pid_t pid = *launched;
 
   // --- Parent.
   out->write.Reset();
   err->write.Reset();
   result->write.Reset();
   status->write.Reset();
-  report->write.Reset();
   seccomp->Reset();
   file_fds.clear();
   dev_null.Reset();
-
-  // Blocks only until the child execs (the report pipe closes) or fails.
-  ChildFailure failure = {};
-  ssize_t report_bytes;
-  do {
-    report_bytes = read(report->read.get(), &failure, sizeof(failure));
-  } while (report_bytes < 0 && errno == EINTR);
-  if (report_bytes > 0) {
-    int wait_status;
-    while (waitpid(pid, &wait_status, 0) < 0 && errno == EINTR) {
-    }
-    const char* step = failure.step == kStepExec     ? "exec"
-                       : failure.step == kStepRlimit ? "setrlimit"
-                       : failure.step == kStepUid    ? "switching to the sandbox uid"
-                                                     : "preparing descriptors";
-    if (failure.step == kStepExec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "cannot execute bwrap at ", options_.bwrap_path, ": ", strerror(failure.error),
-          ". Install bubblewrap (apt-get install bubblewrap) or set bwrap_path"));
-    }
-    if (failure.step == kStepUid) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "running as root, the sandbox could not switch to uid ", plan.uid, ": ",
-          strerror(failure.error),
-          ". The server is root without CAP_SETUID over that uid (e.g. root of a user namespace "
-          "that does not map uid_base..uid_base+uid_count): map that range, pick a mapped "
-          "uid_base, or run the server as an ordinary user"));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("sandbox child failed ", step, ": ", strerror(failure.error)));
-  }
 
   UniqueFd pidfd(PidfdOpen(pid));
   if (!pidfd.valid()) {
@@ -846,7 +827,7 @@ absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const 
   return run;
 }
 
-absl::Status Sandbox::CheckAvailable(std::vector<std::string> argv) const {
+absl::Status SandboxRunner::CheckAvailable(std::vector<std::string> argv) const {
   SandboxRequest request;
   request.argv = std::move(argv);
   request.deadline = absl::Now() + absl::Seconds(30);

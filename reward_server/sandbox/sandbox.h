@@ -166,15 +166,12 @@ struct SandboxResult {
   absl::Duration wall_time;
 };
 
-// Thread-safe: Run may be called from many threads at once; each run is
-// independent (own namespaces, own uid when root).
-class Sandbox {
+// What runs programs in a sandbox: a fresh sandbox per run (Sandbox) or a
+// pool of prepared ones (SandboxPool, sandbox_pool.h). Both keep the same
+// promises (the threat model above) and answer the same way.
+class SandboxRunner {
  public:
-  // INVALID_ARGUMENT for invalid options; INTERNAL when the seccomp filter
-  // cannot be built. Does not check that bwrap works (CheckAvailable).
-  static absl::StatusOr<std::unique_ptr<Sandbox>> Create(SandboxOptions options);
-
-  const SandboxOptions& options() const { return options_; }
+  virtual ~SandboxRunner() = default;
 
   // Runs `request` to completion and returns how it ended; blocks until
   // then, and at most until shortly after the deadline (killing is
@@ -185,13 +182,30 @@ class Sandbox {
   // for a bad request; FAILED_PRECONDITION when bwrap cannot be executed or
   // cannot set the sandbox up (the message quotes bwrap and says what to
   // change); RESOURCE_EXHAUSTED when, as root, every uid of the range is
-  // taken; INTERNAL for a failed system call in the server.
-  absl::StatusOr<SandboxResult> Run(const SandboxRequest& request) const;
+  // taken (or, for a pool, no slot came free before the deadline); INTERNAL
+  // for a failed system call in the server.
+  virtual absl::StatusOr<SandboxResult> Run(const SandboxRequest& request) const = 0;
 
   // Runs `argv` (a trivial program) in the sandbox and returns OK when it
   // exits 0, else FAILED_PRECONDITION with an actionable message (what bwrap
   // said and what to change). For start-up checks; takes a few ms.
   absl::Status CheckAvailable(std::vector<std::string> argv = {"/usr/bin/true"}) const;
+};
+
+// A fresh sandbox for every run: bwrap sets up the namespaces and mounts
+// (about 25 ms) and the program starts from scratch.
+//
+// Thread-safe: Run may be called from many threads at once; each run is
+// independent (own namespaces, own uid when root).
+class Sandbox final : public SandboxRunner {
+ public:
+  // INVALID_ARGUMENT for invalid options; INTERNAL when the seccomp filter
+  // cannot be built. Does not check that bwrap works (CheckAvailable).
+  static absl::StatusOr<std::unique_ptr<Sandbox>> Create(SandboxOptions options);
+
+  const SandboxOptions& options() const { return options_; }
+
+  absl::StatusOr<SandboxResult> Run(const SandboxRequest& request) const override;
 
  private:
   Sandbox(SandboxOptions options, std::string seccomp_bpf)

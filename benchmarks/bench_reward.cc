@@ -8,7 +8,10 @@
 //         cases' labels is reported for both.
 //   code: HumanEval canonical solutions through the "code" verifier with the
 //         sandbox on (bwrap, namespaces, seccomp, rlimits), at concurrency 1
-//         and 2, against the same programs run by a bare python3 process.
+//         and 2: through the pool of prepared sandboxes (the default) and
+//         through a fresh sandbox per run (sandbox_slots 0, the verifier
+//         before the pool), against the same programs run by a bare python3
+//         process.
 //
 //   bench_reward [--json FILE] [--quick]
 //
@@ -242,28 +245,58 @@ int main(int argc, char** argv) {
     std::cerr << "bench_reward: sandbox unavailable: " << available.message() << "\n";
     code["sandbox_error"] = std::string(available.message());
   } else if (!programs.empty()) {
-    reward::CodeVerifier verifier(code_options);
-    const auto sandboxed = [&verifier](const Program& p) {
-      reward::VerifyRequest request = p.request;
-      request.deadline = absl::Now() + absl::Seconds(30);
-      return verifier.Verify(request).reward == 1.0;
+    // The pool (the default, one slot per concurrent run) and a fresh
+    // sandbox per run (what the verifier did before the pool, sandbox_slots
+    // 0), each against bare python3 at the same concurrency.
+    reward::CodeVerifierOptions per_run_options = code_options;
+    per_run_options.sandbox_slots = 0;
+    reward::CodeVerifier per_run(per_run_options);
+    code_options.sandbox_slots = 2;
+    reward::CodeVerifier pooled(code_options);
+    // Measure the pool's steady state: its slots are started at a server's
+    // start-up, not per program.
+    if (absl::Status warm = pooled.pool()->Warm(); !warm.ok()) {
+      std::cerr << "bench_reward: " << warm.message() << "\n";
+    }
+    const auto through = [](const reward::CodeVerifier& verifier) {
+      return [&verifier](const Program& p) {
+        reward::VerifyRequest request = p.request;
+        request.deadline = absl::Now() + absl::Seconds(30);
+        return verifier.Verify(request).reward == 1.0;
+      };
     };
     const auto bare = [&flags](const Program& p) { return RunBare(flags, p); };
+    json per_run_json;
     for (int concurrency : {1, 2}) {
-      const auto [rate, passed] = CodeRate(programs, concurrency, sandboxed);
+      const auto [old_rate, old_passed] = CodeRate(programs, concurrency, through(per_run));
       const auto [bare_rate, bare_passed] = CodeRate(programs, concurrency, bare);
+      const auto [rate, passed] = CodeRate(programs, concurrency, through(pooled));
       const std::string key = absl::StrCat("concurrency_", concurrency);
       code[key] = {{"executions_per_s", rate},
                    {"passed", passed},
                    {"bare_python_executions_per_s", bare_rate},
                    {"bare_passed", bare_passed},
-                   {"ratio_vs_bare_python", bare_rate > 0 ? rate / bare_rate : 0.0}};
+                   {"ratio_vs_bare_python", bare_rate > 0 ? rate / bare_rate : 0.0},
+                   {"ratio_vs_per_run_sandbox", old_rate > 0 ? rate / old_rate : 0.0}};
+      per_run_json[key] = {{"executions_per_s", old_rate},
+                           {"passed", old_passed},
+                           {"ratio_vs_bare_python", bare_rate > 0 ? old_rate / bare_rate : 0.0}};
       std::cout << absl::StrFormat(
-          "code: concurrency %d: %.1f executions/s sandboxed (%d/%d passed), %.1f bare python3; "
-          "ratio %.2f\n",
-          concurrency, rate, passed, programs.size(), bare_rate, rate / bare_rate);
+          "code: concurrency %d: %.1f executions/s pooled sandbox (%d/%d passed), %.1f fresh "
+          "sandbox per run (%d/%d), %.1f bare python3; ratio vs bare %.2f (per run %.2f)\n",
+          concurrency, rate, passed, programs.size(), old_rate, old_passed, programs.size(),
+          bare_rate, bare_rate > 0 ? rate / bare_rate : 0.0,
+          bare_rate > 0 ? old_rate / bare_rate : 0.0);
     }
+    code["per_run_sandbox"] = per_run_json;
     code["executions_per_s"] = code["concurrency_2"]["executions_per_s"];
+    code["ratio_vs_bare_python"] = code["concurrency_2"]["ratio_vs_bare_python"];
+    const sluice::reward_server::sandbox::SandboxPoolStats stats = pooled.pool()->GetStats();
+    code["pool"] = {{"slots", stats.slots},
+                    {"slots_started", stats.slots_started},
+                    {"runs", stats.runs},
+                    {"recycled", stats.recycled},
+                    {"killed", stats.killed}};
   }
   out["code"] = code;
 

@@ -265,11 +265,29 @@ VerifyOutcome Classify(const SandboxResult& run, const std::string& nonce, absl:
   }
 }
 
-absl::StatusOr<std::shared_ptr<const sandbox::Sandbox>> MakeSandbox(
-    const sandbox::SandboxOptions& options) {
-  absl::StatusOr<std::unique_ptr<sandbox::Sandbox>> sandbox = sandbox::Sandbox::Create(options);
+absl::StatusOr<std::shared_ptr<const sandbox::SandboxPool>> MakePool(
+    const CodeVerifierOptions& options) {
+  sandbox::SandboxPoolOptions pool_options;
+  pool_options.slots = options.sandbox_slots;
+  pool_options.python_path = options.python_path;
+  absl::StatusOr<std::unique_ptr<sandbox::SandboxPool>> pool =
+      sandbox::SandboxPool::Create(options.sandbox, pool_options);
+  if (!pool.ok()) return pool.status();
+  return std::shared_ptr<const sandbox::SandboxPool>(*std::move(pool));
+}
+
+absl::StatusOr<std::shared_ptr<const sandbox::SandboxRunner>> MakeRunner(
+    const CodeVerifierOptions& options, std::shared_ptr<const sandbox::SandboxPool>* pool) {
+  if (options.sandbox_slots > 0) {
+    absl::StatusOr<std::shared_ptr<const sandbox::SandboxPool>> made = MakePool(options);
+    if (!made.ok()) return made.status();
+    *pool = *made;
+    return std::shared_ptr<const sandbox::SandboxRunner>(*made);
+  }
+  absl::StatusOr<std::unique_ptr<sandbox::Sandbox>> sandbox =
+      sandbox::Sandbox::Create(options.sandbox);
   if (!sandbox.ok()) return sandbox.status();
-  return std::shared_ptr<const sandbox::Sandbox>(*std::move(sandbox));
+  return std::shared_ptr<const sandbox::SandboxRunner>(*std::move(sandbox));
 }
 
 sandbox::SandboxRequest MakeRequest(const CodeVerifierOptions& options, std::string program,
@@ -290,6 +308,10 @@ absl::Status CodeVerifierOptions::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("python_path must be an absolute path, got \"", python_path, "\""));
   }
+  if (sandbox_slots < 0 || sandbox_slots > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sandbox_slots must be in [0, 1024], got ", sandbox_slots));
+  }
   if (absl::Status status = sandbox.Validate(); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sandbox.", status.message()));
   }
@@ -307,7 +329,7 @@ CodeVerifier::CodeVerifier(CodeVerifierOptions options)
           .required_fields = {"test", "entry_point"},
       }),
       options_(std::move(options)),
-      sandbox_(MakeSandbox(options_.sandbox)) {}
+      sandbox_(MakeRunner(options_, &pool_)) {}
 
 VerifyOutcome CodeVerifier::Verify(const VerifyRequest& request) const {
   if (!sandbox_.ok()) {
@@ -348,7 +370,12 @@ VerifyOutcome CodeVerifier::Verify(const VerifyRequest& request) const {
   absl::StatusOr<SandboxResult> run = (*sandbox_)->Run(
       MakeRequest(options_, std::move(program), request.entry_point, *nonce, deadline));
   if (!run.ok()) {
-    return VerifyOutcome::Error(VerifierErrorKind::kSandbox, std::string(run.status().message()));
+    // Every slot busy until the deadline: the server's load, not the model's
+    // program nor the operator's set-up.
+    const VerifierErrorKind kind = run.status().code() == absl::StatusCode::kResourceExhausted
+                                       ? VerifierErrorKind::kUnavailable
+                                       : VerifierErrorKind::kSandbox;
+    return VerifyOutcome::Error(kind, std::string(run.status().message()));
   }
   return Classify(*run, *nonce, deadline - now, options_.sandbox);
 }

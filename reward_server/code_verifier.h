@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "reward_server/sandbox/sandbox.h"
+#include "reward_server/sandbox/sandbox_pool.h"
 #include "reward_server/verifier.h"
 
 namespace sluice::reward_server {
@@ -20,6 +21,10 @@ struct CodeVerifierOptions {
   // open files), tmpfs size, output kept, uid range when root: see
   // sandbox::SandboxOptions.
   sandbox::SandboxOptions sandbox;
+  // Programs run at once in prepared sandboxes with a warm interpreter
+  // (sandbox/sandbox_pool.h): the reward server sets it to its --workers.
+  // 0 = a fresh sandbox (bwrap and python3 from scratch) per program.
+  int sandbox_slots = 2;
   absl::Duration default_timeout = absl::Seconds(10);
   absl::Duration max_timeout = absl::Seconds(60);
 
@@ -72,8 +77,11 @@ struct CodeVerifierOptions {
 // program, not an escape; it is not defended. Exiting early, the common
 // accident (and the cheap hack), is.
 //
-// Thread-safe; each Verify runs one sandbox and blocks until it is gone
-// (at most until shortly after request.deadline).
+// Thread-safe; each Verify runs one program and blocks until it and every
+// process it started are gone (at most until shortly after
+// request.deadline). With a pool, Verify waits for a free slot until the
+// deadline; when none comes free the item fails with kUnavailable
+// (retryable: the server was too busy, not the model's fault).
 class CodeVerifier final : public Verifier {
  public:
   // `options` must be valid (Validate()). A sandbox that cannot be built
@@ -84,9 +92,14 @@ class CodeVerifier final : public Verifier {
 
   const CodeVerifierOptions& options() const { return options_; }
 
+  // The pool of prepared sandboxes (for its metrics and admission), or null
+  // when sandbox_slots is 0 or the sandbox could not be built.
+  std::shared_ptr<const sandbox::SandboxPool> pool() const { return pool_; }
+
  private:
   const CodeVerifierOptions options_;
-  const absl::StatusOr<std::shared_ptr<const sandbox::Sandbox>> sandbox_;
+  std::shared_ptr<const sandbox::SandboxPool> pool_;
+  absl::StatusOr<std::shared_ptr<const sandbox::SandboxRunner>> sandbox_;
 };
 
 // Runs a trivial passing program through the code verifier's whole path

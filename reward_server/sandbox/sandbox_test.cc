@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "reward_server/sandbox/sandbox_pool.h"
 
 namespace sluice::reward_server::sandbox {
 namespace {
@@ -92,18 +93,81 @@ bool PathExists(const std::string& path) {
   return lstat(path.c_str(), &st) == 0;
 }
 
-class SandboxTest : public ::testing::Test {
+// The pid namespace of host process `pid`, or "" when it is gone.
+std::string PidNamespace(pid_t pid) {
+  char target[256];
+  const ssize_t n =
+      readlink(absl::StrCat("/proc/", pid, "/ns/pid").c_str(), target, sizeof(target) - 1);
+  return n > 0 ? std::string(target, static_cast<size_t>(n)) : "";
+}
+
+// Host pids of every process in the pid namespace of one of `inits` (a
+// pool's zygotes), the inits themselves included when `with_inits`.
+std::vector<pid_t> ProcessesInNamespacesOf(const std::vector<pid_t>& inits, bool with_inits) {
+  std::vector<std::string> namespaces;
+  for (pid_t init : inits) {
+    if (std::string ns = PidNamespace(init); !ns.empty()) namespaces.push_back(ns);
+  }
+  std::vector<pid_t> pids;
+  if (namespaces.empty()) return pids;
+  DIR* proc = opendir("/proc");
+  if (proc == nullptr) return pids;
+  while (dirent* entry = readdir(proc)) {
+    char* end;
+    const long pid = strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0 || pid == getpid()) continue;
+    if (!with_inits && std::find(inits.begin(), inits.end(), pid) != inits.end()) continue;
+    const std::string ns = PidNamespace(static_cast<pid_t>(pid));
+    if (std::find(namespaces.begin(), namespaces.end(), ns) != namespaces.end()) {
+      pids.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  closedir(proc);
+  return pids;
+}
+
+// Every promise of the sandbox, kept by both runners: a fresh sandbox per run
+// (false) and the pool of prepared ones (true).
+class SandboxTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override { MakeSandbox(SandboxOptions()); }
 
+  bool pooled() const { return GetParam(); }
+
   void MakeSandbox(SandboxOptions options) {
-    absl::StatusOr<std::unique_ptr<Sandbox>> sandbox = Sandbox::Create(std::move(options));
-    ASSERT_TRUE(sandbox.ok()) << sandbox.status();
-    sandbox_ = *std::move(sandbox);
+    pool_ = nullptr;
+    sandbox_.reset();
+    if (pooled()) {
+      SandboxPoolOptions pool_options;
+      pool_options.slots = 2;
+      absl::StatusOr<std::unique_ptr<SandboxPool>> pool =
+          SandboxPool::Create(std::move(options), pool_options);
+      ASSERT_TRUE(pool.ok()) << pool.status();
+      pool_ = pool->get();
+      sandbox_ = *std::move(pool);
+    } else {
+      absl::StatusOr<std::unique_ptr<Sandbox>> sandbox = Sandbox::Create(std::move(options));
+      ASSERT_TRUE(sandbox.ok()) << sandbox.status();
+      sandbox_ = *std::move(sandbox);
+    }
     // Namespaces must work where the tests run (CI included): fail loudly,
     // with the operator's hint, rather than skip.
     const absl::Status available = sandbox_->CheckAvailable();
     ASSERT_TRUE(available.ok()) << "the sandbox cannot run on this machine: " << available;
+  }
+
+  // The run's processes seen from the host: those whose command line holds
+  // `marker` and, in a pool, every process in a slot's namespace (forks of
+  // the zygote carry its command line, not the program's), the zygotes
+  // themselves only when `with_zygotes`.
+  std::vector<pid_t> SandboxProcesses(const std::string& marker, bool with_zygotes = false) {
+    std::vector<pid_t> pids = ProcessesWithMarker(marker);
+    if (pool_ != nullptr) {
+      for (pid_t pid : ProcessesInNamespacesOf(pool_->ZygotePids(), with_zygotes)) {
+        if (std::find(pids.begin(), pids.end(), pid) == pids.end()) pids.push_back(pid);
+      }
+    }
+    return pids;
   }
 
   // Runs Python `source` (as /sandbox/main.py) with `args` after it.
@@ -120,8 +184,14 @@ class SandboxTest : public ::testing::Test {
     return sandbox_->Run(request);
   }
 
-  std::unique_ptr<Sandbox> sandbox_;
+  std::unique_ptr<SandboxRunner> sandbox_;
+  SandboxPool* pool_ = nullptr;  // sandbox_, when pooled.
 };
+
+INSTANTIATE_TEST_SUITE_P(Runners, SandboxTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Pooled" : "PerRun";
+                         });
 
 // The race that once aborted ForkBombIsContainedAndLeavesNothing: /proc/PID/
 // cmdline opened while the process lives and read after it was reaped.
@@ -193,12 +263,12 @@ TEST(SandboxOptionsTest, ValidateNamesTheField) {
   EXPECT_THAT(options.Validate().message(), HasSubstr("read_only_paths["));
 }
 
-TEST_F(SandboxTest, SelfCheckPasses) {
+TEST_P(SandboxTest, SelfCheckPasses) {
   const absl::Status status = sandbox_->CheckAvailable({kPython, "-I", "-c", "pass"});
   EXPECT_TRUE(status.ok()) << status;
 }
 
-TEST_F(SandboxTest, CapturesOutputExitCodeAndResultChannel) {
+TEST_P(SandboxTest, CapturesOutputExitCodeAndResultChannel) {
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import os, sys
 secret = b""
@@ -220,14 +290,14 @@ sys.exit(3)
   EXPECT_EQ(run->result, "got s3cr3t");
 }
 
-TEST_F(SandboxTest, ProgramThatSkipsTheSecretHasNotStarted) {
+TEST_P(SandboxTest, ProgramThatSkipsTheSecretHasNotStarted) {
   absl::StatusOr<SandboxResult> run = RunPython("pass", absl::Seconds(20), {}, "unread");
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->exit_code, 0);
   EXPECT_FALSE(run->started);
 }
 
-TEST_F(SandboxTest, ProgramSeesOnlyItsOwnDescriptorsAndRunsUnprivileged) {
+TEST_P(SandboxTest, ProgramSeesOnlyItsOwnDescriptorsAndRunsUnprivileged) {
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import os
 fds = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
@@ -253,14 +323,14 @@ print(sorted(os.listdir("/")))
 
 // Seen from the host, every process of the sandbox (bwrap's included) has a
 // uid other than root's: RLIMIT_NPROC applies and root's files stay closed.
-TEST_F(SandboxTest, NoSandboxProcessIsRootOnTheHost) {
+TEST_P(SandboxTest, NoSandboxProcessIsRootOnTheHost) {
   const std::string marker = UniqueMarker();
   std::atomic<bool> done{false};
   std::atomic<int> seen{0};
   std::atomic<int> as_root{0};
   std::thread watcher([&] {
     while (!done.load()) {
-      for (pid_t pid : ProcessesWithMarker(marker)) {
+      for (pid_t pid : SandboxProcesses(marker, /*with_zygotes=*/true)) {
         struct stat st;
         if (stat(absl::StrCat("/proc/", pid).c_str(), &st) != 0) continue;
         ++seen;
@@ -279,7 +349,7 @@ TEST_F(SandboxTest, NoSandboxProcessIsRootOnTheHost) {
   EXPECT_EQ(as_root.load(), 0);
 }
 
-TEST_F(SandboxTest, InfiniteLoopIsKilledAtTheDeadlineAndLeavesNothing) {
+TEST_P(SandboxTest, InfiniteLoopIsKilledAtTheDeadlineAndLeavesNothing) {
   const std::string marker = UniqueMarker();
   absl::StatusOr<SandboxResult> run = RunPython("while True:\n    pass\n", absl::Seconds(1), {marker});
   ASSERT_TRUE(run.ok()) << run.status();
@@ -287,10 +357,10 @@ TEST_F(SandboxTest, InfiniteLoopIsKilledAtTheDeadlineAndLeavesNothing) {
   EXPECT_TRUE(run->termination == Termination::kDeadline ||
               (run->termination == Termination::kSignaled && run->signal == SIGXCPU))
       << static_cast<int>(run->termination) << " " << run->signal;
-  EXPECT_THAT(ProcessesWithMarker(marker), ::testing::IsEmpty());
+  EXPECT_THAT(SandboxProcesses(marker), ::testing::IsEmpty());
 }
 
-TEST_F(SandboxTest, SleepingProgramIsKilledAtTheDeadlineAndLeavesNothing) {
+TEST_P(SandboxTest, SleepingProgramIsKilledAtTheDeadlineAndLeavesNothing) {
   const std::string marker = UniqueMarker();
   absl::StatusOr<SandboxResult> run =
       RunPython("import time\nprint('sleeping', flush=True)\ntime.sleep(1000)\n",
@@ -298,10 +368,10 @@ TEST_F(SandboxTest, SleepingProgramIsKilledAtTheDeadlineAndLeavesNothing) {
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->termination, Termination::kDeadline);
   EXPECT_EQ(run->stdout_text, "sleeping\n");
-  EXPECT_THAT(ProcessesWithMarker(marker), ::testing::IsEmpty());
+  EXPECT_THAT(SandboxProcesses(marker), ::testing::IsEmpty());
 }
 
-TEST_F(SandboxTest, ForkBombIsContainedAndLeavesNothing) {
+TEST_P(SandboxTest, ForkBombIsContainedAndLeavesNothing) {
   SandboxOptions options;
   options.max_processes = 16;
   MakeSandbox(options);
@@ -311,7 +381,7 @@ TEST_F(SandboxTest, ForkBombIsContainedAndLeavesNothing) {
   std::atomic<size_t> most{0};
   std::thread watcher([&] {
     while (!done.load()) {
-      const size_t count = ProcessesWithMarker(marker).size();
+      const size_t count = SandboxProcesses(marker).size();
       if (count > most.load()) most.store(count);
       absl::SleepFor(absl::Milliseconds(5));
     }
@@ -338,10 +408,10 @@ while True:
   // marker too); outside bwrap is not counted by the limit when not root.
   EXPECT_LE(most.load(), static_cast<size_t>(options.max_processes) + 1);
   EXPECT_GE(most.load(), 3u);
-  EXPECT_THAT(ProcessesWithMarker(marker), ::testing::IsEmpty());
+  EXPECT_THAT(SandboxProcesses(marker), ::testing::IsEmpty());
 }
 
-TEST_F(SandboxTest, MemoryBombHitsTheAddressSpaceLimit) {
+TEST_P(SandboxTest, MemoryBombHitsTheAddressSpaceLimit) {
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 chunks = []
 while True:
@@ -353,7 +423,7 @@ while True:
   EXPECT_THAT(run->stderr_text, HasSubstr("MemoryError"));
 }
 
-TEST_F(SandboxTest, NetworkIsUnreachable) {
+TEST_P(SandboxTest, NetworkIsUnreachable) {
   // A listener on the host's loopback that the sandbox must not reach.
   const int listener = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   ASSERT_GE(listener, 0);
@@ -406,7 +476,7 @@ print(b.recv(16).decode())
   close(listener);
 }
 
-TEST_F(SandboxTest, WritesOutsideThePrivateTmpDoNotReachTheHost) {
+TEST_P(SandboxTest, WritesOutsideThePrivateTmpDoNotReachTheHost) {
   const std::string marker = UniqueMarker();
   char cwd[4096];
   ASSERT_NE(getcwd(cwd, sizeof(cwd)), nullptr);
@@ -452,7 +522,7 @@ except OSError as e:
   }
 }
 
-TEST_F(SandboxTest, SecretsOfTheHostAreNotVisible) {
+TEST_P(SandboxTest, SecretsOfTheHostAreNotVisible) {
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import os
 for path in ["/etc/shadow", "/etc/passwd", "/root", "/home", "/run"]:
@@ -470,7 +540,7 @@ for path in ["/etc/shadow", "/etc/passwd", "/root", "/home", "/run"]:
   EXPECT_THAT(run->stdout_text, Not(HasSubstr("read")));
 }
 
-TEST_F(SandboxTest, KillingParentAndEverythingHarmsOnlyTheSandbox) {
+TEST_P(SandboxTest, KillingParentAndEverythingHarmsOnlyTheSandbox) {
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import os, signal
 for target in (os.getppid(), 1, -1):
@@ -490,7 +560,7 @@ print("alive")
   EXPECT_EQ(kill(getpid(), 0), 0);
 }
 
-TEST_F(SandboxTest, DaemonIsKilledWhenTheProgramExits) {
+TEST_P(SandboxTest, DaemonIsKilledWhenTheProgramExits) {
   const std::string marker = UniqueMarker();
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import os, sys, time
@@ -514,10 +584,10 @@ time.sleep(0.3)
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->exit_code, 0) << run->stderr_text;
   EXPECT_THAT(run->stdout_text, HasSubstr("daemon "));
-  EXPECT_THAT(ProcessesWithMarker(marker), ::testing::IsEmpty());
+  EXPECT_THAT(SandboxProcesses(marker), ::testing::IsEmpty());
 }
 
-TEST_F(SandboxTest, DaemonIsKilledAtTheDeadline) {
+TEST_P(SandboxTest, DaemonIsKilledAtTheDeadline) {
   const std::string marker = UniqueMarker();
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import os, sys, time
@@ -532,10 +602,10 @@ time.sleep(1000)
                                                 absl::Seconds(1), {marker});
   ASSERT_TRUE(run.ok()) << run.status();
   EXPECT_EQ(run->termination, Termination::kDeadline);
-  EXPECT_THAT(ProcessesWithMarker(marker), ::testing::IsEmpty());
+  EXPECT_THAT(SandboxProcesses(marker), ::testing::IsEmpty());
 }
 
-TEST_F(SandboxTest, OutputFloodIsTruncatedAndKilledAtTheOutputLimit) {
+TEST_P(SandboxTest, OutputFloodIsTruncatedAndKilledAtTheOutputLimit) {
   SandboxOptions options;
   options.output_bytes_kept = 1000;
   options.max_output_bytes = 4 << 20;
@@ -552,7 +622,7 @@ for _ in range(1024):
   EXPECT_GT(run->stdout_bytes, uint64_t{4} << 20);
 }
 
-TEST_F(SandboxTest, GigabyteOfOutputIsDrainedWithoutLimit) {
+TEST_P(SandboxTest, GigabyteOfOutputIsDrainedWithoutLimit) {
   SandboxOptions options;
   options.output_bytes_kept = 1000;
   options.max_output_bytes = 0;  // Drain and drop all of it.
@@ -575,7 +645,7 @@ sys.stderr.write("e" * 5000 + "END")
   EXPECT_THAT(run->stderr_text, ::testing::EndsWith("END"));
 }
 
-TEST_F(SandboxTest, FileSizeAndTmpfsLimitsHold) {
+TEST_P(SandboxTest, FileSizeAndTmpfsLimitsHold) {
   SandboxOptions options;
   options.max_file_bytes = 1 << 20;
   options.tmpfs_bytes = 4 << 20;
@@ -602,7 +672,7 @@ except OSError as e:
   EXPECT_EQ(run->stdout_text, "big 27\nfull 28\n");  // EFBIG, ENOSPC
 }
 
-TEST_F(SandboxTest, DangerousSystemCallsAreDenied) {
+TEST_P(SandboxTest, DangerousSystemCallsAreDenied) {
   absl::StatusOr<SandboxResult> run = RunPython(R"py(
 import ctypes, os
 libc = ctypes.CDLL(None, use_errno=True)
@@ -623,7 +693,7 @@ call("syscall", {"x86_64": 321, "aarch64": 280}[os.uname().machine], 0, 0, 0)  #
   EXPECT_EQ(run->stdout_text, "unshare 1\nunshare 1\nptrace 1\nmount 1\nsetns 1\nsyscall 1\nsyscall 1\n");
 }
 
-TEST_F(SandboxTest, SegfaultIsReportedAsASignal) {
+TEST_P(SandboxTest, SegfaultIsReportedAsASignal) {
   absl::StatusOr<SandboxResult> run =
       RunPython("import ctypes\nctypes.string_at(0)\n");
   ASSERT_TRUE(run.ok()) << run.status();
@@ -631,7 +701,7 @@ TEST_F(SandboxTest, SegfaultIsReportedAsASignal) {
   EXPECT_EQ(run->signal, SIGSEGV);
 }
 
-TEST_F(SandboxTest, ConcurrentRunsAreIndependent) {
+TEST_P(SandboxTest, ConcurrentRunsAreIndependent) {
   constexpr int kThreads = 4;
   constexpr int kRunsPerThread = 3;
   std::atomic<int> passed{0};
@@ -679,6 +749,352 @@ TEST(SandboxSetupTest, SetupHintRecognisesRefusedNamespaces) {
   // Inside Docker with seccomp=unconfined but the default masked /proc.
   EXPECT_THAT(SandboxSetupHint("bwrap: Can't mount proc on /newroot/proc: Operation not permitted"),
               HasSubstr("systempaths=unconfined"));
+}
+
+}  // namespace
+}  // namespace sluice::reward_server::sandbox
+
+namespace sluice::reward_server::sandbox {
+namespace {
+
+// What a pool adds: programs share a slot one after the other, so nothing
+// one program does may be visible to the next. One slot, so that every run
+// lands in it.
+class SandboxPoolTest : public ::testing::Test {
+ protected:
+  void SetUp() override { MakePool(SandboxOptions(), SandboxPoolOptions()); }
+
+  void MakePool(SandboxOptions options, SandboxPoolOptions pool_options) {
+    pool_options.slots = 1;
+    absl::StatusOr<std::unique_ptr<SandboxPool>> pool =
+        SandboxPool::Create(std::move(options), std::move(pool_options));
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+    ASSERT_TRUE(pool_->Warm().ok());
+  }
+
+  absl::StatusOr<SandboxResult> RunPython(const std::string& source,
+                                          absl::Duration timeout = absl::Seconds(20),
+                                          std::vector<std::string> args = {}) {
+    SandboxRequest request;
+    request.argv = {kPython, "-I", "-B", "/sandbox/main.py"};
+    request.argv.insert(request.argv.end(), args.begin(), args.end());
+    request.files = {{"/sandbox/main.py", source}};
+    request.deadline = absl::Now() + timeout;
+    return pool_->Run(request);
+  }
+
+  // Runs `source` and expects it to exit 0; returns its stdout.
+  std::string RunOk(const std::string& source) {
+    absl::StatusOr<SandboxResult> run = RunPython(source);
+    EXPECT_TRUE(run.ok()) << run.status();
+    if (!run.ok()) return "";
+    EXPECT_EQ(run->termination, Termination::kExited);
+    EXPECT_EQ(run->exit_code, 0) << run->stderr_text;
+    return run->stdout_text;
+  }
+
+  std::unique_ptr<SandboxPool> pool_;
+};
+
+TEST_F(SandboxPoolTest, ProgramsReuseTheSlot) {
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(RunOk("print('hi')"), "hi\n");
+  const SandboxPoolStats stats = pool_->GetStats();
+  EXPECT_EQ(stats.slots_started, 1u);
+  EXPECT_EQ(stats.runs, 5u);
+  EXPECT_EQ(stats.killed, 0u);
+  EXPECT_EQ(stats.recycled, 0u);
+  EXPECT_EQ(stats.busy, 0);
+  EXPECT_EQ(stats.live, 1);
+}
+
+// bwrap's parent-death signal fires when the thread that forked it exits: a
+// slot started for a caller's thread must outlive that thread.
+TEST(SandboxPoolThreadTest, ASlotOutlivesTheThreadThatStartedIt) {
+  SandboxPoolOptions pool_options;
+  pool_options.slots = 1;
+  absl::StatusOr<std::unique_ptr<SandboxPool>> pool =
+      SandboxPool::Create(SandboxOptions(), pool_options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const auto run = [&] {
+    SandboxRequest request;
+    request.argv = {kPython, "-I", "-c", "print('ok')"};
+    request.deadline = absl::Now() + absl::Seconds(20);
+    return (*pool)->Run(request);
+  };
+  std::thread([&] { EXPECT_TRUE(run().ok()); }).join();
+  absl::SleepFor(absl::Milliseconds(100));
+  absl::StatusOr<SandboxResult> after = run();
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->stdout_text, "ok\n");
+  EXPECT_EQ((*pool)->GetStats().slots_started, 1u);
+  EXPECT_EQ((*pool)->GetStats().killed, 0u);
+}
+
+TEST_F(SandboxPoolTest, FilesLeftBehindAreGoneForTheNextProgram) {
+  RunOk(R"py(
+import os
+os.makedirs("/tmp/a/b/c")
+open("/tmp/a/b/c/f", "w").write("left")
+open("/tmp/top", "w").write("left")
+os.symlink("/tmp/top", "/tmp/link")
+os.mkfifo("/tmp/fifo")
+os.chmod("/tmp/a/b", 0)          # a directory the next one could not list
+os.chmod("/tmp/a", 0o500)        # nor delete from
+open("/dev/shm/shared", "w").write("left")
+open("/sandbox/extra.py", "w").write("left")
+os.chmod("/tmp", 0o500)          # the directory itself
+)py");
+  const std::string seen = RunOk(R"py(
+import os, stat
+print(sorted(os.listdir("/tmp")), sorted(os.listdir("/dev/shm")), sorted(os.listdir("/sandbox")))
+print(oct(stat.S_IMODE(os.stat("/tmp").st_mode)))
+)py");
+  std::vector<std::string> lines = absl::StrSplit(seen, '\n');
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines[0], "[] [] ['main.py']");
+  absl::StatusOr<SandboxResult> fresh = RunPython("import os, stat\nprint(oct(stat.S_IMODE(os.stat('/tmp').st_mode)))");
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(lines[1] + "\n", fresh->stdout_text) << "/tmp's mode is restored";
+  EXPECT_EQ(pool_->GetStats().slots_started, 1u) << "cleaned in place, not replaced";
+}
+
+TEST_F(SandboxPoolTest, EnvironmentAndInterpreterStateDoNotCarryOver) {
+  RunOk(R"py(
+import builtins, math, os, sys, resource
+os.environ["LEAK"] = "1"
+os.environ["PATH"] = "/nowhere"
+os.putenv("LEAK2", "1")
+math.pi = 3
+builtins.len = lambda x: 0
+sys.modules["json"] = None
+sys.path.insert(0, "/tmp")
+resource.setrlimit(resource.RLIMIT_NOFILE, (20, 20))
+os.umask(0o777)
+os.chdir("/")
+)py");
+  const std::string seen = RunOk(R"py(
+import json, math, os, resource, sys
+print(sorted(k for k in os.environ if k not in ("LC_CTYPE",)))
+print(os.environ["PATH"], math.pi == 3.141592653589793, len("abc"), json.dumps(1))
+print(resource.getrlimit(resource.RLIMIT_NOFILE), oct(os.umask(0)), os.getcwd(), "/tmp" in sys.path)
+)py");
+  EXPECT_EQ(seen,
+            "['HOME', 'LANG', 'PATH', 'TMPDIR']\n"
+            "/usr/local/bin:/usr/bin:/bin True 3 1\n"
+            "(64, 64) 0o22 /tmp False\n");
+}
+
+TEST_F(SandboxPoolTest, SignalHandlersAndMaskDoNotCarryOver) {
+  RunOk(R"py(
+import signal
+for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+    signal.signal(sig, signal.SIG_IGN)
+signal.signal(signal.SIGINT, lambda *a: None)
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR2, signal.SIGALRM])
+signal.alarm(100)
+)py");
+  const std::string seen = RunOk(R"py(
+import signal
+print([signal.getsignal(s) == signal.SIG_DFL for s in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)])
+print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+print(signal.getsignal(signal.SIGPIPE) == signal.SIG_IGN, sorted(signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+print(signal.alarm(0))
+)py");
+  // As a fresh python3: SIGPIPE ignored, SIGINT raising KeyboardInterrupt,
+  // nothing blocked, no alarm pending.
+  EXPECT_EQ(seen, "[True, True, True]\nTrue\nTrue []\n0\n");
+}
+
+TEST_F(SandboxPoolTest, LeftoverProcessesAreKilledBeforeTheNextProgram) {
+  RunOk(R"py(
+import os, signal, time
+for _ in range(3):
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
+                signal.signal(sig, signal.SIG_IGN)
+            while True:
+                time.sleep(1)
+        os._exit(0)
+    if os.fork() == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)  # a stopped one, too
+time.sleep(0.2)
+)py");
+  // Only the zygote (pid 1) and the program itself are left.
+  EXPECT_EQ(RunOk(R"py(
+import os
+print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()) == sorted([1, os.getpid()]))
+)py"),
+            "True\n");
+  EXPECT_THAT(ProcessesInNamespacesOf(pool_->ZygotePids(), /*with_inits=*/false),
+              ::testing::IsEmpty());
+}
+
+TEST_F(SandboxPoolTest, TheZygoteIsOutOfReach) {
+  const std::string seen = RunOk(R"py(
+import os, signal
+def attempt(what, f):
+    try:
+        f()
+        print(what, "allowed")
+    except OSError as e:
+        print(what, "denied", e.errno)
+attempt("mem", lambda: open("/proc/1/mem", "r+b"))
+attempt("fd", lambda: os.listdir("/proc/1/fd"))
+attempt("environ", lambda: open("/proc/1/environ", "rb").read())
+for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGSTOP):
+    os.kill(1, sig)
+print("signalled")
+)py");
+  EXPECT_THAT(seen, HasSubstr("mem denied 13"));
+  EXPECT_THAT(seen, HasSubstr("fd denied 13"));
+  EXPECT_THAT(seen, HasSubstr("environ denied 13"));
+  EXPECT_THAT(seen, HasSubstr("signalled"));
+  // The slot still serves, and it is the same one.
+  EXPECT_EQ(RunOk("print('next')"), "next\n");
+  EXPECT_EQ(pool_->GetStats().slots_started, 1u);
+  EXPECT_EQ(pool_->GetStats().killed, 0u);
+}
+
+TEST_F(SandboxPoolTest, SystemVIpcLeftBehindReplacesTheSlot) {
+  RunOk(R"py(
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.shmget(0, 4096, 0o1600) >= 0  # IPC_PRIVATE, IPC_CREAT | 0600
+assert libc.semget(0, 1, 0o1600) >= 0
+)py");
+  SandboxPoolStats stats = pool_->GetStats();
+  EXPECT_EQ(stats.recycled, 1u);
+  EXPECT_EQ(stats.recycled_by_reason["dirty"], 1u);
+  EXPECT_EQ(RunOk("print(len(open('/proc/sysvipc/shm').read().splitlines()))"), "1\n");
+  EXPECT_EQ(pool_->GetStats().slots_started, 2u);
+}
+
+TEST_F(SandboxPoolTest, MessageQueuesAreDenied) {
+  EXPECT_EQ(RunOk(R"py(
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.mq_open(b"/q", 0o100 | 2, 0o600, None), ctypes.get_errno())
+)py"),
+            "-1 1\n");
+}
+
+TEST_F(SandboxPoolTest, DeadlineKillsTheSlotAndTheNextRunGetsAFreshOne) {
+  absl::StatusOr<SandboxResult> run = RunPython("while True: pass", absl::Seconds(1));
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_TRUE(run->termination == Termination::kDeadline ||
+              (run->termination == Termination::kSignaled && run->signal == SIGXCPU));
+  EXPECT_EQ(RunOk("print('after')"), "after\n");
+  const SandboxPoolStats stats = pool_->GetStats();
+  if (run->termination == Termination::kDeadline) {
+    EXPECT_EQ(stats.killed_by_reason.at("deadline"), 1u);
+    EXPECT_EQ(stats.slots_started, 2u);
+  }
+}
+
+TEST_F(SandboxPoolTest, MaxRunsPerSlotReplacesTheSlot) {
+  SandboxPoolOptions options;
+  options.max_runs_per_slot = 2;
+  MakePool(SandboxOptions(), options);
+  for (int i = 0; i < 5; ++i) RunOk("pass");
+  const SandboxPoolStats stats = pool_->GetStats();
+  EXPECT_EQ(stats.recycled_by_reason.at("max_runs"), 2u);
+  EXPECT_EQ(stats.slots_started, 3u);
+}
+
+TEST_F(SandboxPoolTest, WarmInterpreterBehavesLikeAFreshOne) {
+  // Script: __main__, argv, exit statuses, tracebacks, atexit.
+  absl::StatusOr<SandboxResult> run = RunPython(R"py(
+import atexit, sys
+atexit.register(lambda: print("atexit ran"))
+print(__name__, sys.argv)
+raise SystemExit("bye")
+)py",
+                                                absl::Seconds(20), {"x"});
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 1);
+  EXPECT_EQ(run->stdout_text, "__main__ ['/sandbox/main.py', 'x']\natexit ran\n");
+  EXPECT_EQ(run->stderr_text, "bye\n");
+  run = RunPython("def f():\n    raise ValueError('boom')\nf()\n");
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 1);
+  EXPECT_THAT(run->stderr_text, HasSubstr("ValueError: boom"));
+  EXPECT_THAT(run->stderr_text, HasSubstr("/sandbox/main.py"));
+  EXPECT_THAT(run->stderr_text, Not(HasSubstr("zygote")));
+  // -c, and a program that is not the warm interpreter (exec()ed).
+  SandboxRequest request;
+  request.argv = {kPython, "-I", "-c", "import sys; print(sys.argv); sys.exit(7)", "a"};
+  request.deadline = absl::Now() + absl::Seconds(20);
+  run = pool_->Run(request);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 7);
+  EXPECT_EQ(run->stdout_text, "['-c', 'a']\n");
+  request.argv = {"/bin/sh", "-c", "echo $HOME; exit 3"};
+  run = pool_->Run(request);
+  ASSERT_TRUE(run.ok()) << run.status();
+  EXPECT_EQ(run->exit_code, 3);
+  EXPECT_EQ(run->stdout_text, "/tmp\n");
+  request.argv = {"/usr/bin/no-such-program"};
+  run = pool_->Run(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(run.status().message(), HasSubstr("no-such-program"));
+  EXPECT_EQ(RunOk("print('still')"), "still\n");
+}
+
+TEST_F(SandboxPoolTest, RefusesFilesOutsideTheSandboxDirectory) {
+  SandboxRequest request;
+  request.argv = {kPython, "-I", "-c", "pass"};
+  request.files = {{"/tmp/main.py", "pass"}};
+  request.deadline = absl::Now() + absl::Seconds(20);
+  absl::StatusOr<SandboxResult> run = pool_->Run(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(run.status().message(), HasSubstr("/sandbox/"));
+}
+
+TEST_F(SandboxPoolTest, AFullPoolAnswersResourceExhaustedAtTheDeadline) {
+  std::thread busy([&] { RunPython("import time; time.sleep(1.5)"); });
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(pool_->GetStats().busy, 1);
+  absl::StatusOr<SandboxResult> run = RunPython("pass", absl::Milliseconds(300));
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kResourceExhausted) << run.status();
+  busy.join();
+  EXPECT_EQ(RunOk("print('free')"), "free\n");
+}
+
+TEST(SandboxPoolSetupTest, MissingBwrapIsAnActionableError) {
+  SandboxOptions options;
+  options.bwrap_path = "/nonexistent/bwrap";
+  absl::StatusOr<std::unique_ptr<SandboxPool>> pool = SandboxPool::Create(options, {});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const absl::Status status = (*pool)->CheckAvailable();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("apt-get install bubblewrap"));
+}
+
+TEST(SandboxPoolSetupTest, MissingInterpreterIsAnActionableError) {
+  SandboxPoolOptions pool_options;
+  pool_options.python_path = "/usr/bin/no-such-python";
+  absl::StatusOr<std::unique_ptr<SandboxPool>> pool =
+      SandboxPool::Create(SandboxOptions(), pool_options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const absl::Status status = (*pool)->Warm();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("no-such-python"));
+}
+
+TEST(SandboxPoolOptionsTest, ValidateNamesTheField) {
+  SandboxPoolOptions options;
+  EXPECT_TRUE(options.Validate().ok());
+  options.slots = 0;
+  EXPECT_THAT(options.Validate().message(), HasSubstr("slots"));
+  options = {};
+  options.preload_modules = {"os; import evil"};
+  EXPECT_THAT(options.Validate().message(), HasSubstr("preload_modules"));
+  options = {};
+  options.python_path = "python3";
+  EXPECT_THAT(options.Validate().message(), HasSubstr("python_path"));
 }
 
 }  // namespace

@@ -32,6 +32,10 @@ constexpr const char* kDeniedSyscalls[] = {
     "uselib",          "vhangup",           "iopl",              "ioperm",
     "settimeofday",    "clock_settime",     "clock_adjtime",     "adjtimex",
     "sethostname",     "setdomainname",
+    // POSIX message queues outlive their processes in the IPC namespace, which
+    // a pool slot keeps from one program to the next, and cannot be listed
+    // without mounting mqueue; programs (HumanEval, MBPP, ...) do not use them.
+    "mq_open",         "mq_unlink",
 };
 
 constexpr unsigned long kNamespaceCloneFlags[] = {

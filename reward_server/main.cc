@@ -8,6 +8,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "reward_server/builtin_verifiers.h"
+#include "reward_server/code_verifier.h"
 #include "reward_server/reward_server_service.h"
 #include "reward_server/scorer.h"
 #include "services/runtime/service_main.h"
@@ -27,6 +28,7 @@ int main(int argc, char** argv) {
   reward::BuiltinVerifierOptions verifier_options;
   reward::sandbox::SandboxOptions& sandbox = verifier_options.code.sandbox;
   bool require_sandbox = false;
+  int sandbox_slots = -1;
   int64_t sandbox_memory_mb = static_cast<int64_t>(sandbox.address_space_bytes >> 20);
   main.app()
       .add_option("--workers", scorer_options.num_workers,
@@ -57,6 +59,16 @@ int main(int argc, char** argv) {
                   "when root: first uid of the range sandboxed programs run as (one per "
                   "concurrent run)")
       ->capture_default_str();
+  main.app()
+      .add_option("--sandbox-slots", sandbox_slots,
+                  "prepared sandboxes (a warm python3 each) running programs at once; 0 = a "
+                  "fresh sandbox per program (slower); default: --workers")
+      ->capture_default_str();
+  main.app()
+      .add_option("--sandbox-max-queued", service_options.sandbox_max_queued,
+                  "programs admitted beyond the sandbox slots; a batch past this answers "
+                  "RESOURCE_EXHAUSTED with a retry hint")
+      ->capture_default_str();
   main.app().add_flag("--require-sandbox", require_sandbox,
                       "refuse to start when the code sandbox does not work (default: start, "
                       "log why, and answer code items with error kind sandbox)");
@@ -66,13 +78,20 @@ int main(int argc, char** argv) {
       return absl::InvalidArgumentError(absl::StrCat("--workers: ", valid.message()));
     }
     if (absl::Status valid = service_options.Validate(); !valid.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat("--max-batch-items: ", valid.message()));
+      return absl::InvalidArgumentError(absl::StrCat("--max-batch-items / --sandbox-max-queued: ", valid.message()));
     }
     if (sandbox_memory_mb <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("--sandbox-memory-mb: must be > 0, got ", sandbox_memory_mb));
     }
     sandbox.address_space_bytes = static_cast<uint64_t>(sandbox_memory_mb) << 20;
+    if (sandbox_slots < -1 || sandbox_slots > 1024) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--sandbox-slots: must be in [0, 1024] (or -1: --workers), got ",
+                       sandbox_slots));
+    }
+    verifier_options.code.sandbox_slots =
+        sandbox_slots == -1 ? scorer_options.num_workers : sandbox_slots;
     if (absl::Status valid = verifier_options.code.Validate(); !valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("code sandbox flags: ", valid.message()));
     }
@@ -98,8 +117,23 @@ int main(int argc, char** argv) {
                          std::make_shared<const reward::VerifierRegistry>(std::move(registry)),
                          scorer_options));
     std::shared_ptr<reward::Scorer> shared_scorer = std::move(scorer);
+    std::shared_ptr<const reward::sandbox::SandboxPool> pool;
+    if (auto code = std::dynamic_pointer_cast<const reward::CodeVerifier>(
+            shared_scorer->registry().Find("code"))) {
+      pool = code->pool();
+    }
+    if (pool != nullptr) {
+      // Start every slot now: the first programs should not pay for it.
+      if (absl::Status warm = pool->Warm(); !warm.ok()) {
+        sluice::log::Error("could not start every code sandbox slot; they will be retried as "
+                           "programs arrive", {{"reason", std::string(warm.message())}});
+      } else {
+        sluice::log::Info("code sandbox pool ready",
+                          {{"slots", absl::StrCat(pool->pool_options().slots)}});
+      }
+    }
     auto service = std::make_shared<reward::RewardServerServiceImpl>(
-        shared_scorer, context.metrics_registry(), service_options);
+        shared_scorer, context.metrics_registry(), service_options, pool);
     context.AddService(service, sluice::v1::RewardService::service_full_name());
     context.OnMetricsCollect([service] { service->UpdateScorerGauges(); });
     // In-flight batches return at once with UNAVAILABLE items instead of

@@ -1,5 +1,7 @@
 #include "reward_server/reward_metrics.h"
 
+#include <algorithm>
+
 #include "absl/time/time.h"
 #include "services/runtime/metrics.h"
 
@@ -53,7 +55,77 @@ RewardMetrics::RewardMetrics(prometheus::Registry& registry, size_t mean_window)
                              .Help("Threads still inside a verifier past its deadline "
                                    "(in-process verifiers cannot be interrupted).")
                              .Register(registry)
-                             .Add({})) {}
+                             .Add({})),
+      sandbox_slots_(prometheus::BuildGauge()
+                         .Name("sluice_reward_sandbox_slots")
+                         .Help("Slots of the code sandbox pool, by state (busy, idle, "
+                               "not_started).")
+                         .Register(registry)),
+      sandbox_waiting_(prometheus::BuildGauge()
+                           .Name("sluice_reward_sandbox_waiting_runs")
+                           .Help("Programs waiting for a free sandbox slot.")
+                           .Register(registry)
+                           .Add({})),
+      sandbox_admitted_(prometheus::BuildGauge()
+                            .Name("sluice_reward_sandbox_admitted_programs")
+                            .Help("Sandboxed programs of the batches being scored (the "
+                                  "backlog that admission bounds).")
+                            .Register(registry)
+                            .Add({})),
+      sandbox_runs_(prometheus::BuildCounter()
+                        .Name("sluice_reward_sandbox_runs_total")
+                        .Help("Programs run in the sandbox pool.")
+                        .Register(registry)
+                        .Add({})),
+      sandbox_started_(prometheus::BuildCounter()
+                           .Name("sluice_reward_sandbox_slots_started_total")
+                           .Help("Sandbox slots started (at start-up and to replace "
+                                 "recycled or killed ones).")
+                           .Register(registry)
+                           .Add({})),
+      sandbox_recycled_(prometheus::BuildCounter()
+                            .Name("sluice_reward_sandbox_slots_recycled_total")
+                            .Help("Sandbox slots replaced between programs, by reason (dirty: "
+                                  "the check after a program found something left; "
+                                  "max_runs).")
+                            .Register(registry)),
+      sandbox_killed_(prometheus::BuildCounter()
+                          .Name("sluice_reward_sandbox_slots_killed_total")
+                          .Help("Sandbox slots killed during a program, by reason (deadline, "
+                                "output_limit, unresponsive, died, protocol).")
+                          .Register(registry)),
+      refused_batches_(prometheus::BuildCounter()
+                           .Name("sluice_reward_refused_batches_total")
+                           .Help("ScoreBatch calls refused with RESOURCE_EXHAUSTED and a retry "
+                                 "hint before scoring, by reason.")
+                           .Register(registry)) {}
+
+void RewardMetrics::RecordSandboxPool(const sandbox::SandboxPoolStats& stats, int64_t admitted) {
+  sandbox_slots_.Add({{"state", "busy"}}).Set(stats.busy);
+  sandbox_slots_.Add({{"state", "idle"}}).Set(std::max(0, stats.live - stats.busy));
+  sandbox_slots_.Add({{"state", "not_started"}}).Set(std::max(0, stats.slots - stats.live));
+  sandbox_waiting_.Set(stats.waiting);
+  sandbox_admitted_.Set(static_cast<double>(admitted));
+  absl::MutexLock lock(&mu_);
+  const auto delta = [](uint64_t now, uint64_t before) {
+    return now > before ? static_cast<double>(now - before) : 0.0;
+  };
+  sandbox_runs_.Increment(delta(stats.runs, last_pool_.runs));
+  sandbox_started_.Increment(delta(stats.slots_started, last_pool_.slots_started));
+  for (const auto& [reason, count] : stats.recycled_by_reason) {
+    sandbox_recycled_.Add({{"reason", reason}})
+        .Increment(delta(count, last_pool_.recycled_by_reason[reason]));
+  }
+  for (const auto& [reason, count] : stats.killed_by_reason) {
+    sandbox_killed_.Add({{"reason", reason}})
+        .Increment(delta(count, last_pool_.killed_by_reason[reason]));
+  }
+  last_pool_ = stats;
+}
+
+void RewardMetrics::RecordRefusedBatch(const std::string& reason) {
+  refused_batches_.Add({{"reason", reason}}).Increment();
+}
 
 void RewardMetrics::RecordScorerStats(const Scorer::Stats& stats) {
   queued_items_.Set(static_cast<double>(stats.queued_jobs));

@@ -13,6 +13,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "reward_server/sandbox/sandbox_pool.h"
 #include "reward_server/scorer.h"
 
 namespace sluice::reward_server {
@@ -29,6 +30,22 @@ namespace sluice::reward_server {
 //   sluice_reward_busy_workers                      threads running a verifier
 //   sluice_reward_abandoned_workers                 threads left inside a
 //                                                   verifier past its deadline
+//   sluice_reward_sandbox_slots{state}              the code sandbox pool's
+//                                                   slots: busy, idle (started,
+//                                                   free), not_started
+//   sluice_reward_sandbox_waiting_runs              programs waiting for a slot
+//   sluice_reward_sandbox_admitted_programs         programs of the batches
+//                                                   being scored (admission)
+//   sluice_reward_sandbox_runs_total                programs run in the pool
+//   sluice_reward_sandbox_slots_started_total       slots started
+//   sluice_reward_sandbox_slots_recycled_total{reason}  replaced between
+//                                                   programs: dirty, max_runs
+//   sluice_reward_sandbox_slots_killed_total{reason}    killed mid-program:
+//                                                   deadline, output_limit,
+//                                                   unresponsive, died, protocol
+//   sluice_reward_refused_batches_total{reason}     ScoreBatch calls refused
+//                                                   with RESOURCE_EXHAUSTED
+//                                                   (sandbox_full)
 //
 // `verifier` is the item's top-level verifier ("math", "composite"); an
 // unknown name is labelled "unknown" and an item rejected before any verifier
@@ -45,6 +62,12 @@ class RewardMetrics {
 
   // The scorer's state now (Scorer::GetStats), for the queue gauges.
   void RecordScorerStats(const Scorer::Stats& stats);
+
+  // The sandbox pool's state and counters now, and the programs admitted.
+  void RecordSandboxPool(const sandbox::SandboxPoolStats& stats, int64_t admitted)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A ScoreBatch refused before scoring (reason: "sandbox_full").
+  void RecordRefusedBatch(const std::string& reason);
 
  private:
   struct PerVerifier {
@@ -64,8 +87,19 @@ class RewardMetrics {
   prometheus::Gauge& queued_items_;
   prometheus::Gauge& busy_workers_;
   prometheus::Gauge& abandoned_workers_;
+  prometheus::Family<prometheus::Gauge>& sandbox_slots_;
+  prometheus::Gauge& sandbox_waiting_;
+  prometheus::Gauge& sandbox_admitted_;
+  prometheus::Counter& sandbox_runs_;
+  prometheus::Counter& sandbox_started_;
+  prometheus::Family<prometheus::Counter>& sandbox_recycled_;
+  prometheus::Family<prometheus::Counter>& sandbox_killed_;
+  prometheus::Family<prometheus::Counter>& refused_batches_;
   absl::Mutex mu_;
   std::map<std::string, PerVerifier> verifiers_ ABSL_GUARDED_BY(mu_);
+  // The pool's counters at the last RecordSandboxPool (Prometheus counters
+  // take increments).
+  sandbox::SandboxPoolStats last_pool_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace sluice::reward_server

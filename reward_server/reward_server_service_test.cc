@@ -7,6 +7,10 @@
 #include <string>
 #include <vector>
 
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -14,7 +18,10 @@
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 #include "reward_server/builtin_verifiers.h"
+#include "reward_server/code_verifier.h"
+#include "reward_server/sandbox_admission.h"
 #include "reward_server/scorer.h"
+#include "services/runtime/grpc_status.h"
 
 namespace sluice::reward_server {
 namespace {
@@ -25,14 +32,19 @@ using ::testing::HasSubstr;
 // The real service on an in-process channel.
 class RewardServiceTest : public ::testing::Test {
  protected:
-  void Start(RewardServiceOptions options = {}) {
-    absl::StatusOr<VerifierRegistry> registry = MakeBuiltinVerifierRegistry();
+  void Start(RewardServiceOptions options = {}, BuiltinVerifierOptions verifiers = {}) {
+    absl::StatusOr<VerifierRegistry> registry = MakeBuiltinVerifierRegistry(verifiers);
     ASSERT_TRUE(registry.ok());
     absl::StatusOr<std::unique_ptr<Scorer>> scorer = Scorer::Create(
         std::make_shared<const VerifierRegistry>(*std::move(registry)), ScorerOptions{});
     ASSERT_TRUE(scorer.ok());
     scorer_ = *std::move(scorer);
-    service_ = std::make_unique<RewardServerServiceImpl>(scorer_, metrics_, options);
+    std::shared_ptr<const sandbox::SandboxPool> pool;
+    if (auto code = std::dynamic_pointer_cast<const CodeVerifier>(
+            scorer_->registry().Find("code"))) {
+      pool = code->pool();
+    }
+    service_ = std::make_unique<RewardServerServiceImpl>(scorer_, metrics_, options, pool);
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -44,10 +56,27 @@ class RewardServiceTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
-  grpc::Status Score(const v1::ScoreBatchRequest& request, v1::ScoreBatchResponse* response) {
+  grpc::Status Score(const v1::ScoreBatchRequest& request, v1::ScoreBatchResponse* response,
+                     std::string* retry_pushback = nullptr) {
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    return stub_->ScoreBatch(&context, request, response);
+    grpc::Status status = stub_->ScoreBatch(&context, request, response);
+    if (retry_pushback != nullptr) {
+      const auto& trailers = context.GetServerTrailingMetadata();
+      auto it = trailers.find(std::string(runtime::kRetryPushbackMetadataKey));
+      *retry_pushback = it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+    }
+    return status;
+  }
+
+  static void AddCodeItem(v1::ScoreBatchRequest* request, const std::string& id,
+                          const std::string& body) {
+    v1::ScoreItem* item = request->add_items();
+    item->set_item_id(id);
+    item->set_verifier("code");
+    item->set_response(absl::StrCat("def f():\n", body));
+    item->set_test("def check(candidate):\n    candidate()\n");
+    item->set_entry_point("f");
   }
 
   std::string Metrics() const { return prometheus::TextSerializer().Serialize(metrics_.Collect()); }
@@ -303,6 +332,115 @@ TEST_F(RewardServiceTest, AfterScorerShutdownScoreBatchIsUnavailable) {
   AddItem(&request, "a", "math", "1", "1");
   v1::ScoreBatchResponse response;
   EXPECT_EQ(Score(request, &response).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST(SandboxAdmissionTest, AdmitsUpToCapacityThenRefusesWithAHint) {
+  SandboxAdmissionOptions options;
+  options.slots = 2;
+  options.max_queued = 3;
+  SandboxAdmission admission(options, [] { return absl::Milliseconds(400); });
+  EXPECT_TRUE(admission.TryAdmit(4).ok());
+  EXPECT_TRUE(admission.TryAdmit(1).ok());  // 5 = slots + max_queued.
+  const absl::Status refused = admission.TryAdmit(1);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
+  // 5 admitted over 2 slots at 400 ms each: about 1 s of waiting.
+  ASSERT_TRUE(runtime::RetryAfter(refused).has_value());
+  EXPECT_EQ(*runtime::RetryAfter(refused), absl::Milliseconds(1000));
+  EXPECT_THAT(refused.message(), HasSubstr("retry after 1000 ms"));
+  EXPECT_EQ(admission.refused(), 1u);
+  admission.Release(5);
+  EXPECT_EQ(admission.admitted(), 0);
+  // An idle server takes a batch of any size; nothing else fits beside it.
+  EXPECT_TRUE(admission.TryAdmit(50).ok());
+  EXPECT_FALSE(admission.TryAdmit(1).ok());
+  EXPECT_TRUE(admission.TryAdmit(0).ok());
+}
+
+TEST(SandboxAdmissionTest, HintStaysWithinItsBounds) {
+  SandboxAdmissionOptions options;
+  options.slots = 1;
+  options.max_queued = 0;
+  options.max_retry_after = absl::Seconds(2);
+  SandboxAdmission slow(options, [] { return absl::Seconds(10); });
+  ASSERT_TRUE(slow.TryAdmit(1).ok());
+  EXPECT_EQ(*runtime::RetryAfter(slow.TryAdmit(1)), absl::Seconds(2));
+  SandboxAdmission unknown(options);  // No run yet: 100 ms per program.
+  ASSERT_TRUE(unknown.TryAdmit(1).ok());
+  EXPECT_EQ(*runtime::RetryAfter(unknown.TryAdmit(1)), absl::Milliseconds(100));
+}
+
+TEST(SandboxAdmissionTest, CountsTheProgramsABatchRuns) {
+  std::vector<ScoreItem> items(4);
+  items[0].verifier = "code";
+  items[1].verifier = "math";
+  items[2].verifier = "";
+  items[3].verifier = "";
+  EXPECT_EQ(CountSandboxedPrograms(items, {}), 1);
+  EXPECT_EQ(CountSandboxedPrograms(items, {{"math", 1.0, {}}, {"code", 1.0, {}}}), 3);
+}
+
+// A full sandbox backlog refuses the next batch at once, with when to come
+// back, instead of leaving it to time out; the pool shows in /metrics.
+TEST_F(RewardServiceTest, FullSandboxAnswersResourceExhaustedWithARetryHint) {
+  RewardServiceOptions options;
+  options.sandbox_max_queued = 0;
+  BuiltinVerifierOptions verifiers;
+  verifiers.code.sandbox_slots = 1;
+  Start(options, verifiers);
+  v1::ScoreBatchRequest slow;
+  AddCodeItem(&slow, "slow", "    import time\n    time.sleep(1.5)\n");
+  std::thread busy([&] {
+    v1::ScoreBatchResponse response;
+    const grpc::Status status = Score(slow, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    ASSERT_EQ(response.results_size(), 1);
+    EXPECT_EQ(response.results(0).result().reward(), 1.0);
+  });
+  absl::SleepFor(absl::Milliseconds(400));
+  v1::ScoreBatchRequest next;
+  AddCodeItem(&next, "next", "    pass\n");
+  AddItem(&next, "math", "math", "1", "1");
+  v1::ScoreBatchResponse response;
+  std::string pushback;
+  const grpc::Status refused = Score(next, &response, &pushback);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("retry after"));
+  int64_t pushback_ms = 0;
+  EXPECT_TRUE(absl::SimpleAtoi(pushback, &pushback_ms)) << pushback;
+  EXPECT_GE(pushback_ms, 100);
+  // A batch without code passes meanwhile.
+  v1::ScoreBatchRequest math_only;
+  AddItem(&math_only, "m", "math", "2", "2");
+  EXPECT_TRUE(Score(math_only, &response).ok());
+  busy.join();
+  // Once the slow batch is done, the same batch is admitted.
+  const grpc::Status later = Score(next, &response);
+  EXPECT_TRUE(later.ok()) << later.error_message();
+  service_->UpdateScorerGauges();
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_refused_batches_total{reason=\"sandbox_full\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_sandbox_slots{state=\"idle\"} 1"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_sandbox_runs_total 2"));
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_sandbox_admitted_programs 0"));
+}
+
+TEST_F(RewardServiceTest, KilledAndRecycledSlotsAreCounted) {
+  BuiltinVerifierOptions verifiers;
+  verifiers.code.sandbox_slots = 1;
+  Start({}, verifiers);
+  v1::ScoreBatchRequest request;
+  AddCodeItem(&request, "loop", "    while True:\n        pass\n");
+  request.mutable_items(0)->set_timeout_ms(1000);
+  AddCodeItem(&request, "ipc",
+              "    import ctypes\n    ctypes.CDLL(None).shmget(0, 4096, 0o1600)\n");
+  v1::ScoreBatchResponse response;
+  ASSERT_TRUE(Score(request, &response).ok());
+  service_->UpdateScorerGauges();
+  const std::string metrics = Metrics();
+  EXPECT_THAT(metrics,
+              HasSubstr("sluice_reward_sandbox_slots_recycled_total{reason=\"dirty\"} 1"));
+  // The loop dies by the deadline (slot killed) or, first, by SIGXCPU.
+  EXPECT_THAT(metrics, HasSubstr("sluice_reward_sandbox_slots_started_total"));
 }
 
 }  // namespace

@@ -35,8 +35,13 @@ using nlohmann::json;
 namespace {
 
 constexpr int kControlFd = 3;   // The zygote's end of the control socket.
-constexpr int kZygoteFd = 7;    // zygote.py, for --ro-bind-data.
+constexpr int kZygoteFd = 7;       // zygote.py, for --ro-bind-data.
+constexpr int kInterpreterFd = 8;  // The interpreter's binary, likewise.
 constexpr char kZygotePath[] = "/sluice/zygote.py";
+// An execute-only copy of the interpreter: a process that execs a file it
+// cannot read is made not dumpable by the kernel, which closes the zygote's
+// /proc/1/mem and /proc/1/fd to the programs (same uid) without ctypes.
+constexpr char kInterpreterCopy[] = "/sluice/python3";
 constexpr char kFilesDir[] = "/sandbox/";
 // Directories a program may write, emptied between programs.
 const char* const kWritableDirs[] = {"/tmp", "/dev/shm", "/sandbox"};
@@ -248,11 +253,13 @@ namespace {
 
 std::string ZygoteSettings(const SandboxOptions& options, const SandboxPoolOptions& pool) {
   json settings;
+  settings["python"] = pool.python_path;
   settings["preload"] = pool.preload_modules;
   settings["writable"] = std::vector<std::string>(std::begin(kWritableDirs), std::end(kWritableDirs));
   // The zygote shares the program's uid: it takes one task of the budget
   // (and bwrap, outside the namespace, another).
   settings["max_processes"] = std::max(1, options.max_processes - 1);
+  settings["max_file_bytes"] = options.max_file_bytes;
   return settings.dump();
 }
 
@@ -367,22 +374,36 @@ absl::Status SandboxPool::Start(Slot& slot) const {
   if (!seccomp.ok()) return seccomp.status();
   absl::StatusOr<UniqueFd> zygote = MakeMemfd("sluice-zygote", kZygotePy);
   if (!zygote.ok()) return zygote.status();
+  UniqueFd interpreter(open(pool_options_.python_path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!interpreter.valid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "sandbox slot set-up failed: cannot open the interpreter ", pool_options_.python_path,
+        ": ", strerror(errno), " -- the program to run is missing: check the interpreter path "
+        "(--python) and read_only_paths"));
+  }
 
   std::vector<std::string> args = BwrapSandboxArgs(options_);
   args.insert(args.end(), {"--size", absl::StrCat(options_.tmpfs_bytes), "--tmpfs", "/sandbox",
                            "--ro-bind-data", absl::StrCat(kZygoteFd), kZygotePath,
+                           "--perms", "0111", "--ro-bind-data", absl::StrCat(kInterpreterFd),
+                           kInterpreterCopy,
                            "--remount-ro", "/", "--chdir", "/", "--clearenv"});
   for (const auto& [key, value] : SandboxEnv({})) {
     args.insert(args.end(), {"--setenv", key, value});
   }
   args.insert(args.end(), {"--seccomp", absl::StrCat(kSeccompFd), "--json-status-fd",
                            absl::StrCat(kStatusFd), "--as-pid-1", "--",
-                           pool_options_.python_path, "-I", "-B", kZygotePath, zygote_settings_});
+                           kInterpreterCopy, "-I", "-B", kZygotePath, zygote_settings_});
   BwrapLaunch launch;
   launch.args = std::move(args);
   launch.fds = {dev_null.get(), log->write.get(), log->write.get(), zygote_end.get(),
-                dev_null.get(), seccomp->get(), status->write.get(), zygote->get()};
-  launch.limits = ProgramLimits(options_);
+                dev_null.get(), seccomp->get(), status->write.get(), zygote->get(),
+                interpreter.get()};
+  // RLIMIT_FSIZE is the program's, set by the zygote in each child: bwrap
+  // writes the interpreter's copy under the limits given here.
+  for (const auto& limit : ProgramLimits(options_)) {
+    if (limit.first != RLIMIT_FSIZE) launch.limits.push_back(limit);
+  }
   if (as_root) {
     launch.limits.push_back({RLIMIT_NPROC, {static_cast<rlim_t>(options_.max_processes),
                                             static_cast<rlim_t>(options_.max_processes)}});
@@ -421,7 +442,12 @@ absl::Status SandboxPool::Start(Slot& slot) const {
     while (!log_text.empty() && (log_text.back() == '\n' || log_text.back() == ' ')) {
       log_text.pop_back();
     }
-    const std::string hint = SandboxSetupHint(log_text);
+    std::string hint = SandboxSetupHint(log_text);
+    if (hint.empty() && absl::StrContains(log_text, "ModuleNotFoundError")) {
+      hint = "the interpreter lacks part of its standard library, which the pool's warm "
+             "interpreter needs (Debian: install python3, not only python3-minimal); or run a "
+             "fresh sandbox per program (--sandbox-slots 0)";
+    }
     return absl::FailedPreconditionError(
         absl::StrCat("sandbox slot set-up failed: ", what,
                      log_text.empty() ? "" : absl::StrCat(": ", log_text),

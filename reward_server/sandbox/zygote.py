@@ -22,13 +22,15 @@
 #
 # Why a program cannot reach the next one through the zygote: the zygote is
 # the namespace's init, which the kernel protects from signals sent inside
-# the namespace; it is not dumpable, so /proc/1/mem, /proc/1/fd and ptrace
-# are closed to processes of its own uid; its socket is closed in the child
+# the namespace; it is not dumpable (the server runs it from an execute-only
+# copy of the interpreter, and the kernel marks a process that execs a file
+# it cannot read as not dumpable), so /proc/1/mem, /proc/1/fd and ptrace are
+# closed to processes of its own uid; its socket is closed in the child
 # before the program runs; and the child's changes to the interpreter
 # (modules, builtins, environment, signal handlers, rlimits) live in the
-# child's own copy of memory.
+# child's own copy of memory. Only modules of a minimal Python install are
+# used (no ctypes).
 import builtins
-import ctypes
 import errno
 import json
 import linecache
@@ -43,13 +45,6 @@ import traceback
 import types
 
 CONTROL_FD = 3
-PR_SET_DUMPABLE = 4
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _set_dumpable(value):
-    _libc.prctl(PR_SET_DUMPABLE, value, 0, 0, 0)
-
 
 def _send(sock, message):
     sock.sendall(json.dumps(message).encode() + b"\n")
@@ -172,9 +167,10 @@ def _run_warm(argv, mode, target, args):
     return status
 
 
-def _warm_command(argv):
-    """(mode, target, args) when argv is this interpreter in isolated mode."""
-    if not argv or argv[0] != sys.executable:
+def _warm_command(argv, python):
+    """(mode, target, args) when argv is this interpreter (`python`, its path
+    as programs know it) in isolated mode."""
+    if not argv or argv[0] != python:
         return None
     flags = set()
     i = 1
@@ -210,15 +206,17 @@ def _child(header, fds, exec_error_w, settings):
         resource.setrlimit(resource.RLIMIT_NPROC, (limit, limit))
         cpu = header["cpu_seconds"]
         resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+        size = settings["max_file_bytes"]
+        resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
         os.umask(0o022)
         os.chdir("/tmp")
         os.environ.clear()
         for key, value in header["env"]:
             os.environ[key] = value
-        _set_dumpable(1)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
         argv = header["argv"]
-        warm = _warm_command(argv)
+        sys.executable = settings["python"]
+        warm = _warm_command(argv, settings["python"])
         if warm is None:
             for sig in signal.valid_signals():
                 if sig not in (signal.SIGKILL, signal.SIGSTOP):
@@ -326,7 +324,6 @@ def _clean(wiped):
 
 def main():
     settings = json.loads(sys.argv[1])
-    _set_dumpable(0)
     # As init, only signals with a handler reach us from inside the namespace;
     # make sure there is none (Python installs one for SIGINT).
     signal.signal(signal.SIGINT, signal.SIG_IGN)

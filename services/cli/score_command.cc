@@ -1,5 +1,6 @@
 #include "services/cli/score_command.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iostream>
@@ -308,8 +309,11 @@ int RunScore(const ScoreFlags& flags, std::ostream& err) {
   std::shared_ptr<reward_server::Scorer> scorer;
   std::shared_ptr<clients::RewardClient> client;
   if (flags.target.empty()) {
+    // One prepared sandbox per scoring thread.
+    reward_server::BuiltinVerifierOptions verifiers;
+    verifiers.code.sandbox_slots = std::clamp(flags.workers, 1, 1024);
     absl::StatusOr<reward_server::VerifierRegistry> registry =
-        reward_server::MakeBuiltinVerifierRegistry();
+        reward_server::MakeBuiltinVerifierRegistry(verifiers);
     if (!registry.ok()) {
       err << "sluice score: " << registry.status().message() << "\n";
       return 1;

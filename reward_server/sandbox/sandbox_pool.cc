@@ -123,7 +123,6 @@ void DrainLog(int fd, std::string& kept) {
 }
 
 bool Readable(int fd) {
-  if (fd < 0) return true;
   struct pollfd p = {fd, POLLIN, 0};
   return poll(&p, 1, 0) > 0;
 }
@@ -321,7 +320,7 @@ void SandboxPool::Count(const char* counter, const std::string& reason) const {
 
 bool SandboxPool::Alive(const Slot& slot) const {
   return slot.zygote_pidfd.valid() && !Readable(slot.zygote_pidfd.get()) &&
-         !Readable(slot.bwrap_pidfd.get());
+         (!slot.bwrap_pidfd.valid() || !Readable(slot.bwrap_pidfd.get()));
 }
 
 void SandboxPool::Kill(Slot& slot) const {

@@ -382,6 +382,22 @@ std::vector<std::pair<int, struct rlimit>> ProgramLimits(const SandboxOptions& o
   };
 }
 
+SandboxResult CollectOutput(Stream (&streams)[3], int secret_read_fd, bool has_secret,
+                            absl::Time start) {
+  SandboxResult run;
+  int unread_secret = 0;
+  run.started = has_secret && ioctl(secret_read_fd, FIONREAD, &unread_secret) == 0 &&
+                unread_secret == 0;
+  for (Stream& stream : streams) stream.Finish();
+  run.stdout_text = std::move(streams[0].kept);
+  run.stderr_text = std::move(streams[1].kept);
+  run.result = std::move(streams[2].kept);
+  run.stdout_bytes = streams[0].total;
+  run.stderr_bytes = streams[1].total;
+  run.wall_time = absl::Now() - start;
+  return run;
+}
+
 std::vector<std::string> BwrapSandboxArgs(const SandboxOptions& options) {
   std::vector<std::string> args = {
       options.bwrap_path,
@@ -782,17 +798,8 @@ absl::StatusOr<SandboxResult> Sandbox::Run(const SandboxRequest& request) const 
     WaitPidfd(init_pidfd.get(), absl::Now() + kNamespaceExitGrace);
   }
 
-  SandboxResult run;
-  int unread_secret = 0;
-  run.started = !request.secret.empty() &&
-                ioctl(secret->read.get(), FIONREAD, &unread_secret) == 0 && unread_secret == 0;
-  for (Stream& stream : streams) stream.Finish();
-  run.stdout_text = std::move(streams[0].kept);
-  run.stderr_text = std::move(streams[1].kept);
-  run.result = std::move(streams[2].kept);
-  run.stdout_bytes = streams[0].total;
-  run.stderr_bytes = streams[1].total;
-  run.wall_time = absl::Now() - start;
+  SandboxResult run =
+      CollectOutput(streams, secret->read.get(), !request.secret.empty(), start);
   if (killed_for.has_value()) {
     run.termination = *killed_for;
     return run;

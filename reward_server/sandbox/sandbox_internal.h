@@ -131,6 +131,13 @@ struct Stream {
   void Finish();
 };
 
+// A run's result from its drained streams (stdout, stderr, the result
+// channel): the output kept and counted, whether the program read its secret
+// to the end (nothing left unread in `secret_read_fd`), and the wall time since
+// `start`. The termination is the caller's to fill in.
+SandboxResult CollectOutput(Stream (&streams)[3], int secret_read_fd, bool has_secret,
+                            absl::Time start);
+
 // RLIMIT_CPU of a program: the configured cpu_time, or its wall budget
 // (deadline - start) plus a second when that is shorter, at least 1.
 int64_t RunCpuSeconds(const SandboxOptions& options, absl::Time deadline, absl::Time start);

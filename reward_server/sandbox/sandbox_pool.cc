@@ -5,7 +5,6 @@
 #include <poll.h>
 #include <signal.h>
 #include <string.h>
-#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/wait.h>
@@ -745,17 +744,8 @@ absl::StatusOr<SandboxResult> SandboxPool::RunOn(Slot& slot, const SandboxReques
     outcome.recycle = "dirty";
   }
 
-  SandboxResult run;
-  int unread_secret = 0;
-  run.started = !request.secret.empty() &&
-                ioctl(secret->read.get(), FIONREAD, &unread_secret) == 0 && unread_secret == 0;
-  for (Stream& stream : streams) stream.Finish();
-  run.stdout_text = std::move(streams[0].kept);
-  run.stderr_text = std::move(streams[1].kept);
-  run.result = std::move(streams[2].kept);
-  run.stdout_bytes = streams[0].total;
-  run.stderr_bytes = streams[1].total;
-  run.wall_time = absl::Now() - start;
+  SandboxResult run =
+      CollectOutput(streams, secret->read.get(), !request.secret.empty(), start);
   if (killed_for.has_value()) {
     run.termination = *killed_for;
     return run;

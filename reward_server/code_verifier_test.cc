@@ -39,7 +39,15 @@ VerifyRequest AddRequest(std::string response, absl::Duration timeout = absl::Se
   return request;
 }
 
-class CodeVerifierTest : public ::testing::Test {
+CodeVerifierOptions WithSlots(int slots) {
+  CodeVerifierOptions options;
+  options.sandbox_slots = slots;
+  return options;
+}
+
+// Every case through the pool of prepared sandboxes (the default, 2 slots)
+// and through a fresh sandbox per program (0).
+class CodeVerifierTest : public ::testing::TestWithParam<int> {
  protected:
   static void SetUpTestSuite() {
     // Fails (never skips) where namespaces are refused, with the hint.
@@ -49,8 +57,33 @@ class CodeVerifierTest : public ::testing::Test {
 
   VerifyOutcome Verify(const VerifyRequest& request) { return verifier_.Verify(request); }
 
-  CodeVerifier verifier_{CodeVerifierOptions()};
+  CodeVerifier verifier_{WithSlots(GetParam())};
 };
+
+INSTANTIATE_TEST_SUITE_P(Sandboxes, CodeVerifierTest, ::testing::Values(2, 0),
+                         [](const ::testing::TestParamInfo<int>& info) {
+                           return info.param > 0 ? std::string("Pooled") : std::string("PerRun");
+                         });
+
+// A pool whose slots are all busy until an item's deadline fails the item as
+// unavailable (retryable: the server's load), not as the model's fault.
+TEST(CodeVerifierPoolTest, NoFreeSlotBeforeTheDeadlineIsUnavailable) {
+  CodeVerifier verifier(WithSlots(1));
+  std::thread busy([&] {
+    const VerifyOutcome slow =
+        verifier.Verify(AddRequest("    import time\n    time.sleep(1.5)\n    return a + b\n"));
+    EXPECT_EQ(slow.reward, 1.0) << slow.detail;
+  });
+  absl::SleepFor(absl::Milliseconds(400));
+  const VerifyOutcome waited =
+      verifier.Verify(AddRequest("    return a + b\n", absl::Milliseconds(300)));
+  EXPECT_EQ(waited.error_kind, VerifierErrorKind::kUnavailable) << waited.detail;
+  EXPECT_TRUE(IsRetryable(waited.error_kind));
+  busy.join();
+  EXPECT_EQ(verifier.Verify(AddRequest("    return a + b\n")).reward, 1.0);
+  ASSERT_NE(verifier.pool(), nullptr);
+  EXPECT_EQ(CodeVerifier(WithSlots(0)).pool(), nullptr);
+}
 
 TEST(CodeVerifierOptionsTest, ValidateNamesTheField) {
   CodeVerifierOptions options;
@@ -60,6 +93,9 @@ TEST(CodeVerifierOptionsTest, ValidateNamesTheField) {
   options = CodeVerifierOptions();
   options.sandbox.max_processes = 0;
   EXPECT_THAT(options.Validate().message(), HasSubstr("sandbox.max_processes"));
+  options = CodeVerifierOptions();
+  options.sandbox_slots = -1;
+  EXPECT_THAT(options.Validate().message(), HasSubstr("sandbox_slots"));
   options = CodeVerifierOptions();
   options.max_timeout = absl::Seconds(1);
   EXPECT_THAT(options.Validate().message(), HasSubstr("max_timeout"));
@@ -82,12 +118,12 @@ TEST(CodeVerifierInfoTest, IsABuiltinVerifier) {
   EXPECT_NE(registry->Find("code"), nullptr);
 }
 
-TEST_F(CodeVerifierTest, SelfCheckPasses) {
+TEST_P(CodeVerifierTest, SelfCheckPasses) {
   const absl::Status status = CheckSandboxAvailable(CodeVerifierOptions());
   EXPECT_TRUE(status.ok()) << status;
 }
 
-TEST_F(CodeVerifierTest, PassingSolutionGetsOne) {
+TEST_P(CodeVerifierTest, PassingSolutionGetsOne) {
   const VerifyOutcome outcome = Verify(AddRequest("    return a + b\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kNone) << outcome.detail;
   EXPECT_EQ(outcome.reward, 1.0) << outcome.detail;
@@ -95,7 +131,7 @@ TEST_F(CodeVerifierTest, PassingSolutionGetsOne) {
   EXPECT_EQ(outcome.tests_total, 1);
 }
 
-TEST_F(CodeVerifierTest, FailingAssertionGetsZeroWithTheTraceback) {
+TEST_P(CodeVerifierTest, FailingAssertionGetsZeroWithTheTraceback) {
   const VerifyOutcome outcome = Verify(AddRequest("    return a - b\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kNone);
   EXPECT_EQ(outcome.reward, 0.0);
@@ -106,14 +142,14 @@ TEST_F(CodeVerifierTest, FailingAssertionGetsZeroWithTheTraceback) {
   EXPECT_THAT(outcome.detail, HasSubstr("assert candidate(2, 3) == 5"));
 }
 
-TEST_F(CodeVerifierTest, ExceptionGetsZero) {
+TEST_P(CodeVerifierTest, ExceptionGetsZero) {
   const VerifyOutcome outcome = Verify(AddRequest("    return {}[a]\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kNone);
   EXPECT_EQ(outcome.reward, 0.0);
   EXPECT_THAT(outcome.detail, HasSubstr("KeyError"));
 }
 
-TEST_F(CodeVerifierTest, SyntaxErrorIsAParseError) {
+TEST_P(CodeVerifierTest, SyntaxErrorIsAParseError) {
   const VerifyOutcome outcome = Verify(AddRequest("    return a +\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kParse);
   EXPECT_EQ(outcome.reward, 0.0);
@@ -121,7 +157,7 @@ TEST_F(CodeVerifierTest, SyntaxErrorIsAParseError) {
   EXPECT_THAT(outcome.detail, HasSubstr("SyntaxError"));
 }
 
-TEST_F(CodeVerifierTest, ExitingZeroBeforeTheTestsGetsZero) {
+TEST_P(CodeVerifierTest, ExitingZeroBeforeTheTestsGetsZero) {
   for (const char* response : {
            "    return a + b\nimport sys\nsys.exit(0)\n",             // Top level.
            "    return a + b\nquit()\n",                              // Top level.
@@ -137,7 +173,7 @@ TEST_F(CodeVerifierTest, ExitingZeroBeforeTheTestsGetsZero) {
   }
 }
 
-TEST_F(CodeVerifierTest, ExitingZeroAfterFailingTheTestsGetsZero) {
+TEST_P(CodeVerifierTest, ExitingZeroAfterFailingTheTestsGetsZero) {
   // atexit handlers never run: the harness leaves with os._exit.
   const VerifyOutcome outcome = Verify(AddRequest(
       "    return a - b\nimport atexit, os\natexit.register(lambda: os._exit(0))\n"));
@@ -145,7 +181,7 @@ TEST_F(CodeVerifierTest, ExitingZeroAfterFailingTheTestsGetsZero) {
   EXPECT_THAT(outcome.detail, HasSubstr("AssertionError"));
 }
 
-TEST_F(CodeVerifierTest, MissingEntryPointGetsZero) {
+TEST_P(CodeVerifierTest, MissingEntryPointGetsZero) {
   VerifyRequest request = AddRequest("    return a + b\n");
   request.entry_point = "plus";
   const VerifyOutcome outcome = Verify(request);
@@ -154,7 +190,7 @@ TEST_F(CodeVerifierTest, MissingEntryPointGetsZero) {
   EXPECT_THAT(outcome.detail, HasSubstr("'plus' is not defined"));
 }
 
-TEST_F(CodeVerifierTest, TopLevelAssertsServeWhenThereIsNoCheck) {
+TEST_P(CodeVerifierTest, TopLevelAssertsServeWhenThereIsNoCheck) {
   VerifyRequest request = AddRequest("    return a + b\n");
   request.test = "assert add(1, 2) == 3\n";
   EXPECT_EQ(Verify(request).reward, 1.0);
@@ -162,7 +198,7 @@ TEST_F(CodeVerifierTest, TopLevelAssertsServeWhenThereIsNoCheck) {
   EXPECT_EQ(Verify(request).reward, 0.0);
 }
 
-TEST_F(CodeVerifierTest, MissingFieldsAreInvalidInput) {
+TEST_P(CodeVerifierTest, MissingFieldsAreInvalidInput) {
   VerifyRequest request = AddRequest("    return a + b\n");
   request.test.clear();
   EXPECT_EQ(Verify(request).error_kind, VerifierErrorKind::kInvalidInput);
@@ -171,7 +207,7 @@ TEST_F(CodeVerifierTest, MissingFieldsAreInvalidInput) {
   EXPECT_EQ(Verify(request).error_kind, VerifierErrorKind::kInvalidInput);
 }
 
-TEST_F(CodeVerifierTest, InfiniteLoopTimesOut) {
+TEST_P(CodeVerifierTest, InfiniteLoopTimesOut) {
   const absl::Time start = absl::Now();
   const VerifyOutcome outcome = Verify(AddRequest("    while True:\n        pass\n", absl::Seconds(1)));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kTimeout) << outcome.detail;
@@ -182,7 +218,7 @@ TEST_F(CodeVerifierTest, InfiniteLoopTimesOut) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(8));
 }
 
-TEST_F(CodeVerifierTest, ForkBombTimesOutContained) {
+TEST_P(CodeVerifierTest, ForkBombTimesOutContained) {
   const VerifyOutcome outcome = Verify(AddRequest(
       "    import os\n    while True:\n        try:\n            os.fork()\n"
       "        except OSError:\n            pass\n",
@@ -191,7 +227,7 @@ TEST_F(CodeVerifierTest, ForkBombTimesOutContained) {
   EXPECT_EQ(outcome.reward, 0.0);
 }
 
-TEST_F(CodeVerifierTest, MemoryBombIsResourceExhausted) {
+TEST_P(CodeVerifierTest, MemoryBombIsResourceExhausted) {
   const VerifyOutcome outcome =
       Verify(AddRequest("    chunks = []\n    while True:\n        chunks.append(bytearray(1 << 26))\n"));
   EXPECT_THAT(outcome.error_kind,
@@ -200,26 +236,26 @@ TEST_F(CodeVerifierTest, MemoryBombIsResourceExhausted) {
   EXPECT_EQ(outcome.reward, 0.0);
 }
 
-TEST_F(CodeVerifierTest, OutputFloodIsResourceExhausted) {
+TEST_P(CodeVerifierTest, OutputFloodIsResourceExhausted) {
   const VerifyOutcome outcome = Verify(AddRequest(
       "    import sys\n    while True:\n        sys.stdout.write('x' * 65536)\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kResourceExhausted) << outcome.detail;
   EXPECT_EQ(outcome.reward, 0.0);
 }
 
-TEST_F(CodeVerifierTest, HugeFileIsResourceExhausted) {
+TEST_P(CodeVerifierTest, HugeFileIsResourceExhausted) {
   const VerifyOutcome outcome = Verify(AddRequest(
       "    open('/tmp/big', 'wb').write(b'x' * (64 << 20))\n    return a + b\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kResourceExhausted) << outcome.detail;
 }
 
-TEST_F(CodeVerifierTest, SegfaultIsACrash) {
+TEST_P(CodeVerifierTest, SegfaultIsACrash) {
   const VerifyOutcome outcome = Verify(AddRequest("    import ctypes\n    ctypes.string_at(0)\n"));
   EXPECT_EQ(outcome.error_kind, VerifierErrorKind::kCrash) << outcome.detail;
   EXPECT_THAT(outcome.detail, HasSubstr("signal 11"));
 }
 
-TEST_F(CodeVerifierTest, NetworkIsUnavailable) {
+TEST_P(CodeVerifierTest, NetworkIsUnavailable) {
   const VerifyOutcome outcome = Verify(AddRequest(
       "    import socket\n    socket.create_connection(('8.8.8.8', 53), timeout=2)\n"
       "    return a + b\n"));
@@ -227,7 +263,7 @@ TEST_F(CodeVerifierTest, NetworkIsUnavailable) {
   EXPECT_THAT(outcome.detail, HasSubstr("PermissionError"));
 }
 
-TEST_F(CodeVerifierTest, KillingEverythingHarmsOnlyTheSandbox) {
+TEST_P(CodeVerifierTest, KillingEverythingHarmsOnlyTheSandbox) {
   const VerifyOutcome outcome = Verify(AddRequest(
       "    import os, signal\n"
       "    for target in (os.getppid(), 1, -1):\n"
@@ -318,7 +354,7 @@ std::vector<VerifyOutcome> VerifyAll(const CodeVerifier& verifier,
   return outcomes;
 }
 
-TEST_F(CodeVerifierTest, EveryHumanEvalCanonicalSolutionPasses) {
+TEST_P(CodeVerifierTest, EveryHumanEvalCanonicalSolutionPasses) {
   const std::vector<HumanEvalProblem> problems = LoadHumanEval();
   ASSERT_EQ(problems.size(), 164u);
   const std::vector<VerifyOutcome> outcomes = VerifyAll(
@@ -334,7 +370,7 @@ TEST_F(CodeVerifierTest, EveryHumanEvalCanonicalSolutionPasses) {
   EXPECT_THAT(failed, ::testing::IsEmpty()) << absl::StrJoin(failed, "\n");
 }
 
-TEST_F(CodeVerifierTest, HumanEvalStubsAndWrongSolutionsFail) {
+TEST_P(CodeVerifierTest, HumanEvalStubsAndWrongSolutionsFail) {
   const std::vector<HumanEvalProblem> problems = LoadHumanEval();
   ASSERT_EQ(problems.size(), 164u);
   // An empty body, and each problem answered with the next one's solution

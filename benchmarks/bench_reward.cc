@@ -22,6 +22,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -57,6 +58,7 @@ struct Flags {
   std::string python = "/usr/bin/python3";
   double math_seconds = 3.0;
   int code_programs = 40;
+  std::vector<std::string> preload = reward::CodeVerifierOptions().sandbox_preload_modules;
   bool quick = false;
 };
 
@@ -191,6 +193,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--code-programs", flags.code_programs, "HumanEval programs per code rate")
       ->capture_default_str();
+  app.add_option("--sandbox-preload", flags.preload,
+                 "modules the pool's warm interpreters import once (comma-separated; \"\" = "
+                 "none, to see what the fork alone gives)")
+      ->delimiter(',');
   app.add_flag("--quick", flags.quick, "short runs (for the smoke test)");
   CLI11_PARSE(app, argc, argv);
   if (flags.quick) {
@@ -252,6 +258,12 @@ int main(int argc, char** argv) {
     per_run_options.sandbox_slots = 0;
     reward::CodeVerifier per_run(per_run_options);
     code_options.sandbox_slots = 2;
+    code_options.sandbox_preload_modules = flags.preload;
+    code_options.sandbox_preload_modules.erase(
+        std::remove(code_options.sandbox_preload_modules.begin(),
+                    code_options.sandbox_preload_modules.end(), ""),
+        code_options.sandbox_preload_modules.end());
+    code["preload_modules"] = code_options.sandbox_preload_modules;
     reward::CodeVerifier pooled(code_options);
     // Measure the pool's steady state: its slots are started at a server's
     // start-up, not per program.

@@ -270,6 +270,7 @@ absl::StatusOr<std::shared_ptr<const sandbox::SandboxPool>> MakePool(
   sandbox::SandboxPoolOptions pool_options;
   pool_options.slots = options.sandbox_slots;
   pool_options.python_path = options.python_path;
+  pool_options.preload_modules = options.sandbox_preload_modules;
   absl::StatusOr<std::unique_ptr<sandbox::SandboxPool>> pool =
       sandbox::SandboxPool::Create(options.sandbox, pool_options);
   if (!pool.ok()) return pool.status();
@@ -311,6 +312,12 @@ absl::Status CodeVerifierOptions::Validate() const {
   if (sandbox_slots < 0 || sandbox_slots > 1024) {
     return absl::InvalidArgumentError(
         absl::StrCat("sandbox_slots must be in [0, 1024], got ", sandbox_slots));
+  }
+  sandbox::SandboxPoolOptions pool;
+  pool.python_path = python_path;
+  pool.preload_modules = sandbox_preload_modules;
+  if (absl::Status status = pool.Validate(); sandbox_slots > 0 && !status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("sandbox_", status.message()));
   }
   if (absl::Status status = sandbox.Validate(); !status.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sandbox.", status.message()));

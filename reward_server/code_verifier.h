@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -25,6 +26,11 @@ struct CodeVerifierOptions {
   // (sandbox/sandbox_pool.h): the reward server sets it to its --workers.
   // 0 = a fresh sandbox (bwrap and python3 from scratch) per program.
   int sandbox_slots = 2;
+  // Modules each slot's warm interpreter imports once (a program that
+  // imports them finds them loaded): see SandboxPoolOptions::preload_modules
+  // for the default. Add what the tasks import and the interpreter has
+  // (numpy costs a fresh python3 ~100 ms).
+  std::vector<std::string> sandbox_preload_modules = sandbox::SandboxPoolOptions().preload_modules;
   absl::Duration default_timeout = absl::Seconds(10);
   absl::Duration max_timeout = absl::Seconds(60);
 

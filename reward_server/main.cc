@@ -1,5 +1,8 @@
 // sluice-reward-server: see reward_server_service.h and scorer.h.
+#include <algorithm>
 #include <memory>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "CLI/CLI.hpp"
@@ -65,6 +68,12 @@ int main(int argc, char** argv) {
                   "fresh sandbox per program (slower); default: --workers")
       ->capture_default_str();
   main.app()
+      .add_option("--sandbox-preload", verifier_options.code.sandbox_preload_modules,
+                  "modules each sandbox slot's warm python3 imports once, comma-separated "
+                  "(replaces the default list; \"\" = none)")
+      ->delimiter(',')
+      ->capture_default_str();
+  main.app()
       .add_option("--sandbox-max-queued", service_options.sandbox_max_queued,
                   "programs admitted beyond the sandbox slots; a batch past this answers "
                   "RESOURCE_EXHAUSTED with a retry hint")
@@ -92,6 +101,8 @@ int main(int argc, char** argv) {
     }
     verifier_options.code.sandbox_slots =
         sandbox_slots == -1 ? scorer_options.num_workers : sandbox_slots;
+    std::vector<std::string>& preload = verifier_options.code.sandbox_preload_modules;
+    preload.erase(std::remove(preload.begin(), preload.end(), ""), preload.end());
     if (absl::Status valid = verifier_options.code.Validate(); !valid.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("code sandbox flags: ", valid.message()));
     }

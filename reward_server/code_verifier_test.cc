@@ -97,6 +97,11 @@ TEST(CodeVerifierOptionsTest, ValidateNamesTheField) {
   options.sandbox_slots = -1;
   EXPECT_THAT(options.Validate().message(), HasSubstr("sandbox_slots"));
   options = CodeVerifierOptions();
+  options.sandbox_preload_modules = {"json", "os; import evil"};
+  EXPECT_THAT(options.Validate().message(), HasSubstr("sandbox_preload_modules"));
+  options.sandbox_slots = 0;  // No pool, nothing preloaded.
+  EXPECT_TRUE(options.Validate().ok());
+  options = CodeVerifierOptions();
   options.max_timeout = absl::Seconds(1);
   EXPECT_THAT(options.Validate().message(), HasSubstr("max_timeout"));
   options = CodeVerifierOptions();

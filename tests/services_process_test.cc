@@ -42,11 +42,12 @@ struct Started {
 };
 
 Started StartService(const std::string& binary, const std::string& dir,
-                     std::vector<std::string> extra = {}) {
+                     std::vector<std::string> extra = {},
+                     const std::string& listen = "127.0.0.1:0") {
   Started started;
   started.log_path = dir + "/" + binary + ".log";
   SubprocessOptions options;
-  options.argv = {testing::BinDir() + "/" + binary, "--listen=127.0.0.1:0", "--metrics-port=0",
+  options.argv = {testing::BinDir() + "/" + binary, "--listen=" + listen, "--metrics-port=0",
                   "--ready-fd=3"};
   for (auto& arg : extra) options.argv.push_back(std::move(arg));
   options.log_path = started.log_path;
@@ -142,6 +143,26 @@ TEST_P(ServiceProcessTest, ServesHealthReflectionAndMetricsThenStopsOnSigterm) {
   EXPECT_THAT(log, HasSubstr("stopped"));
   // Every process says which BLAS it got at start-up.
   EXPECT_THAT(log, HasSubstr("blas="));
+  // On loopback, no warning about open RPCs.
+  EXPECT_THAT(log, ::testing::Not(HasSubstr("every interface")));
+}
+
+// Nothing authenticates a call yet: a service on every interface says so at
+// start (issue: TLS and tokens).
+TEST_P(ServiceProcessTest, AWildcardListenAddressWarnsThatEveryRpcIsOpen) {
+  const std::string dir = testing::MakeTempDir(GetParam().binary);
+  Started service = StartService(GetParam().binary, dir, {}, "0.0.0.0:0");
+  ASSERT_NE(service.process, nullptr);
+  // Clients are told to dial loopback.
+  EXPECT_THAT(service.grpc, ::testing::StartsWith("127.0.0.1:"));
+  absl::StatusOr<std::string> overall = runtime::CheckHealth(service.grpc, "", absl::Seconds(20));
+  ASSERT_TRUE(overall.ok()) << overall.status();
+  ASSERT_TRUE(service.process->Signal(SIGTERM).ok());
+  ASSERT_TRUE(service.process->Wait(Soon()).ok());
+  const std::string log = testing::ReadFile(service.log_path);
+  EXPECT_THAT(log, HasSubstr("listening on every interface in plaintext and without "
+                             "authentication"));
+  EXPECT_THAT(log, HasSubstr("0.0.0.0:0"));
 }
 
 TEST_P(ServiceProcessTest, HelpAndVersionExitZero) {

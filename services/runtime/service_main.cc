@@ -35,6 +35,11 @@ sigset_t TerminationSignals() {
   return set;
 }
 
+// Whether `host` (of a listen address) means every interface.
+bool IsWildcardHost(absl::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]" || host == "*";
+}
+
 // Host clients should dial: a wildcard listen address is reachable on loopback.
 std::string DialHost(const std::string& host) {
   if (host == "0.0.0.0") return "127.0.0.1";
@@ -197,6 +202,15 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   log::Info("serving", {{"grpc", grpc_address},
                         {"metrics", metrics_url.empty() ? "disabled" : metrics_url},
                         {"max_message_size_bytes", options_.max_message_size_bytes}});
+  if (IsWildcardHost(listen.host)) {
+    // Nothing authenticates or encrypts a call yet: on every interface, any
+    // host that reaches the port can call every RPC of this service.
+    log::Warning("listening on every interface in plaintext and without authentication: any "
+                 "host that can reach this port can call every RPC (submit, cancel or feed "
+                 "runs, fetch weights). Bind --listen-address to 127.0.0.1 or a private "
+                 "interface, or restrict the port (firewall, Kubernetes NetworkPolicy)",
+                 {{"listen_address", options_.listen_address}});
+  }
   if (options_.ready_fd >= 0) {
     nlohmann::json ready = {{"grpc", grpc_address},
                             {"metrics", metrics_url},

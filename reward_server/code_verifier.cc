@@ -387,6 +387,11 @@ VerifyOutcome CodeVerifier::Verify(const VerifyRequest& request) const {
   return Classify(*run, *nonce, deadline - now, options_.sandbox);
 }
 
+std::shared_ptr<const sandbox::SandboxPool> FindSandboxPool(const VerifierRegistry& registry) {
+  auto code = std::dynamic_pointer_cast<const CodeVerifier>(registry.Find("code"));
+  return code != nullptr ? code->pool() : nullptr;
+}
+
 absl::Status CheckSandboxAvailable(const CodeVerifierOptions& options) {
   if (absl::Status status = options.Validate(); !status.ok()) return status;
   CodeVerifier verifier(options);

@@ -108,6 +108,10 @@ class CodeVerifier final : public Verifier {
   absl::StatusOr<std::shared_ptr<const sandbox::SandboxRunner>> sandbox_;
 };
 
+// The sandbox pool of `registry`'s "code" verifier, or null (no code
+// verifier, or one without a pool).
+std::shared_ptr<const sandbox::SandboxPool> FindSandboxPool(const VerifierRegistry& registry);
+
 // Runs a trivial passing program through the code verifier's whole path
 // (bwrap, namespaces, seccomp, python, harness). OK, or FAILED_PRECONDITION
 // with what bwrap said and what the operator should change (e.g. "...

@@ -128,11 +128,8 @@ int main(int argc, char** argv) {
                          std::make_shared<const reward::VerifierRegistry>(std::move(registry)),
                          scorer_options));
     std::shared_ptr<reward::Scorer> shared_scorer = std::move(scorer);
-    std::shared_ptr<const reward::sandbox::SandboxPool> pool;
-    if (auto code = std::dynamic_pointer_cast<const reward::CodeVerifier>(
-            shared_scorer->registry().Find("code"))) {
-      pool = code->pool();
-    }
+    std::shared_ptr<const reward::sandbox::SandboxPool> pool =
+        reward::FindSandboxPool(shared_scorer->registry());
     if (pool != nullptr) {
       // Start every slot now: the first programs should not pay for it.
       if (absl::Status warm = pool->Warm(); !warm.ok()) {

@@ -39,12 +39,8 @@ class RewardServiceTest : public ::testing::Test {
         std::make_shared<const VerifierRegistry>(*std::move(registry)), ScorerOptions{});
     ASSERT_TRUE(scorer.ok());
     scorer_ = *std::move(scorer);
-    std::shared_ptr<const sandbox::SandboxPool> pool;
-    if (auto code = std::dynamic_pointer_cast<const CodeVerifier>(
-            scorer_->registry().Find("code"))) {
-      pool = code->pool();
-    }
-    service_ = std::make_unique<RewardServerServiceImpl>(scorer_, metrics_, options, pool);
+    service_ = std::make_unique<RewardServerServiceImpl>(scorer_, metrics_, options,
+                                                         FindSandboxPool(scorer_->registry()));
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();

@@ -519,6 +519,11 @@ std::string SandboxSetupHint(const std::string& bwrap_stderr) {
       absl::StrContains(bwrap_stderr, "setting up uid map") ||
       absl::StrContains(bwrap_stderr, "Operation not permitted") ||
       absl::StrContains(bwrap_stderr, "Permission denied");
+  if (absl::StrContains(bwrap_stderr, "ModuleNotFoundError")) {
+    return "the interpreter lacks part of its standard library, which the pool's warm "
+           "interpreter needs (Debian: install python3, not only python3-minimal); or run a "
+           "fresh sandbox per program (--sandbox-slots 0)";
+  }
   if (absl::StrContains(bwrap_stderr, "execvp")) {
     return "the program to run is missing from the sandbox: check the interpreter path and "
            "read_only_paths";

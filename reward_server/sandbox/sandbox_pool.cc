@@ -306,9 +306,9 @@ void SandboxPool::Release(Slot* slot) const {
   --stats_.busy;
 }
 
-void SandboxPool::Count(const char* counter, const std::string& reason) const {
+void SandboxPool::Count(SlotEnd end, const std::string& reason) const {
   absl::MutexLock lock(&mu_);
-  if (absl::string_view(counter) == "killed") {
+  if (end == SlotEnd::kKilled) {
     ++stats_.killed;
     ++stats_.killed_by_reason[reason];
   } else {
@@ -440,12 +440,7 @@ absl::Status SandboxPool::Start(Slot& slot) const {
     while (!log_text.empty() && (log_text.back() == '\n' || log_text.back() == ' ')) {
       log_text.pop_back();
     }
-    std::string hint = SandboxSetupHint(log_text);
-    if (hint.empty() && absl::StrContains(log_text, "ModuleNotFoundError")) {
-      hint = "the interpreter lacks part of its standard library, which the pool's warm "
-             "interpreter needs (Debian: install python3, not only python3-minimal); or run a "
-             "fresh sandbox per program (--sandbox-slots 0)";
-    }
+    const std::string hint = SandboxSetupHint(log_text);
     return absl::FailedPreconditionError(
         absl::StrCat("sandbox slot set-up failed: ", what,
                      log_text.empty() ? "" : absl::StrCat(": ", log_text),
@@ -493,8 +488,7 @@ absl::Status SandboxPool::Start(Slot& slot) const {
     }
   }
   absl::MutexLock lock(&mu_);
-  slot.live = true;
-  slot.runs = 0;
+  slot.live = true;  // Its runs count from 0 (Kill reset them, or it is new).
   ++stats_.slots_started;
   return absl::OkStatus();
 }
@@ -555,7 +549,7 @@ absl::StatusOr<SandboxResult> SandboxPool::Run(const SandboxRequest& request) co
   }
   if (slot->live && !Alive(*slot)) {
     Kill(*slot);
-    Count("killed", "died");
+    Count(SlotEnd::kKilled, "died");
   }
   if (!slot->live) {
     if (absl::Status started = Start(*slot); !started.ok()) {
@@ -568,11 +562,11 @@ absl::StatusOr<SandboxResult> SandboxPool::Run(const SandboxRequest& request) co
   ++slot->runs;
   if (!outcome.killed.empty()) {
     Kill(*slot);
-    Count("killed", outcome.killed);
+    Count(SlotEnd::kKilled, outcome.killed);
   } else if (!outcome.recycle.empty() || slot->runs >= pool_options_.max_runs_per_slot) {
     const std::string reason = outcome.recycle.empty() ? "max_runs" : outcome.recycle;
     Kill(*slot);
-    Count("recycled", reason);
+    Count(SlotEnd::kRecycled, reason);
   }
   {
     absl::MutexLock lock(&mu_);

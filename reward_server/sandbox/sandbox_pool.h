@@ -145,7 +145,8 @@ class SandboxPool final : public SandboxRunner {
   bool Alive(const Slot& slot) const;
   absl::StatusOr<SandboxResult> RunOn(Slot& slot, const SandboxRequest& request, absl::Time start,
                                       Outcome& outcome) const;
-  void Count(const char* counter, const std::string& reason) const ABSL_LOCKS_EXCLUDED(mu_);
+  enum class SlotEnd { kKilled, kRecycled };
+  void Count(SlotEnd end, const std::string& reason) const ABSL_LOCKS_EXCLUDED(mu_);
 
   const SandboxOptions options_;
   const SandboxPoolOptions pool_options_;

@@ -746,6 +746,8 @@ TEST(SandboxSetupTest, SetupHintRecognisesRefusedNamespaces) {
   EXPECT_THAT(SandboxSetupHint("bwrap: No permissions to creating new namespace"),
               HasSubstr("user namespaces"));
   EXPECT_EQ(SandboxSetupHint("something else"), "");
+  EXPECT_THAT(SandboxSetupHint("ModuleNotFoundError: No module named 'resource'"),
+              HasSubstr("python3-minimal"));
   // Inside Docker with seccomp=unconfined but the default masked /proc.
   EXPECT_THAT(SandboxSetupHint("bwrap: Can't mount proc on /newroot/proc: Operation not permitted"),
               HasSubstr("systempaths=unconfined"));

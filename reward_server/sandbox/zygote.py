@@ -31,9 +31,7 @@
 # child's own copy of memory. Only modules of a minimal Python install are
 # used (no ctypes).
 import builtins
-import errno
 import json
-import linecache
 import os
 import resource
 import signal

@@ -3,6 +3,7 @@
 #include "services/controller/controller_service.h"
 
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -46,12 +47,13 @@ v1::RunSpec ValidSpec() {
 
 class ControllerServiceTest : public ::testing::Test {
  protected:
-  ControllerServiceTest() {
+  explicit ControllerServiceTest(PathPolicy allowed_paths = PathPolicy::Unrestricted()) {
     runs_dir_ = ::testing::TempDir() + "/service-runs-" +
                 ::testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(runs_dir_);
     RunRegistryOptions options;
     options.runs_dir = runs_dir_;
+    options.allowed_paths = std::move(allowed_paths);
     options.driver.health_check_interval = absl::Milliseconds(5);
     options.driver.prompt_source = [](const v1::RunSpec&) { return Pool(10); };
     ServiceClients clients;
@@ -317,6 +319,86 @@ TEST_F(ControllerServiceTest, ListRunsNewestFirst) {
   ASSERT_EQ(response.runs_size(), 2);
   EXPECT_EQ(response.runs(0).run_id(), second);
   EXPECT_EQ(response.runs(1).run_id(), first);
+}
+
+// The paths a spec names are confined to --allowed-path-roots at SubmitRun,
+// before any file is opened, in one message that tells nothing of what is
+// outside: here the root is <tmp>/paths-root, beside it <tmp>/paths-outside
+// holds a file, and root/escape is a symlink to it.
+class ControllerServicePathTest : public ControllerServiceTest {
+ protected:
+  ControllerServicePathTest() : ControllerServiceTest(MakeRoots()) {}
+
+  static std::string Dir() {
+    return (std::filesystem::weakly_canonical(::testing::TempDir()) /
+            absl::StrCat("paths-", ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+        .string();
+  }
+  static PathPolicy MakeRoots() {
+    std::filesystem::remove_all(Dir());
+    std::filesystem::create_directories(Dir() + "/root/models");
+    std::filesystem::create_directories(Dir() + "/outside");
+    std::ofstream(Dir() + "/outside/secret") << "x";
+    std::filesystem::create_directory_symlink(Dir() + "/outside", Dir() + "/root/escape");
+    return *PathPolicy::Create({Dir() + "/root"});
+  }
+  std::string Outside(const std::string& field, const std::string& path) {
+    return absl::StrCat(field, " '", path, "' is outside the allowed roots [", Dir(),
+                        "/root]; add its parent to --allowed-path-roots");
+  }
+  grpc::Status SubmitCheckpointDir(const std::string& dir) {
+    v1::RunSpec spec = ValidSpec();
+    spec.mutable_checkpoint()->set_dir(dir);
+    v1::SubmitRunResponse response;
+    return Submit(spec, &response);
+  }
+};
+
+TEST_F(ControllerServicePathTest, CheckpointDirsOutsideTheRootsAreRefusedAlike) {
+  for (const std::string& dir :
+       {std::string("/etc/sluice-evil"), Dir() + "/root/../outside",
+        Dir() + "/root/escape", Dir() + "/root/escape/new", Dir() + "/outside/secret",
+        Dir() + "/outside/missing", Dir() + "/root/models/../../outside/secret"}) {
+    const grpc::Status status = SubmitCheckpointDir(dir);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << dir;
+    // The same words whether the path exists, is a file, or is missing.
+    EXPECT_EQ(status.error_message(), Outside("checkpoint.dir", dir));
+  }
+  EXPECT_FALSE(std::filesystem::exists(runs_dir_));
+  EXPECT_FALSE(std::filesystem::exists("/etc/sluice-evil"));
+}
+
+TEST_F(ControllerServicePathTest, ModelAndDatasetPathsOutsideAreRefusedBeforeTheyAreRead) {
+  v1::RunSpec spec = ValidSpec();
+  spec.mutable_model()->set_hf_model_dir("/etc");
+  spec.mutable_task()->mutable_dataset()->set_path(Dir() + "/root/escape/secret");
+  spec.mutable_task()->mutable_dataset()->set_format(v1::DATASET_FORMAT_GSM8K);
+  v1::SubmitRunResponse response;
+  const grpc::Status status = Submit(spec, &response, /*validate_only=*/true);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(),
+            absl::StrCat(Outside("model.hf_model_dir", "/etc"), "\n",
+                         Outside("task.dataset.path", Dir() + "/root/escape/secret")));
+}
+
+TEST_F(ControllerServicePathTest, PathsInsideAreAcceptedAndRelativeOnesStoredResolved) {
+  v1::RunSpec spec = ValidSpec();
+  spec.mutable_checkpoint()->set_dir("checkpoints/run-a");
+  v1::SubmitRunResponse response;
+  const grpc::Status status = Submit(spec, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.run().spec().checkpoint().dir(), Dir() + "/root/checkpoints/run-a");
+}
+
+TEST_F(ControllerServicePathTest, AMissingModelInsideTheRootsIsStillNamed) {
+  v1::RunSpec spec = ValidSpec();
+  spec.mutable_model()->set_hf_model_dir(Dir() + "/root/models/qwen");
+  v1::SubmitRunResponse response;
+  const grpc::Status status = Submit(spec, &response, /*validate_only=*/true);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("model.hf_model_dir: \"" + Dir() +
+                        "/root/models/qwen\" is not a directory readable by the controller"));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "services/controller/grpc_clients.h"
 #include "services/controller/run_registry.h"
 #include "services/controller/worker_registry.h"
+#include "services/runtime/allowed_path_roots.h"
 #include "services/runtime/server_options.h"
 #include "services/runtime/service_main.h"
 
@@ -77,6 +78,7 @@ int main(int argc, char** argv) {
                  "generated tokens) for this long, saying what each service reports; 0 = never")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  sluice::runtime::AllowedPathRootsFlag path_roots(app);
   app.add_option("--advertise-address", advertise_address,
                  "how the other services reach this controller; default 127.0.0.1:<bound port> "
                  "when listening on a wildcard or loopback address, else the listen host")
@@ -88,6 +90,9 @@ int main(int argc, char** argv) {
   std::unique_ptr<controller::RunRegistry> registry;
   std::shared_ptr<controller::ControllerServiceImpl> service;
   const int code = main.Run(argc, argv, [&](ServiceContext& context) {
+    absl::StatusOr<sluice::PathPolicy> allowed_paths = path_roots.Apply();
+    if (!allowed_paths.ok()) return allowed_paths.status();
+    registry_options.allowed_paths = *std::move(allowed_paths);
     registry_options.driver.stall_timeout = absl::Milliseconds(stall_timeout_ms);
     registry_options.driver.worker_grace = absl::Milliseconds(worker_grace_ms);
     registry_options.driver.service_unreachable_timeout =

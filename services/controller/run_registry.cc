@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "common/run/run_paths.h"
 #include "common/status_macros.h"
 #include "services/controller/run_spec.h"
 #include "services/controller/worker_registry.h"
@@ -120,6 +121,9 @@ absl::StatusOr<RunSizes> RunRegistry::CheckAgainstServices(const v1::RunSpec& sp
 
 absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request) {
   v1::RunSpec spec = ResolveDefaults(request.spec());
+  // Before ValidateRunSpec opens the model and the dataset: a path outside
+  // the roots is refused in words that tell nothing of what is there.
+  RETURN_IF_ERROR(run::ConfineRunSpecPaths(options_.allowed_paths, &spec));
   if (absl::Status valid = ValidateRunSpec(spec); !valid.ok()) return valid;
   if (request.validate_only()) {
     // Without creating anything: the services are asked only when they are

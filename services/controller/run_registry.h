@@ -11,6 +11,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/path_policy.h"
 #include "services/controller/run_driver.h"
 #include "services/controller/service_clients.h"
 #include "sluice/v1/controller.pb.h"
@@ -20,6 +21,11 @@ namespace sluice::controller {
 struct RunRegistryOptions {
   // Run files go to <runs_dir>/<run-id>/; Restore() reads them back.
   std::string runs_dir = "sluice-runs";
+  // Where the paths a submitted spec names may lie (--allowed-path-roots):
+  // SubmitRun refuses others with INVALID_ARGUMENT before it reads any
+  // file of the spec (run::ConfineRunSpecPaths), and stores relative ones
+  // resolved. The binary always sets it; unrestricted only for tests.
+  PathPolicy allowed_paths = PathPolicy::Unrestricted();
   RunDriverOptions driver;
 };
 

@@ -30,6 +30,41 @@ using google::protobuf::EnumDescriptor;
 using google::protobuf::FieldDescriptor;
 using nlohmann::json;
 
+// The offset of the first byte of `text` that does not belong to a valid
+// UTF-8 sequence (overlong forms, surrogates and code points past U+10FFFF
+// included), or npos. O(n).
+size_t FirstInvalidUtf8(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char lead = static_cast<unsigned char>(text[i]);
+    size_t length;
+    unsigned char low = 0x80, high = 0xbf;  // The second byte's range.
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    } else if (lead >= 0xc2 && lead <= 0xdf) {
+      length = 2;
+    } else if (lead >= 0xe0 && lead <= 0xef) {
+      length = 3;
+      if (lead == 0xe0) low = 0xa0;   // overlong
+      if (lead == 0xed) high = 0x9f;  // surrogates
+    } else if (lead >= 0xf0 && lead <= 0xf4) {
+      length = 4;
+      if (lead == 0xf0) low = 0x90;   // overlong
+      if (lead == 0xf4) high = 0x8f;  // past U+10FFFF
+    } else {
+      return i;
+    }
+    if (i + length > text.size()) return i;
+    for (size_t k = 1; k < length; ++k) {
+      const unsigned char byte = static_cast<unsigned char>(text[i + k]);
+      if (k == 1 ? (byte < low || byte > high) : (byte < 0x80 || byte > 0xbf)) return i;
+    }
+    i += length;
+  }
+  return absl::string_view::npos;
+}
+
 size_t EditDistance(absl::string_view a, absl::string_view b) {
   std::vector<size_t> row(b.size() + 1);
   for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
@@ -336,6 +371,18 @@ absl::Status YamlToMessage(absl::string_view yaml_text, absl::string_view source
                            google::protobuf::Message* message) {
   message->Clear();
   const std::string source(source_name);
+  // nlohmann::json refuses to print a string that is not UTF-8 (it threw
+  // out of here), and a spec's strings go on to protos, which must be UTF-8.
+  if (const size_t bad = FirstInvalidUtf8(yaml_text); bad != absl::string_view::npos) {
+    const absl::string_view before = yaml_text.substr(0, bad);
+    const size_t line_start = before.rfind('\n');
+    const size_t column = line_start == absl::string_view::npos ? bad : bad - line_start - 1;
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ":", std::count(before.begin(), before.end(), '\n') + 1, ":", column + 1,
+        ": invalid UTF-8 (byte 0x", absl::Hex(static_cast<unsigned char>(yaml_text[bad]),
+                                              absl::kZeroPad2),
+        "); a run spec must be UTF-8 text"));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));

@@ -40,7 +40,8 @@ namespace sluice::controller {
 //   spec.yaml:5: unknown field "grup_size" in algorithm; did you mean "group_size"?
 //   spec.yaml:7: algorithm.max_staleness: expected an integer, got "four"
 //
-// The result is not validated beyond types (see ValidateRunSpec).
+// Text that is not UTF-8 is an error naming the line and column of the first
+// bad byte. The result is not validated beyond types (see ValidateRunSpec).
 absl::StatusOr<v1::RunSpec> ParseRunSpecYaml(absl::string_view yaml_text,
                                              absl::string_view source_name);
 

@@ -3,6 +3,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -134,6 +135,24 @@ TEST(SpecYamlTest, BothMembersOfAOneofAreAnError) {
 TEST(SpecYamlTest, SyntaxErrorsNameTheFileAndPosition) {
   EXPECT_THAT(MessageOf("algorithm: {group_size: 8\n"), HasSubstr("spec.yaml:"));
   EXPECT_THAT(MessageOf("algorithm: {group_size: 8\n"), HasSubstr("invalid YAML"));
+}
+
+// Found by the run_spec fuzz target: a string that is not UTF-8 made
+// nlohmann::json throw out of ParseRunSpecYaml (terminating sluice submit).
+TEST(SpecYamlTest, InvalidUtf8IsAnErrorNamingTheLineAndColumn) {
+  for (const std::string& bad :
+       {std::string("\xff"), std::string("\xc3("), std::string("\xed\xa0\x80"),
+        std::string("\xf4\x90\x80\x80"), std::string("\xe2\x82")}) {
+    absl::StatusOr<v1::RunSpec> spec =
+        ParseRunSpecYaml("seed: 1\nname: ab" + bad + "c\n", "spec.yaml");
+    ASSERT_FALSE(spec.ok()) << absl::CEscape(bad);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(spec.status().message(), HasSubstr("spec.yaml:2:9: invalid UTF-8 (byte 0x"));
+  }
+  absl::StatusOr<v1::RunSpec> spec =
+      ParseRunSpecYaml("name: \xc3\xa9t\xc3\xa9 \xf0\x9f\x99\x82\n", "spec.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->name(), "\xc3\xa9t\xc3\xa9 \xf0\x9f\x99\x82");
 }
 
 TEST(SpecYamlTest, EmptyDocumentAndNullValuesLeaveFieldsUnset) {

@@ -14,6 +14,18 @@ namespace {
 
 using Json = nlohmann::json;
 
+// Upper bounds far beyond any released model (Llama-3 405B: vocabulary 128 K,
+// hidden 16384, intermediate 53248, 126 layers, 128 heads; Qwen2.5-1M:
+// 1,010,000 positions), so that a hostile config.json is refused before
+// anything is sized from it, and ParameterCount and the memory estimates,
+// products of these, stay far from int64 overflow (below 2^57).
+constexpr int64_t kMaxVocabSize = int64_t{1} << 24;
+constexpr int64_t kMaxHiddenSize = int64_t{1} << 17;
+constexpr int64_t kMaxIntermediateSize = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = int64_t{1} << 12;
+constexpr int64_t kMaxHeads = int64_t{1} << 12;  // query and KV heads, and head_dim
+constexpr int64_t kMaxPositions = int64_t{1} << 24;
+
 constexpr char kLlama[] = "LlamaForCausalLM";
 constexpr char kQwen2[] = "Qwen2ForCausalLM";
 
@@ -41,7 +53,13 @@ class JsonReader {
     if (value->is_number_integer()) {
       out = value->get<int64_t>();
     } else if (value->is_number_float() && std::floor(value->get<double>()) == value->get<double>()) {
-      out = static_cast<int64_t>(value->get<double>());
+      // 2^63 itself does not fit; a cast of anything outside is undefined.
+      const double number = value->get<double>();
+      if (!(std::fabs(number) < 0x1p63)) {
+        Error(key, absl::StrCat("integer out of range, got ", value->dump()));
+        return;
+      }
+      out = static_cast<int64_t>(number);
     } else {
       Error(key, absl::StrCat("expected an integer, got ", value->dump()));
     }
@@ -107,8 +125,11 @@ class JsonReader {
 
 absl::Status ModelConfig::Validate() const {
   std::vector<std::string> problems;
-  auto positive = [&](const char* field, int64_t value) {
+  auto positive = [&](const char* field, int64_t value, int64_t max) {
     if (value <= 0) problems.push_back(absl::StrCat(field, ": must be > 0, got ", value));
+    if (value > max) {
+      problems.push_back(absl::StrCat(field, ": must be <= ", max, ", got ", value));
+    }
   };
   if (architecture != kLlama && architecture != kQwen2) {
     problems.push_back(absl::StrCat("architecture: must be \"", kLlama, "\" or \"", kQwen2,
@@ -119,17 +140,20 @@ absl::Status ModelConfig::Validate() const {
         "torch_dtype: must be \"float32\", \"bfloat16\" or \"float16\", got \"", torch_dtype,
         "\""));
   }
-  positive("vocab_size", vocab_size);
-  positive("hidden_size", hidden_size);
-  positive("intermediate_size", intermediate_size);
-  positive("num_hidden_layers", num_hidden_layers);
-  positive("num_attention_heads", num_attention_heads);
-  positive("num_key_value_heads", num_key_value_heads);
-  positive("max_position_embeddings", max_position_embeddings);
+  positive("vocab_size", vocab_size, kMaxVocabSize);
+  positive("hidden_size", hidden_size, kMaxHiddenSize);
+  positive("intermediate_size", intermediate_size, kMaxIntermediateSize);
+  positive("num_hidden_layers", num_hidden_layers, kMaxLayers);
+  positive("num_attention_heads", num_attention_heads, kMaxHeads);
+  positive("num_key_value_heads", num_key_value_heads, kMaxHeads);
+  positive("max_position_embeddings", max_position_embeddings, kMaxPositions);
   if (num_attention_heads > 0 && num_key_value_heads > 0 &&
       num_attention_heads % num_key_value_heads != 0) {
     problems.push_back(absl::StrCat("num_key_value_heads: must divide num_attention_heads (",
                                     num_attention_heads, "), got ", num_key_value_heads));
+  }
+  if (head_dim > kMaxHeads) {
+    problems.push_back(absl::StrCat("head_dim: must be <= ", kMaxHeads, ", got ", head_dim));
   }
   if (head_dim < 0) {
     problems.push_back(absl::StrCat("head_dim: must be >= 0 (0 = hidden_size / "

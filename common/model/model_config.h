@@ -40,7 +40,11 @@ struct ModelConfig {
     return head_dim > 0 ? head_dim : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0);
   }
   // Every problem at once, each naming the field ("num_key_value_heads: must
-  // divide num_attention_heads (4), got 3").
+  // divide num_attention_heads (4), got 3"). Each size also has an upper
+  // bound far past any released model (vocab_size and max_position_embeddings
+  // <= 2^24, hidden_size <= 2^17, intermediate_size <= 2^20, layers, heads
+  // and head_dim <= 4096), so that sizes computed from a valid config fit
+  // in int64.
   absl::Status Validate() const;
   // Number of parameters the model has (tied embeddings counted once).
   int64_t ParameterCount() const;

@@ -159,6 +159,33 @@ TEST(ModelConfigTest, FromJsonNamesMissingAndMistypedKeys) {
   EXPECT_EQ(ModelConfig::FromJson("[1, 2]").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Found by the model_config fuzz target: an integer field written as a float
+// past int64 ("bos_token_id": 1e33) was cast (undefined behaviour), and no
+// size had an upper bound, so ParameterCount could overflow.
+TEST(ModelConfigTest, FromJsonRefusesHostileSizes) {
+  absl::StatusOr<ModelConfig> config = ModelConfig::FromJson(R"({
+    "architectures": ["LlamaForCausalLM"], "vocab_size": 1000000000000, "hidden_size": 1e33,
+    "intermediate_size": 8, "num_hidden_layers": 100000, "num_attention_heads": 2,
+    "head_dim": 1048576, "max_position_embeddings": 9223372036854775807,
+    "bos_token_id": -1e300
+  })");
+  ASSERT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string message(config.status().message());
+  EXPECT_THAT(message, HasSubstr("hidden_size: integer out of range, got 1e+33"));
+  EXPECT_THAT(message, HasSubstr("bos_token_id: integer out of range"));
+
+  ModelConfig huge = *BuiltinModelConfig("micro", 24);
+  huge.vocab_size = int64_t{1} << 40;
+  huge.num_hidden_layers = 100000;
+  huge.head_dim = 1 << 20;
+  huge.max_position_embeddings = int64_t{1} << 62;
+  const std::string problems(huge.Validate().message());
+  EXPECT_THAT(problems, HasSubstr("vocab_size: must be <= 16777216, got 1099511627776"));
+  EXPECT_THAT(problems, HasSubstr("num_hidden_layers: must be <= 4096, got 100000"));
+  EXPECT_THAT(problems, HasSubstr("head_dim: must be <= 4096, got 1048576"));
+  EXPECT_THAT(problems, HasSubstr("max_position_embeddings: must be <= 16777216"));
+}
+
 TEST(ModelConfigTest, FromJsonRejectsFeaturesTheModelLacks) {
   ModelConfig config = *BuiltinModelConfig("micro", 24);
   nlohmann::json json = nlohmann::json::parse(config.ToJson());

@@ -242,7 +242,8 @@ absl::StatusOr<ModelConfig> ModelConfig::FromJson(absl::string_view json_text) {
   Json root;
   try {
     root = Json::parse(json_text.begin(), json_text.end());
-  } catch (const Json::parse_error& error) {
+  } catch (const Json::exception& error) {
+    // parse_error, and out_of_range for a number past a double (1e400).
     return absl::InvalidArgumentError(absl::StrCat("config.json is not valid JSON: ", error.what()));
   }
   if (!root.is_object()) {

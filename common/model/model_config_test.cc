@@ -157,6 +157,10 @@ TEST(ModelConfigTest, FromJsonNamesMissingAndMistypedKeys) {
   EXPECT_THAT(std::string(ModelConfig::FromJson("{not json").status().message()),
               HasSubstr("not valid JSON"));
   EXPECT_EQ(ModelConfig::FromJson("[1, 2]").status().code(), absl::StatusCode::kInvalidArgument);
+  // Found by the model_config fuzz target: nlohmann::json throws out_of_range,
+  // not parse_error, for a number past a double, and it escaped.
+  EXPECT_THAT(std::string(ModelConfig::FromJson(R"({"rms_norm_eps": 1e705})").status().message()),
+              HasSubstr("not valid JSON"));
 }
 
 // Found by the model_config fuzz target: an integer field written as a float

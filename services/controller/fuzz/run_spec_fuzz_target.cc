@@ -23,6 +23,7 @@
 #include "absl/strings/string_view.h"
 #include "common/fuzz/fuzz_files.h"
 #include "common/task/char_tokenizer.h"
+#include "google/protobuf/stubs/logging.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "services/controller/proto_json.h"
 #include "services/controller/run_spec.h"
@@ -96,6 +97,10 @@ void Check(v1::RunSpec spec) {
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  // Protobuf logs every string field that is not UTF-8; the fuzzer makes
+  // thousands a second.
+  static const bool quiet = (google::protobuf::SetLogHandler(nullptr), true);
+  (void)quiet;
   const absl::string_view input(reinterpret_cast<const char*>(data), size);
   if (absl::StatusOr<v1::RunSpec> spec = controller::ParseRunSpecYaml(input, "fuzz.yaml");
       spec.ok()) {

@@ -16,6 +16,7 @@
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/server_options.h"
 #include "sluice/v1/controller.grpc.pb.h"
+#include "services/runtime/allowed_path_roots.h"
 #include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 #include "services/weights/weight_relay_service.h"
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
                   "HOST:PORT of the controller; the worker registers with it, heartbeats, and "
                   "serves the runs it is assigned (the controller never calls the worker)");
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
+  sluice::runtime::AllowedPathRootsFlag path_roots(main.app());
   std::string advertise_address;
   main.app().add_option(
       "--advertise-address", advertise_address,
@@ -64,6 +66,8 @@ int main(int argc, char** argv) {
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
     const int64_t budget = memory_budget.Apply(context);
+    absl::StatusOr<PathPolicy> allowed_paths = path_roots.Apply();
+    if (!allowed_paths.ok()) return allowed_paths.status();
     const TorchThreads threads = ConfigureTorchThreads(torch_threads);
     const bool resident = KeepTensorMemoryResident();
     log::Info("torch threads", {{"intra_op", threads.intra_op},
@@ -75,7 +79,7 @@ int main(int argc, char** argv) {
       worker_id = absl::StrCat(host, "-", getpid());
     }
     auto service = std::make_shared<rollout_worker::RolloutWorkerServiceImpl>(
-        context.metrics_registry(), worker_id, budget);
+        context.metrics_registry(), worker_id, budget, *std::move(allowed_paths));
     context.AddService(service, sluice::v1::RolloutWorkerService::service_full_name());
     std::shared_ptr<weights::RelayCache> relay_cache;
     if (weight_relay) {

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/run/run_memory.h"
 #include "common/run/run_model.h"
+#include "common/run/run_paths.h"
 #include "google/protobuf/util/time_util.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
@@ -120,10 +121,12 @@ uint64_t NewIncarnation() { return static_cast<uint64_t>(absl::ToUnixNanos(absl:
 
 RolloutWorkerServiceImpl::RolloutWorkerServiceImpl(prometheus::Registry& registry,
                                                    std::string worker_id,
-                                                   int64_t memory_budget_bytes)
+                                                   int64_t memory_budget_bytes,
+                                                   PathPolicy allowed_paths)
     : worker_id_(std::move(worker_id)),
       incarnation_(NewIncarnation()),
       memory_budget_bytes_(memory_budget_bytes),
+      allowed_paths_(std::move(allowed_paths)),
       started_at_(absl::Now()),
       metrics_(std::make_unique<RolloutMetrics>(registry)) {}
 
@@ -192,7 +195,8 @@ void RolloutWorkerServiceImpl::EnableWeightRelay(std::shared_ptr<weights::RelayC
   relay_address_ = std::move(relay_address);
 }
 
-absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1::RunSpec& spec,
+absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id,
+                                             const v1::RunSpec& requested_spec,
                                              const v1::ServiceEndpoints& endpoints,
                                              int64_t max_prompt_tokens) {
   if (run_id.empty()) return absl::InvalidArgumentError("run_id: required");
@@ -208,6 +212,13 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id, const v1
   if (max_prompt_tokens < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_prompt_tokens: must be >= 0 (0 = unknown), got ", max_prompt_tokens));
+  }
+  // The spec's paths, before the worker opens one: the controller confined
+  // them at submit, another client may not have.
+  v1::RunSpec spec = requested_spec;
+  if (absl::Status confined = run::ConfineRunSpecPaths(allowed_paths_, &spec); !confined.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec on this worker: ", confined.message()));
   }
   // The model's config and tokenizer must be readable here (a worker on
   // another machine needs the model directory too): say so now, not from

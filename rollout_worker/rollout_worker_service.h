@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/path_policy.h"
 #include "rollout_worker/controller_link.h"
 #include "rollout_worker/rollout_run.h"
 #include "services/weights/version_stream.h"
@@ -39,9 +40,13 @@ struct RolloutMetrics;
 class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service,
                                        public LinkedWorker {
  public:
-  // `memory_budget_bytes` <= 0: none (nothing is checked).
+  // `memory_budget_bytes` <= 0: none (nothing is checked). `allowed_paths`
+  // (--allowed-path-roots): a run whose spec names a path outside them is
+  // refused (INVALID_ARGUMENT) before the worker opens anything, whoever
+  // asks (run::ConfineRunSpecPaths); the binary always sets it.
   RolloutWorkerServiceImpl(prometheus::Registry& registry, std::string worker_id,
-                           int64_t memory_budget_bytes = 0);
+                           int64_t memory_budget_bytes = 0,
+                           PathPolicy allowed_paths = PathPolicy::Unrestricted());
   ~RolloutWorkerServiceImpl() override;
 
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
@@ -84,6 +89,7 @@ class RolloutWorkerServiceImpl final : public v1::RolloutWorkerService::Service,
   const std::string worker_id_;
   const uint64_t incarnation_;
   const int64_t memory_budget_bytes_;
+  const PathPolicy allowed_paths_;
   const absl::Time started_at_;
   std::unique_ptr<RolloutMetrics> metrics_;
   mutable absl::Mutex mu_;

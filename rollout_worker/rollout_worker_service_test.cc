@@ -1,6 +1,9 @@
 #include "rollout_worker/rollout_worker_service.h"
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <memory>
 #include <string>
 
@@ -18,8 +21,9 @@ using ::testing::HasSubstr;
 // The real service on an in-process channel, with a memory budget.
 class RolloutWorkerServiceTest : public ::testing::Test {
  protected:
-  void Start(int64_t memory_budget_bytes) {
-    service_ = std::make_unique<RolloutWorkerServiceImpl>(registry_, "w1", memory_budget_bytes);
+  void Start(int64_t memory_budget_bytes, PathPolicy allowed_paths = PathPolicy::Unrestricted()) {
+    service_ = std::make_unique<RolloutWorkerServiceImpl>(registry_, "w1", memory_budget_bytes,
+                                                          std::move(allowed_paths));
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     server_ = builder.BuildAndStart();
@@ -89,6 +93,35 @@ TEST_F(RolloutWorkerServiceTest, StartRolloutsOverTheMemoryBudgetIsResourceExhau
   const grpc::Status fits = StartRollouts(Request(4, 2));
   EXPECT_TRUE(fits.ok()) << fits.error_message();
   EXPECT_EQ(Status().runs_size(), 1);
+}
+
+// The controller confines a spec's paths at submit; the worker confines them
+// again for whoever calls it directly, before it reads the model.
+TEST_F(RolloutWorkerServiceTest, StartRolloutsWithAModelOutsideTheRootsIsInvalidArgument) {
+  const std::filesystem::path dir = std::filesystem::weakly_canonical(::testing::TempDir()) /
+                                    ("worker-paths-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "root");
+  std::filesystem::create_directories(dir / "outside" / "model");
+  std::filesystem::create_directory_symlink(dir / "outside", dir / "root" / "escape");
+  Start(0, *PathPolicy::Create({(dir / "root").string()}));
+  for (const std::string& model_dir :
+       {std::string("/etc"), (dir / "root" / ".." / "outside" / "model").string(),
+        (dir / "root" / "escape" / "model").string(), (dir / "outside" / "missing").string()}) {
+    v1::StartRolloutsRequest request = Request(4, 2);
+    request.mutable_spec()->mutable_model()->set_hf_model_dir(model_dir);
+    const grpc::Status status = StartRollouts(request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << model_dir;
+    EXPECT_EQ(status.error_message(),
+              "spec on this worker: model.hf_model_dir '" + model_dir +
+                  "' is outside the allowed roots [" + (dir / "root").string() +
+                  "]; add its parent to --allowed-path-roots");
+  }
+  EXPECT_EQ(Status().runs_size(), 0);
+  // A builtin model names no path.
+  const grpc::Status builtin = StartRollouts(Request(4, 2));
+  EXPECT_TRUE(builtin.ok()) << builtin.error_message();
+  std::filesystem::remove_all(dir);
 }
 
 TEST_F(RolloutWorkerServiceTest, ANegativeMaxPromptTokensIsInvalid) {

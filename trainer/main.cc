@@ -5,6 +5,7 @@
 #include "common/logging.h"
 #include "common/torch_threads.h"
 #include "trainer/trainer_service.h"
+#include "services/runtime/allowed_path_roots.h"
 #include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
   sluice::runtime::MemoryBudgetFlag memory_budget(main.app());
+  sluice::runtime::AllowedPathRootsFlag path_roots(main.app());
   sluice::weights::RelayTreeOptions relay;
   main.app()
       .add_option("--weight-relay-root-fanout", relay.root_fanout,
@@ -41,13 +43,16 @@ int main(int argc, char** argv) {
   return main.Run(argc, argv, [&](ServiceContext& context) {
     using namespace sluice;
     const int64_t budget = memory_budget.Apply(context);
+    absl::StatusOr<PathPolicy> allowed_paths = path_roots.Apply();
+    if (!allowed_paths.ok()) return allowed_paths.status();
     const TorchThreads threads = ConfigureTorchThreads(torch_threads);
     const bool resident = KeepTensorMemoryResident();
     log::Info("torch threads", {{"intra_op", threads.intra_op},
                                 {"inter_op", threads.inter_op},
                                 {"tensor_memory_resident", resident}});
     auto service =
-        std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry(), budget, relay);
+        std::make_shared<trainer::TrainerServiceImpl>(context.metrics_registry(), budget, relay,
+                                                      *std::move(allowed_paths));
     context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::TrainerService::service_full_name());
     return absl::OkStatus();

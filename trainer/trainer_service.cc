@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/run/run_memory.h"
 #include "common/run/run_model.h"
+#include "common/run/run_paths.h"
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -266,8 +267,10 @@ struct TrainerServiceImpl::ActiveRun {
 
 TrainerServiceImpl::TrainerServiceImpl(prometheus::Registry& registry,
                                        int64_t memory_budget_bytes,
-                                       weights::RelayTreeOptions relay)
+                                       weights::RelayTreeOptions relay,
+                                       PathPolicy allowed_paths)
     : memory_budget_bytes_(memory_budget_bytes),
+      allowed_paths_(std::move(allowed_paths)),
       incarnation_(static_cast<uint64_t>(absl::GetCurrentTimeNanos())),
       relay_tree_(relay),
       metrics_(std::make_unique<TrainerMetrics>(registry)) {}
@@ -354,13 +357,22 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
             absl::StrCat("max_prompt_tokens: must be >= 0 (0 = unknown), got ",
                          request->max_prompt_tokens())};
   }
+  // The spec's paths, before anything here opens one (the model's config
+  // below, the checkpoints of CheckResumable, the run): the controller
+  // confined them at submit, another client may not have. Relative ones
+  // come back resolved against this trainer's first root.
+  v1::RunSpec spec = request->spec();
+  if (absl::Status confined = run::ConfineRunSpecPaths(allowed_paths_, &spec); !confined.ok()) {
+    return {grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("spec on this trainer: ", confined.message())};
+  }
   // Whoever asks (the controller checked at submit, another client may not
   // have). A model whose config cannot be read is left to the run, which
   // fails naming it.
-  if (absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(request->spec().model());
+  if (absl::StatusOr<model::ModelConfig> config = run::LoadRunModelConfig(spec.model());
       config.ok()) {
     const run::RunMemoryEstimate estimate =
-        run::EstimateRunMemory(request->spec(), *config, request->max_prompt_tokens());
+        run::EstimateRunMemory(spec, *config, request->max_prompt_tokens());
     if (std::string problem = run::CheckMemoryBudget(
             "trainer", estimate.trainer, {memory_budget_bytes_, "this trainer's --memory-budget"});
         !problem.empty()) {
@@ -398,7 +410,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   {
     std::unique_ptr<clients::ReplayBufferClient> buffer =
         clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address());
-    if (absl::Status resumable = CheckResumable(request->run_id(), request->spec(), *buffer);
+    if (absl::Status resumable = CheckResumable(request->run_id(), spec, *buffer);
         !resumable.ok()) {
       return ToGrpcStatus(resumable);
     }
@@ -429,7 +441,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   deps.on_eval = [metrics](const v1::EvalResult& e) {
     if (e.phase() != "warm_start") metrics->eval_accuracy.Set(e.accuracy());
   };
-  active->run = std::make_unique<TrainerRun>(request->run_id(), request->spec(), std::move(deps));
+  active->run = std::make_unique<TrainerRun>(request->run_id(), std::move(spec), std::move(deps));
   TrainerRun* run = active->run.get();
   active->thread = std::thread([run] { run->Run().IgnoreError(); });
   log::Info("training started", {{"run_id", request->run_id()}});

@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "common/path_policy.h"
 #include "sluice/v1/trainer.grpc.pb.h"
 #include "services/clients/clients.h"
 #include "services/weights/relay_tree.h"
@@ -42,9 +43,13 @@ struct TrainerMetrics;
 // this process's incarnation (its start time in ns).
 class TrainerServiceImpl final : public v1::TrainerService::Service {
  public:
-  // `memory_budget_bytes` <= 0: none (nothing is checked).
+  // `memory_budget_bytes` <= 0: none (nothing is checked). `allowed_paths`
+  // (--allowed-path-roots): StartTraining refuses a spec naming a path
+  // outside them with INVALID_ARGUMENT before it opens anything, whoever
+  // asks (run::ConfineRunSpecPaths); the binary always sets it.
   explicit TrainerServiceImpl(prometheus::Registry& registry, int64_t memory_budget_bytes = 0,
-                              weights::RelayTreeOptions relay = {});
+                              weights::RelayTreeOptions relay = {},
+                              PathPolicy allowed_paths = PathPolicy::Unrestricted());
   ~TrainerServiceImpl() override;
 
   // Stops the current run and wakes streams (server shutdown).
@@ -84,6 +89,7 @@ class TrainerServiceImpl final : public v1::TrainerService::Service {
                                      clients::ReplayBufferClient& buffer);
 
   const int64_t memory_budget_bytes_;
+  const PathPolicy allowed_paths_;
   const uint64_t incarnation_;
   WeightStore weights_;
   // Who streams each version to whom (GetWeightSource).

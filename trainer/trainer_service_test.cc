@@ -236,6 +236,40 @@ TEST_F(TrainerServiceRestartTest, StartTrainingTheRunInProgressIsIdempotent) {
   EXPECT_EQ(Status().state(), v1::TRAINER_STATE_WAITING_FOR_DATA);
 }
 
+// The controller confines a spec's paths at submit; the trainer confines
+// them again for whoever calls it directly, before it opens anything.
+TEST(TrainerServicePathTest, StartTrainingWithPathsOutsideTheRootsIsInvalidArgument) {
+  const std::filesystem::path dir =
+      std::filesystem::weakly_canonical(::testing::TempDir()) /
+      ("trainer-paths-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir / "root");
+  std::filesystem::create_directories(dir / "outside");
+  std::filesystem::create_directory_symlink(dir / "outside", dir / "root" / "escape");
+  prometheus::Registry registry;
+  TrainerServiceImpl service(registry, 0, {}, *PathPolicy::Create({(dir / "root").string()}));
+  for (const std::string& checkpoint_dir :
+       {std::string("/etc/sluice-evil"), (dir / "root" / ".." / "outside").string(),
+        (dir / "root" / "escape" / "ckpt").string()}) {
+    v1::StartTrainingRequest request;
+    request.set_run_id("run-1");
+    request.mutable_spec()->mutable_model()->set_builtin("tiny");
+    request.mutable_spec()->mutable_checkpoint()->set_dir(checkpoint_dir);
+    request.mutable_endpoints()->set_replay_buffer_address("127.0.0.1:1");
+    request.mutable_endpoints()->set_reward_server_address("127.0.0.1:1");
+    grpc::ServerContext context;
+    v1::StartTrainingResponse response;
+    const grpc::Status status = service.StartTraining(&context, &request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << checkpoint_dir;
+    EXPECT_EQ(status.error_message(),
+              "spec on this trainer: checkpoint.dir '" + checkpoint_dir +
+                  "' is outside the allowed roots [" + (dir / "root").string() +
+                  "]; add its parent to --allowed-path-roots");
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir / "outside"));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TrainerServiceIncarnationTest, EachServiceHasItsOwnIncarnation) {
   prometheus::Registry registry;
   TrainerServiceImpl first(registry);

@@ -104,6 +104,8 @@ v1::InsertStatus InsertStatusToProto(InsertStatus status) {
       return v1::INSERT_STATUS_UNKNOWN_RUN;
     case InsertStatus::kRetryableError:
       return v1::INSERT_STATUS_RETRYABLE_ERROR;
+    case InsertStatus::kQuarantined:
+      return v1::INSERT_STATUS_REFUSED_QUARANTINED;
   }
   return v1::INSERT_STATUS_UNSPECIFIED;
 }

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "common/logging.h"
 #include "replay_buffer/proto_convert.h"
 #include "absl/time/clock.h"
 #include "services/runtime/grpc_status.h"
@@ -115,7 +116,11 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
     const std::vector<InsertResult> results = buffer_->Insert(
         std::move(groups), CapByDeadline(options_.insert_rate_limit_wait, *context));
     v1::InsertGroupsResponse response;
-    for (const InsertResult& result : results) InsertResultToProto(result, response.add_results());
+    std::string quarantined;  // why, when a group's worker is quarantined
+    for (const InsertResult& result : results) {
+      InsertResultToProto(result, response.add_results());
+      if (result.status == InsertStatus::kQuarantined) quarantined = result.message;
+    }
     for (const std::string& run_id : runs) {
       if (absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id); table.ok()) {
         metrics_.Sync(**table);
@@ -124,6 +129,12 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
     metrics_.SyncDurability(buffer_->durability_stats());
     if (!stream->Write(response)) {
       status = grpc::Status(grpc::StatusCode::CANCELLED, "the client went away");
+      break;
+    }
+    if (!quarantined.empty()) {
+      // The results say which groups; the stream's end says it to a caller
+      // that only looks at the status.
+      status = grpc::Status(grpc::StatusCode::PERMISSION_DENIED, quarantined);
       break;
     }
   }
@@ -187,6 +198,16 @@ grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
     v1::UpdatePolicyVersionResponse* response) {
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
+  if (request->quarantined_worker_ids_size() > 0) {
+    absl::StatusOr<std::vector<std::string>> added = (*table)->QuarantineWorkers(
+        {request->quarantined_worker_ids().begin(), request->quarantined_worker_ids().end()});
+    if (!added.ok()) return ToGrpcStatus(added.status());
+    for (const std::string& worker : *added) {
+      log::Warning("quarantined rollout worker: its generation slots are dropped and its "
+                   "slots and inserts refused (the trainer's rollout verification)",
+                   {{"run_id", request->run_id()}, {"worker", worker}});
+    }
+  }
   absl::StatusOr<UpdateVersionResult> result =
       (*table)->UpdatePolicyVersion(request->policy_version());
   if (!result.ok()) return ToGrpcStatus(result.status());

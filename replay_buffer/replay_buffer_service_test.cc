@@ -275,6 +275,52 @@ TEST_F(ReplayBufferServiceTest, AcquireInsertAndSampleAGroupsLifecycle) {
 // (replayed) on a new stream, as for a trainer that restarted, until
 // CommitTrainedSteps lets it go; then asking for it ends the stream with
 // FAILED_PRECONDITION naming the step.
+// The trainer's quarantine (issue 19) arrives with UpdatePolicyVersion; the
+// worker's slots and inserts are then PERMISSION_DENIED naming it.
+TEST_F(ReplayBufferServiceTest, AQuarantinedWorkerIsPermissionDenied) {
+  ASSERT_TRUE(Configure(2, 1).ok());
+  v1::UpdatePolicyVersionRequest update;
+  update.set_run_id(kRun);
+  update.set_policy_version(1);
+  update.add_quarantined_worker_ids("rogue");
+  {
+    v1::UpdatePolicyVersionResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->UpdatePolicyVersion(&context, update, &response).ok());
+  }
+  v1::AcquireGenerationSlotsRequest acquire;
+  acquire.set_run_id(kRun);
+  acquire.set_worker_id("rogue");
+  acquire.set_worker_incarnation(1);
+  acquire.set_num_groups(1);
+  {
+    v1::AcquireGenerationSlotsResponse slots;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    const grpc::Status status = stub_->AcquireGenerationSlots(&context, acquire, &slots);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+    EXPECT_THAT(status.error_message(), HasSubstr("rollout worker rogue is quarantined"));
+  }
+  v1::Group forged = MakeGroup(kRun, "g0", 2, 1);
+  for (v1::Trajectory& t : *forged.mutable_trajectories()) t.set_rollout_worker_id("rogue");
+  grpc::ClientContext context;
+  SetDeadline(context);
+  auto stream = stub_->InsertGroups(&context);
+  v1::InsertGroupsRequest request;
+  *request.add_groups() = forged;
+  ASSERT_TRUE(stream->Write(request));
+  v1::InsertGroupsResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  ASSERT_EQ(response.results_size(), 1);
+  EXPECT_EQ(response.results(0).status(), v1::INSERT_STATUS_REFUSED_QUARANTINED);
+  stream->WritesDone();
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(status.error_message(), HasSubstr("quarantined for run run-s"));
+  EXPECT_EQ(Stats().size_groups(), 0);
+}
+
 TEST_F(ReplayBufferServiceTest, StepBatchesAreReplayedUntilCommitted) {
   ASSERT_TRUE(Configure(2, 4).ok());
   InsertOnOneStream({{MakeGroup(kRun, "g0", 2, 0), MakeGroup(kRun, "g1", 2, 0),

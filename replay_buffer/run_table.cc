@@ -455,6 +455,14 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
 
   if (shutdown_) return retryable(kRunTableShuttingDown);
   ExpireLeasesLocked();
+  if (!quarantined_workers_.empty()) {
+    for (const v1::Trajectory& t : stored->trajectories()) {
+      if (quarantined_workers_.count(t.rollout_worker_id()) > 0) {
+        return refuse(InsertStatus::kQuarantined, v1::INSERT_STATUS_REFUSED_QUARANTINED,
+                      QuarantineMessage(run_id_, t.rollout_worker_id()));
+      }
+    }
+  }
   if (!result.idempotency_key.empty()) {
     if (auto it = stored_keys_.find(result.idempotency_key); it != stored_keys_.end()) {
       result.buffer_sequence = it->second;

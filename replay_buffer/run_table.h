@@ -34,6 +34,9 @@ namespace sluice::replay_buffer {
 // What a call blocked on, or arriving at, a table that is shutting down gets.
 inline constexpr char kRunTableShuttingDown[] = "replay buffer is shutting down";
 
+// Why a quarantined worker's call or group is refused (PERMISSION_DENIED).
+std::string QuarantineMessage(const std::string& run_id, const std::string& worker_id);
+
 // What ConfigureRun fixes for one run (sluice.v1.ConfigureRunRequest).
 struct RunConfig {
   std::string run_id;
@@ -175,6 +178,7 @@ enum class InsertStatus {
   kInvalid,
   kUnknownRun,
   kRetryableError,
+  kQuarantined,  // the group's worker is quarantined
 };
 
 struct InsertResult {
@@ -477,6 +481,15 @@ class RunTable {
   absl::StatusOr<UpdateVersionResult> UpdatePolicyVersion(int64_t policy_version)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Quarantines rollout workers (the trainer's rollout verification found
+  // their groups forged): journaled, never lifted for the run. Drops their
+  // generation slots (waking acquirers); later AcquireSlots of theirs are
+  // PERMISSION_DENIED and their groups' inserts kQuarantined. Returns the
+  // ids that were not quarantined before. Never blocks; O(running).
+  absl::StatusOr<std::vector<std::string>> QuarantineWorkers(
+      const std::vector<std::string>& worker_ids) ABSL_LOCKS_EXCLUDED(mu_);
+  std::vector<std::string> QuarantinedWorkers() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Sets the priority of held groups, by group_id (finite and >= 0);
   // group ids not held are reported. INVALID_ARGUMENT naming the group for
   // a bad value (nothing is changed then).
@@ -676,6 +689,10 @@ class RunTable {
   absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
   // (expires_at, lease id): the next expiry in O(1).
   std::set<std::pair<absl::Time, std::string>> lease_expiry_ ABSL_GUARDED_BY(mu_);
+  // Workers the run's trainer quarantined (QuarantineWorkers).
+  std::set<std::string> quarantined_workers_ ABSL_GUARDED_BY(mu_);
+  void ApplyQuarantineLocked(const v1::storage::WorkersQuarantined& quarantined)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Newest incarnation seen per worker_id.
   absl::flat_hash_map<std::string, uint64_t> worker_incarnations_ ABSL_GUARDED_BY(mu_);
   int64_t next_lease_number_ ABSL_GUARDED_BY(mu_) = 1;

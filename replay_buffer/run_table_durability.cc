@@ -67,6 +67,7 @@ RunTable::SnapshotData RunTable::Snapshot() {
     (*table.mutable_worker_incarnations())[worker] = incarnation;
   }
   table.set_next_lease_number(next_lease_number_);
+  for (const std::string& worker : quarantined_workers_) table.add_quarantined_workers(worker);
   for (const auto& [key, sequence] : stored_keys_) (*table.mutable_stored_keys())[key] = sequence;
   data.items.reserve(items_.size());
   for (const auto& [sequence, item] : items_) {
@@ -123,6 +124,8 @@ absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Restore(
   t.rate_limiter_.Restore(snapshot.rate_limiter_inserts(), snapshot.rate_limiter_samples());
   t.max_client_priority_ = snapshot.max_client_priority();
   const absl::Time expires_at = t.options_.clock() + t.options_.lease_ttl;
+  t.quarantined_workers_.insert(snapshot.quarantined_workers().begin(),
+                                snapshot.quarantined_workers().end());
   for (const auto& [worker, incarnation] : snapshot.worker_incarnations()) {
     t.worker_incarnations_[worker] = incarnation;
   }
@@ -287,6 +290,9 @@ absl::Status RunTable::ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& r
       break;
     case v1::storage::WalRecord::kPriorities:
       ApplyPrioritiesLocked(record.priorities());
+      break;
+    case v1::storage::WalRecord::kQuarantined:
+      ApplyQuarantineLocked(record.quarantined());
       break;
     case v1::storage::WalRecord::KIND_NOT_SET:
       return corrupt("has no kind (written by a newer Sluice?)");

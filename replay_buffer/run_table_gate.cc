@@ -116,6 +116,9 @@ absl::StatusOr<AcquireResult> RunTable::AcquireSlots(const AcquireRequest& reque
 
   absl::MutexLock lock(&mu_);
   if (shutdown_) return absl::UnavailableError(kRunTableShuttingDown);
+  if (quarantined_workers_.count(request.worker_id) > 0) {
+    return absl::PermissionDeniedError(QuarantineMessage(run_id_, request.worker_id));
+  }
   ExpireLeasesLocked();
 
   const auto known = worker_incarnations_.find(request.worker_id);
@@ -208,6 +211,50 @@ ReleaseResult RunTable::ReleaseSlots(const ReleaseRequest& request) {
   if (ReleaseLeasesLocked(ids).ok()) result.released = static_cast<int32_t>(ids.size());
   result.running = static_cast<int64_t>(leases_.size());
   return result;
+}
+
+std::string QuarantineMessage(const std::string& run_id, const std::string& worker_id) {
+  return absl::StrCat("rollout worker ", worker_id, " is quarantined for run ", run_id,
+                      ": the trainer's rollout verification found its groups' log-probs, tokens "
+                      "or versions forged; its generation slots and inserts are refused for the "
+                      "rest of the run");
+}
+
+absl::StatusOr<std::vector<std::string>> RunTable::QuarantineWorkers(
+    const std::vector<std::string>& worker_ids) {
+  absl::MutexLock lock(&mu_);
+  v1::storage::WalRecord record;
+  for (const std::string& id : worker_ids) {
+    if (id.empty() || quarantined_workers_.count(id) > 0) continue;
+    if (std::find(record.quarantined().worker_ids().begin(),
+                  record.quarantined().worker_ids().end(),
+                  id) != record.quarantined().worker_ids().end()) {
+      continue;
+    }
+    record.mutable_quarantined()->add_worker_ids(id);
+  }
+  std::vector<std::string> added(record.quarantined().worker_ids().begin(),
+                                 record.quarantined().worker_ids().end());
+  if (added.empty()) return added;
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  ApplyQuarantineLocked(record.quarantined());
+  return added;
+}
+
+std::vector<std::string> RunTable::QuarantinedWorkers() const {
+  absl::MutexLock lock(&mu_);
+  return std::vector<std::string>(quarantined_workers_.begin(), quarantined_workers_.end());
+}
+
+void RunTable::ApplyQuarantineLocked(const v1::storage::WorkersQuarantined& quarantined) {
+  quarantined_workers_.insert(quarantined.worker_ids().begin(), quarantined.worker_ids().end());
+  // Their slots give their capacity back at once, as a release would (the
+  // leases are not journaled one by one: replaying this record drops them).
+  std::vector<std::string> dropped;
+  for (const auto& [id, lease] : leases_) {
+    if (quarantined_workers_.count(lease.worker_id) > 0) dropped.push_back(id);
+  }
+  for (const std::string& id : dropped) ReleaseLeaseLocked(id);
 }
 
 }  // namespace sluice::replay_buffer

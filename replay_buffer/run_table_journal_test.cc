@@ -337,6 +337,70 @@ TEST(RunTableJournalTest, RestoredGateHasTheSameCapacity) {
                   ->lease_ids.empty());
 }
 
+// A worker the trainer's rollout verification quarantined (issue 19): its
+// slots are dropped and refused, its groups refused, other workers are not
+// touched; the quarantine is journaled and in snapshots, so a restarted
+// buffer refuses the worker as before.
+TEST(RunTableJournalTest, AQuarantinedWorkerIsRefusedBeforeAndAfterARestart) {
+  FakeClock clock;  // whole seconds: the journal keeps insert times in microseconds
+  auto journal = std::make_shared<MemoryJournal>();
+  RunTableOptions options;
+  options.clock = [&clock] { return clock.Now(); };
+  options.journal = journal;
+  std::unique_ptr<RunTable> table =
+      std::move(RunTable::Create(Config(v1::SAMPLER_KIND_FIFO), options)).value();
+  absl::StatusOr<AcquireResult> rogue_slots =
+      table->AcquireSlots({.worker_id = "rogue", .worker_incarnation = 1, .num_groups = 2});
+  ASSERT_EQ(rogue_slots->lease_ids.size(), 2u);
+  ASSERT_TRUE(
+      table->AcquireSlots({.worker_id = "honest", .worker_incarnation = 1, .num_groups = 2}).ok());
+  EXPECT_EQ(table->Stats().gate.running, 4);
+
+  absl::StatusOr<std::vector<std::string>> added = table->QuarantineWorkers({"rogue", "rogue"});
+  ASSERT_TRUE(added.ok()) << added.status();
+  EXPECT_THAT(*added, ::testing::ElementsAre("rogue"));
+  EXPECT_TRUE(table->QuarantineWorkers({"rogue"})->empty());  // already
+  EXPECT_EQ(table->Stats().gate.running, 2);  // its slots are given back
+
+  const auto expect_refused = [](RunTable& t) {
+    absl::StatusOr<AcquireResult> acquired =
+        t.AcquireSlots({.worker_id = "rogue", .worker_incarnation = 2, .num_groups = 1});
+    EXPECT_EQ(acquired.status().code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(std::string(acquired.status().message()),
+                ::testing::HasSubstr("rollout worker rogue is quarantined for run run-j"));
+    v1::Group group = MakeGroup(kRun, absl::StrCat("forged-", t.Stats().size_groups), 2, 0);
+    for (v1::Trajectory& trajectory : *group.mutable_trajectories()) {
+      trajectory.set_rollout_worker_id("rogue");
+    }
+    const InsertResult inserted = t.Insert(std::move(group));
+    EXPECT_EQ(inserted.status, InsertStatus::kQuarantined);
+    EXPECT_THAT(inserted.message, ::testing::HasSubstr("quarantined"));
+    v1::Group honest = MakeGroup(kRun, absl::StrCat("honest-", t.Stats().size_groups), 2, 0);
+    for (v1::Trajectory& trajectory : *honest.mutable_trajectories()) {
+      trajectory.set_rollout_worker_id("honest");
+    }
+    EXPECT_EQ(t.Insert(std::move(honest)).status, InsertStatus::kStored);
+    EXPECT_TRUE(
+        t.AcquireSlots({.worker_id = "honest", .worker_incarnation = 1, .num_groups = 0}).ok());
+  };
+  expect_refused(*table);
+
+  RunTableOptions replay_options;
+  replay_options.clock = options.clock;
+  std::unique_ptr<RunTable> replayed = Replay(*journal, replay_options);
+  EXPECT_THAT(replayed->QuarantinedWorkers(), ::testing::ElementsAre("rogue"));
+  ExpectSameState(*table, *replayed);
+  expect_refused(*replayed);
+
+  const RunTable::SnapshotData snapshot = table->Snapshot();
+  EXPECT_THAT(snapshot.table.quarantined_workers(), ::testing::ElementsAre("rogue"));
+  std::vector<v1::storage::SnapshotItem> items;
+  for (const auto& item : snapshot.items) *items.emplace_back().mutable_group() = *item.group;
+  std::unique_ptr<RunTable> restored =
+      std::move(RunTable::Restore(snapshot.table, std::move(items), RunTableOptions{})).value();
+  expect_refused(*restored);
+}
+
 // A poisoned group is refused before any of it reaches the journal: the
 // only record its insert leaves is the refusal (which gives its slot back),
 // so no restart can bring it back, and the table holds nothing of it.

@@ -152,6 +152,7 @@ absl::Status TrainerRun::Impl::RunInner() {
                         ? spec_.model().max_context_tokens()
                         : config.max_position_embeddings;
   objective_ = ObjectiveConfig::FromAlgorithm(spec_.algorithm(), max_new_tokens_);
+  ConfigureVerification();
 
   // Each batch is kept by the buffer until it is trained for good: until
   // a checkpoint covers it, or at once when no periodic checkpoint will.
@@ -315,6 +316,7 @@ absl::Status TrainerRun::Impl::Publish(int64_t version) {
   info.set_tensor_count(static_cast<int32_t>(published->tensors.size()));
   info.set_checksum(absl::StrFormat("crc32c:%08x", checksum));
   last_published_ = published;
+  if (policy_history_ != nullptr) policy_history_->Add(published);
   deps_.weights->Publish(std::move(published));
   {
     absl::MutexLock lock(&mu_);
@@ -326,6 +328,7 @@ absl::Status TrainerRun::Impl::Publish(int64_t version) {
   v1::UpdatePolicyVersionRequest update;
   update.set_run_id(run_id_);
   update.set_policy_version(version);
+  for (const std::string& worker : quarantined_workers_) update.add_quarantined_worker_ids(worker);
   auto updated = deps_.buffer->UpdatePolicyVersion(update);
   if (!updated.ok()) return updated.status();
   return absl::OkStatus();
@@ -359,6 +362,7 @@ v1::ReportTrainerProgressRequest TrainerRun::Impl::NewReport(v1::TrainerState st
   absl::MutexLock lock(&mu_);
   report.set_warm_start_step(status_.warm_start_step());
   report.set_policy_version(status_.policy_version());
+  for (const std::string& worker : quarantined_workers_) report.add_quarantined_worker_ids(worker);
   return report;
 }
 

@@ -45,7 +45,9 @@
 #include "trainer/checkpoint.h"
 #include "trainer/evaluator.h"
 #include "trainer/objective.h"
+#include "trainer/policy_history.h"
 #include "trainer/rl_batch.h"
+#include "trainer/rollout_verifier.h"
 #include "trainer/step_guard.h"
 
 namespace sluice::trainer {
@@ -145,6 +147,20 @@ class TrainerRun::Impl {
                                                     double wait_seconds,
                                                     int64_t batch_start_version);
 
+  // ---- rollout verification (trainer_verification.cc) ----------------------
+
+  // From the spec's algorithm.rollout_verification; keeps no history when
+  // verification is off.
+  void ConfigureVerification();
+
+  // Verifies the chosen groups of `batch` (rollout_verifier.h) against the
+  // versions they claim, counts them per worker, quarantines a worker whose
+  // failed groups reach the threshold, and removes the failed groups from
+  // `batch`: they are not trained on. The buffer's account is unchanged (it
+  // handed the batch out for `batch_step`; commits are per step). Returns
+  // the step's verification figures (only those fields set).
+  v1::TrainingStepMetrics VerifyBatch(v1::SampleResponse& batch, int64_t batch_step);
+
   // ---- memory ------------------------------------------------------------
 
   // RESOURCE_EXHAUSTED when the forward and backward of `rows` (padded to
@@ -210,6 +226,20 @@ class TrainerRun::Impl {
   // Steps up to this one had been trained by an earlier incarnation (the
   // buffer's policy version when this one resumed); 0 = none.
   int64_t redo_until_ = 0;
+  // Rollout verification: the fraction of groups verified (0 = off), the
+  // verifier's options, the weights of recent versions, and per worker the
+  // groups verified and failed and who is quarantined (in that order). The
+  // counts live with this incarnation; the buffer keeps the quarantine.
+  double verify_fraction_ = 0;
+  RolloutVerifierOptions verify_options_;
+  int64_t quarantine_after_failed_groups_ = 3;
+  std::unique_ptr<PolicyHistory> policy_history_;
+  struct WorkerVerificationCounts {
+    int64_t verified = 0;
+    int64_t failed = 0;
+  };
+  std::map<std::string, WorkerVerificationCounts> worker_verification_;
+  std::vector<std::string> quarantined_workers_;
   // Bytes the run holds throughout (see CheckBatchMemory).
   int64_t resident_bytes_ = 0;
   double start_time_ = 0;

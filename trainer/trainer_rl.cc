@@ -80,6 +80,13 @@ absl::Status TrainerRun::Impl::TrainRl() {
     }
     const double wait_seconds = Now() - wait_start;
     SetState(v1::TRAINER_STATE_TRAINING);
+    // Groups whose log-probs are not what their versions give are left out
+    // before the batch is split (a resume inside a batch does not verify
+    // again: the split must stay the one its first minibatches trained).
+    v1::TrainingStepMetrics verification;
+    if (policy_history_ != nullptr && first_minibatch == 0) {
+      verification = VerifyBatch(batch, batch_step);
+    }
     // 2. Split into minibatches by group; each is one optimizer step and
     // one published version.
     const int groups = batch.groups_size();
@@ -98,6 +105,7 @@ absl::Status TrainerRun::Impl::TrainRl() {
                                  /*batch_start_version=*/(batch_step - 1) * minibatches));
       if (m == first_minibatch) {
         metrics.set_groups_uniform_dropped(batch.uniform_reward_groups_dropped());
+        metrics.MergeFrom(verification);  // only its verification fields are set
       }
       if (step_ <= redo_until_) {
         absl::MutexLock lock(&mu_);

@@ -181,6 +181,43 @@ struct TrainerMetrics {
                            .Help("GetWeightSource answers, by source: trainer (streamed from "
                                  "the trainer) or relay (from a worker holding the version)")
                            .Register(registry)),
+        verified_groups(prometheus::BuildCounter()
+                            .Name("sluice_trainer_verified_groups_total")
+                            .Help("Sampled groups whose behaviour log-probs the trainer "
+                                  "recomputed and found within the tolerance, by rollout worker")
+                            .Register(registry)),
+        verification_failed_groups(
+            prometheus::BuildCounter()
+                .Name("sluice_trainer_verification_failed_groups_total")
+                .Help("Sampled groups whose behaviour log-probs, tokens or versions did not "
+                      "match the trainer's recomputation (left out of the batch), by rollout "
+                      "worker")
+                .Register(registry)),
+        unverifiable_groups(prometheus::BuildCounter()
+                                .Name("sluice_trainer_unverifiable_groups_total")
+                                .Help("Groups chosen for verification that claimed a version "
+                                      "whose weights the trainer no longer held")
+                                .Register(registry)
+                                .Add({})),
+        verification_max_abs_diff(
+            prometheus::BuildHistogram()
+                .Name("sluice_trainer_verification_max_abs_diff")
+                .Help("Per step: the largest |reported - recomputed| behaviour log-prob over "
+                      "the verified groups' tokens (honest float32 noise is below 1e-5)")
+                .Register(registry)
+                .Add({}, prometheus::Histogram::BucketBoundaries{1e-7, 1e-6, 1e-5, 1e-4, 1e-3,
+                                                                 1e-2, 1e-1, 1})),
+        verification_seconds(prometheus::BuildCounter()
+                                 .Name("sluice_trainer_verification_seconds_total")
+                                 .Help("Seconds spent recomputing rollout log-probs to verify "
+                                       "workers")
+                                 .Register(registry)
+                                 .Add({})),
+        worker_quarantined(prometheus::BuildGauge()
+                               .Name("sluice_trainer_worker_quarantined")
+                               .Help("1 for each rollout worker the trainer's verification "
+                                     "quarantined in this process")
+                               .Register(registry)),
         client_retries(registry) {}
 
   void OnStep(const v1::TrainingStepMetrics& m) {
@@ -218,6 +255,18 @@ struct TrainerMetrics {
     if (m.update_skipped()) updates_skipped.Increment();
     groups_invalid.Increment(static_cast<double>(m.groups_invalid()));
     step_seconds.Observe(m.step_seconds());
+    for (const v1::WorkerVerification& w : m.verification_by_worker()) {
+      verified_groups.Add({{"worker", w.worker_id()}})
+          .Increment(static_cast<double>(w.groups_verified()));
+      verification_failed_groups.Add({{"worker", w.worker_id()}})
+          .Increment(static_cast<double>(w.groups_failed()));
+    }
+    unverifiable_groups.Increment(static_cast<double>(m.groups_unverifiable()));
+    if (m.groups_verified() > 0) verification_max_abs_diff.Observe(m.verification_max_abs_diff());
+    verification_seconds.Increment(m.verification_seconds());
+    for (const std::string& worker : m.workers_quarantined()) {
+      worker_quarantined.Add({{"worker", worker}}).Set(1);
+    }
   }
 
   prometheus::Gauge& step;
@@ -248,6 +297,12 @@ struct TrainerMetrics {
   prometheus::Counter& weight_bytes_sent;
   prometheus::Counter& weight_streams;
   prometheus::Family<prometheus::Counter>& weight_sources;
+  prometheus::Family<prometheus::Counter>& verified_groups;
+  prometheus::Family<prometheus::Counter>& verification_failed_groups;
+  prometheus::Counter& unverifiable_groups;
+  prometheus::Histogram& verification_max_abs_diff;
+  prometheus::Counter& verification_seconds;
+  prometheus::Family<prometheus::Gauge>& worker_quarantined;
   // sluice_client_retries_total{service} of every run's clients.
   clients::ClientRetryMetrics client_retries;
 };

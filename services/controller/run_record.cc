@@ -130,6 +130,7 @@ void RebuildFromAppendedFiles(const RunFiles& files, RunRecord* record) {
     summary.clear_tokens_trained();
     summary.clear_max_staleness();
     summary.clear_final_reward_mean();
+    summary.clear_verification();
     progress.clear_groups_trained();
     record->recent_step_rewards.clear();
     int64_t last = 0;
@@ -307,6 +308,39 @@ absl::StatusOr<RunRecord> LoadRunRecord(const std::string& dir, const std::strin
   return record;
 }
 
+namespace {
+
+// The step's rollout verification added to the run's (per worker, in order
+// of first appearance; a worker once quarantined stays so).
+void ApplyVerificationFigures(const v1::TrainingStepMetrics& step,
+                              v1::RolloutVerificationSummary* verification) {
+  verification->set_groups_verified(verification->groups_verified() + step.groups_verified());
+  verification->set_groups_failed(verification->groups_failed() +
+                                  step.groups_verification_failed());
+  verification->set_groups_unverifiable(verification->groups_unverifiable() +
+                                        step.groups_unverifiable());
+  if (step.groups_verified() > 0) {
+    verification->set_max_abs_diff_verified(
+        std::max(verification->max_abs_diff_verified(), step.verification_max_abs_diff()));
+  }
+  auto worker = [verification](const std::string& id) -> v1::WorkerVerification& {
+    for (v1::WorkerVerification& w : *verification->mutable_workers()) {
+      if (w.worker_id() == id) return w;
+    }
+    v1::WorkerVerification& added = *verification->add_workers();
+    added.set_worker_id(id);
+    return added;
+  };
+  for (const v1::WorkerVerification& w : step.verification_by_worker()) {
+    v1::WorkerVerification& total = worker(w.worker_id());
+    total.set_groups_verified(total.groups_verified() + w.groups_verified());
+    total.set_groups_failed(total.groups_failed() + w.groups_failed());
+  }
+  for (const std::string& id : step.workers_quarantined()) worker(id).set_quarantined(true);
+}
+
+}  // namespace
+
 void ApplyStepFigures(const v1::TrainingStepMetrics& step, v1::Run* run,
                       std::deque<double>* recent_step_rewards) {
   v1::RunProgress& progress = *run->mutable_progress();
@@ -324,6 +358,7 @@ void ApplyStepFigures(const v1::TrainingStepMetrics& step, v1::Run* run,
   summary.set_tokens_trained(summary.tokens_trained() + step.tokens_trained());
   summary.set_max_staleness(std::max(summary.max_staleness(), step.staleness_max()));
   progress.set_groups_trained(summary.groups_trained());
+  ApplyVerificationFigures(step, summary.mutable_verification());
   recent_step_rewards->push_back(step.reward_mean());
   while (recent_step_rewards->size() > kFinalRewardSteps) recent_step_rewards->pop_front();
   summary.set_final_reward_mean(

@@ -95,7 +95,8 @@ absl::StatusOr<RunRecord> LoadRunRecord(const std::string& dir, const std::strin
 
 // A step's figures applied to the run's progress and summary: step, reward,
 // pass rate, staleness, loss, throughput of the step; the totals (steps,
-// groups and tokens trained, max staleness) and final_reward_mean over
+// groups and tokens trained, max staleness, rollout verification per
+// worker) and final_reward_mean over
 // `recent_step_rewards` (pushed to, kept at 10). Shared by the driver and
 // LoadRunRecord, so that a restored run shows what the live one did.
 void ApplyStepFigures(const v1::TrainingStepMetrics& step, v1::Run* run,

@@ -2,6 +2,7 @@
 // directory as a controller killed -9 leaves it.
 #include "services/controller/run_record.h"
 
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -233,6 +234,50 @@ TEST_F(RunRecordTest, ATerminalRunWithoutStateLoadsFromItsSummary) {
   EXPECT_EQ(loaded->run.state(), v1::RUN_STATE_SUCCEEDED);
   EXPECT_DOUBLE_EQ(loaded->run.summary().eval_after(), 0.8);
   EXPECT_EQ(loaded->run.progress().step(), 2);
+}
+
+// The steps' rollout verification summed per worker into summary.json's
+// verification section; a quarantined worker stays marked.
+TEST(ApplyStepFiguresTest, VerificationIsSummedPerWorker) {
+  v1::Run run;
+  std::deque<double> rewards;
+  v1::TrainingStepMetrics first;
+  first.set_step(1);
+  first.set_groups_verified(3);
+  first.set_groups_verification_failed(1);
+  first.set_verification_max_abs_diff(2e-6);
+  v1::WorkerVerification* honest = first.add_verification_by_worker();
+  honest->set_worker_id("honest");
+  honest->set_groups_verified(3);
+  v1::WorkerVerification* rogue = first.add_verification_by_worker();
+  rogue->set_worker_id("rogue");
+  rogue->set_groups_failed(1);
+  ApplyStepFigures(first, &run, &rewards);
+  v1::TrainingStepMetrics second;
+  second.set_step(2);
+  second.set_groups_verified(2);
+  second.set_groups_verification_failed(2);
+  second.set_groups_unverifiable(1);
+  second.set_verification_max_abs_diff(1e-6);
+  *second.add_verification_by_worker() = *honest;
+  second.mutable_verification_by_worker(0)->set_groups_verified(2);
+  *second.add_verification_by_worker() = *rogue;
+  second.mutable_verification_by_worker(1)->set_groups_failed(2);
+  second.add_workers_quarantined("rogue");
+  ApplyStepFigures(second, &run, &rewards);
+
+  const v1::RolloutVerificationSummary& v = run.summary().verification();
+  EXPECT_EQ(v.groups_verified(), 5);
+  EXPECT_EQ(v.groups_failed(), 3);
+  EXPECT_EQ(v.groups_unverifiable(), 1);
+  EXPECT_DOUBLE_EQ(v.max_abs_diff_verified(), 2e-6);
+  ASSERT_EQ(v.workers_size(), 2);
+  EXPECT_EQ(v.workers(0).worker_id(), "honest");
+  EXPECT_EQ(v.workers(0).groups_verified(), 5);
+  EXPECT_FALSE(v.workers(0).quarantined());
+  EXPECT_EQ(v.workers(1).worker_id(), "rogue");
+  EXPECT_EQ(v.workers(1).groups_failed(), 3);
+  EXPECT_TRUE(v.workers(1).quarantined());
 }
 
 TEST(RunFilesTest, AtomicWriteReplacesTheWholeFile) {

@@ -394,6 +394,20 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
   if (!InOpenUnit(a.learning_rate())) {
     problems.Add("algorithm.learning_rate", "must be > 0 and < 1, got ", a.learning_rate());
   }
+  const v1::RolloutVerificationConfig& verification = a.rollout_verification();
+  if (!(verification.fraction() >= 0 && verification.fraction() <= 1)) {
+    problems.Add("algorithm.rollout_verification.fraction", "must be in [0, 1], got ",
+                 verification.fraction());
+  }
+  if (!(verification.tolerance() >= 0) || std::isinf(verification.tolerance())) {
+    problems.Add("algorithm.rollout_verification.tolerance",
+                 "must be >= 0 and finite (0 = default 1e-3), got ", verification.tolerance());
+  }
+  if (verification.quarantine_after_failed_groups() < 0) {
+    problems.Add("algorithm.rollout_verification.quarantine_after_failed_groups",
+                 "must be >= 0 (0 = default 3), got ",
+                 verification.quarantine_after_failed_groups());
+  }
   if (!(a.weight_decay() >= 0 && a.weight_decay() <= 1)) {
     problems.Add("algorithm.weight_decay", "must be in [0, 1], got ", a.weight_decay());
   }

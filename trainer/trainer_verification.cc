@@ -1,0 +1,111 @@
+// TrainerRun::Impl's verification of rollout workers (issue 19): which
+// groups of a batch are checked, what a failed group does to the batch, and
+// when a worker is quarantined. The comparison itself is rollout_verifier.h;
+// docs/rollout-verification.md says how the tolerance was chosen.
+#include "trainer/trainer_impl.h"
+
+namespace sluice::trainer {
+namespace {
+
+constexpr int64_t kDefaultQuarantineAfterFailedGroups = 3;
+
+}  // namespace
+
+void TrainerRun::Impl::ConfigureVerification() {
+  const v1::AlgorithmConfig& alg = spec_.algorithm();
+  const v1::RolloutVerificationConfig& config = alg.rollout_verification();
+  verify_fraction_ = config.has_fraction() ? config.fraction() : 1.0;
+  verify_options_.tolerance =
+      config.tolerance() > 0 ? config.tolerance() : kDefaultVerifyTolerance;
+  verify_options_.temperature = temperature_;
+  verify_options_.swap_mode = spec_.rollout().weight_swap_mode() == v1::WEIGHT_SWAP_MODE_RECOMPUTE
+                                  ? v1::WEIGHT_SWAP_MODE_RECOMPUTE
+                                  : v1::WEIGHT_SWAP_MODE_KEEP_CACHE;
+  quarantine_after_failed_groups_ = config.quarantine_after_failed_groups() > 0
+                                        ? config.quarantine_after_failed_groups()
+                                        : kDefaultQuarantineAfterFailedGroups;
+  if (verify_fraction_ <= 0) return;
+  // A sampled group is at most eta versions older than the trainer when
+  // sampled, and the batch's minibatches publish more before its last one:
+  // hold them all.
+  const int64_t eta = alg.has_max_staleness() ? alg.max_staleness() : 4;
+  policy_history_ = std::make_unique<PolicyHistory>(
+      model_->config(), static_cast<int>(eta + Minibatches() + 1));
+}
+
+v1::TrainingStepMetrics TrainerRun::Impl::VerifyBatch(v1::SampleResponse& batch,
+                                                      int64_t batch_step) {
+  v1::TrainingStepMetrics figures;
+  const double start = Now();
+  const std::vector<bool> chosen =
+      ChooseGroupsToVerify(batch.groups_size(), verify_fraction_, spec_.seed(), batch_step);
+  std::vector<const v1::Group*> groups;
+  std::vector<int> indices;
+  for (int g = 0; g < batch.groups_size(); ++g) {
+    if (!chosen[g]) continue;
+    groups.push_back(&batch.groups(g).group());
+    indices.push_back(g);
+  }
+  RolloutVerifierOptions options = verify_options_;
+  options.newest_version = step_;
+  const std::vector<GroupVerification> verdicts = VerifyGroups(
+      groups, [this](int64_t version) { return policy_history_->Get(version); }, options);
+
+  std::vector<bool> failed(batch.groups_size(), false);
+  std::map<std::string, v1::WorkerVerification> by_worker;
+  double max_abs_diff = 0;
+  for (size_t i = 0; i < verdicts.size(); ++i) {
+    const GroupVerification& v = verdicts[i];
+    if (v.verdict == VerifyVerdict::kUnverifiable) {
+      figures.set_groups_unverifiable(figures.groups_unverifiable() + 1);
+      continue;
+    }
+    v1::WorkerVerification& worker = by_worker[v.worker_id];
+    worker.set_worker_id(v.worker_id);
+    WorkerVerificationCounts& counts = worker_verification_[v.worker_id];
+    if (v.verdict == VerifyVerdict::kVerified) {
+      figures.set_groups_verified(figures.groups_verified() + 1);
+      worker.set_groups_verified(worker.groups_verified() + 1);
+      ++counts.verified;
+      max_abs_diff = std::max(max_abs_diff, v.max_abs_diff);
+      continue;
+    }
+    failed[indices[i]] = true;
+    figures.set_groups_verification_failed(figures.groups_verification_failed() + 1);
+    worker.set_groups_failed(worker.groups_failed() + 1);
+    ++counts.failed;
+    log::Warning("rollout verification failed: the group is left out of the batch",
+                 {{"run_id", run_id_},
+                  {"step", step_ + 1},
+                  {"group", v.group_id},
+                  {"worker", v.worker_id},
+                  {"max_abs_diff", v.max_abs_diff},
+                  {"why", v.why}});
+    if (counts.failed == quarantine_after_failed_groups_ &&
+        std::find(quarantined_workers_.begin(), quarantined_workers_.end(), v.worker_id) ==
+            quarantined_workers_.end()) {
+      quarantined_workers_.push_back(v.worker_id);
+      figures.add_workers_quarantined(v.worker_id);
+      log::Error("quarantined rollout worker: its groups failed verification; the replay "
+                 "buffer now refuses its generation slots and inserts",
+                 {{"run_id", run_id_},
+                  {"worker", v.worker_id},
+                  {"failed_groups", counts.failed},
+                  {"verified_groups", counts.verified},
+                  {"threshold", quarantine_after_failed_groups_}});
+    }
+  }
+  for (auto& [id, worker] : by_worker) *figures.add_verification_by_worker() = std::move(worker);
+  figures.set_verification_max_abs_diff(max_abs_diff);
+  if (figures.groups_verification_failed() > 0) {
+    google::protobuf::RepeatedPtrField<v1::SampledGroup> all;
+    all.Swap(batch.mutable_groups());
+    for (int g = 0; g < all.size(); ++g) {
+      if (!failed[g]) *batch.add_groups() = std::move(*all.Mutable(g));
+    }
+  }
+  figures.set_verification_seconds(Now() - start);
+  return figures;
+}
+
+}  // namespace sluice::trainer

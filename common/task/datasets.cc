@@ -186,6 +186,10 @@ absl::StatusOr<DatasetRecord> ParseDatasetRow(absl::string_view json_text, Datas
   return record;
 }
 
+// A row longer than this is refused before it is held whole: a gzip file of
+// a few MB can inflate to one line of gigabytes. Real rows are a few KB.
+constexpr size_t kMaxRowBytes = size_t{16} << 20;
+
 absl::StatusOr<std::vector<DatasetRecord>> ReadDataset(const std::string& path, DatasetKind kind,
                                                        const DatasetReadOptions& options) {
   gzFile file = gzopen(path.c_str(), "rb");
@@ -225,8 +229,13 @@ absl::StatusOr<std::vector<DatasetRecord>> ReadDataset(const std::string& path, 
       if (buffer[i] == '\n') {
         more = take_line();
         line.clear();
-      } else {
+      } else if (line.size() < kMaxRowBytes) {
         line.push_back(buffer[i]);
+      } else {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            path, ":line ", number + 1, ": longer than ", kMaxRowBytes >> 20,
+            " MiB, the most a row may hold"));
+        more = false;
       }
     }
   }

@@ -32,7 +32,8 @@ namespace sluice::task {
 // Files may be gzip-compressed (HumanEval ships as .jsonl.gz); zlib reads
 // plain files unchanged. Blank lines are skipped. A malformed row is an
 // INVALID_ARGUMENT naming the file, the line and the missing column; the
-// reader never guesses.
+// reader never guesses. So is a row over 16 MiB (real rows are a few KB; a
+// small gzip file can inflate to one line of gigabytes).
 
 enum class DatasetKind { kJsonl, kGsm8k, kMath, kHumanEval };
 

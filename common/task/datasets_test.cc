@@ -166,6 +166,16 @@ TEST_F(DatasetFilesTest, MalformedRowsNameTheFileAndLine) {
             absl::StatusCode::kNotFound);
 }
 
+TEST_F(DatasetFilesTest, ARowOverTheBoundIsAnErrorNotAnAllocation) {
+  const std::string row =
+      "{\"prompt\": \"" + std::string(16 << 20, 'a') + "\", \"answer\": \"1\"}";
+  absl::StatusOr<std::vector<DatasetRecord>> records = ReadDataset(
+      Write("{\"prompt\": \"q\", \"answer\": \"1\"}\n" + row + "\n"), DatasetKind::kJsonl);
+  EXPECT_EQ(records.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(records.status().message()),
+              HasSubstr(path_ + ":line 2: longer than 16 MiB, the most a row may hold"));
+}
+
 TEST_F(DatasetFilesTest, CorruptGzipIsDataLoss) {
   // A gzip header followed by garbage.
   std::string bytes = "\x1f\x8b\x08\x00\x00\x00\x00\x00\x00\x03";

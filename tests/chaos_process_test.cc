@@ -86,6 +86,8 @@ class ChaosProcessTest : public ::testing::Test {
                "--state-dir=" + dir_ + "/stack",
                "--runs-dir=" + dir_ + "/runs",
                "--rollout-workers=2",
+               // The runs' checkpoints go to <dir>/checkpoints.
+               "--allowed-path-roots=" + dir_,
                absl::StrCat("--ready-fd=", Subprocess::kReadyFd)};
     up.log_path = dir_ + "/up.log";
     up.ready_pipe = true;

@@ -533,7 +533,9 @@ checkpoint: {dir: )", dir, R"(/checkpoints, every_n_steps: 2, keep_last: 1}
 )");
   const std::string log = dir + "/run.log";
   absl::StatusOr<ExitStatus> exit =
-      RunSluice({"quickstart", "--runs-dir", dir + "/runs", "--spec", spec}, log);
+      RunSluice({"quickstart", "--runs-dir", dir + "/runs", "--spec", spec,
+                 "--allowed-path-roots", dir},
+                log);
   ASSERT_TRUE(exit.ok()) << exit.status();
   EXPECT_TRUE(exit->success()) << testing::ReadFile(log);
   EXPECT_THAT(testing::ReadFile(log), HasSubstr("RUN_STATE_SUCCEEDED"));

@@ -141,8 +141,11 @@ class MultiHostProcessTest : public ::testing::Test {
     Start("buffer", "sluice-replay-buffer", 50054, {"--data-dir=" + HostDir("buffer") + "/data"});
     Start("trainer", "sluice-trainer", 50055, {"--torch-threads=1"});
     if (HasFatalFailure()) return;
+    // Each service's default path root is its host's directory, where it
+    // runs; the controller confines the spec's paths too, and they name
+    // another host's (the trainer's checkpoints): it gets every host's.
     Start("controller", "sluice-controller", 50051,
-          {"--runs-dir=" + HostDir("controller") + "/runs",
+          {"--runs-dir=" + HostDir("controller") + "/runs", "--allowed-path-roots=" + dir_,
            "--trainer-address=" + services_["trainer"].grpc,
            "--replay-buffer-address=" + services_["buffer"].grpc,
            "--reward-server-address=" + services_["reward"].grpc,

@@ -46,12 +46,14 @@ struct Service {
   std::string log_path;
 };
 
-Service Start(const std::string& binary, const std::string& log_path) {
+Service Start(const std::string& binary, const std::string& log_path,
+              const std::vector<std::string>& flags = {}) {
   Service service;
   service.log_path = log_path;
   SubprocessOptions options;
   options.argv = {testing::BinDir() + "/" + binary, "--listen=127.0.0.1:0", "--metrics-port=0",
                   "--ready-fd=3"};
+  options.argv.insert(options.argv.end(), flags.begin(), flags.end());
   options.log_path = log_path;
   options.ready_pipe = true;
   absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(options);
@@ -185,7 +187,8 @@ TEST(TrainerResumeProcessTest, AKilledTrainerProcessResumesTheRunFromItsCheckpoi
   const std::string dir = testing::MakeTempDir("trainer-resume");
   Service buffer = Start("sluice-replay-buffer", dir + "/buffer.log");
   Service reward = Start("sluice-reward-server", dir + "/reward.log");
-  Service trainer = Start("sluice-trainer", dir + "/trainer1.log");
+  Service trainer =
+      Start("sluice-trainer", dir + "/trainer1.log", {"--allowed-path-roots=" + dir});
   ASSERT_TRUE(buffer.process && reward.process && trainer.process);
   auto buffer_stub = Connect<v1::ReplayBufferService>(buffer.grpc);
   {
@@ -276,7 +279,8 @@ TEST(TrainerResumeProcessTest, AKilledTrainerProcessResumesTheRunFromItsCheckpoi
   // Its supervisor starts it again, at another address; the controller
   // sends the run again.
   feeder.set_paused(false);
-  Service second = Start("sluice-trainer", dir + "/trainer2.log");
+  Service second =
+      Start("sluice-trainer", dir + "/trainer2.log", {"--allowed-path-roots=" + dir});
   ASSERT_NE(second.process, nullptr);
   auto second_stub = Connect<v1::TrainerService>(second.grpc);
   {

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -129,6 +130,19 @@ std::string LocalStack::runs_dir() const {
                                             : fs::path(options_.runs_dir));
 }
 
+std::vector<std::string> LocalStack::allowed_path_roots() const {
+  std::vector<std::string> roots;
+  for (const std::string& root : options_.allowed_path_roots) roots.push_back(Absolute(root));
+  if (roots.empty()) roots.push_back(Absolute(fs::current_path()));
+  for (const std::string& own : {Absolute(options_.state_dir), runs_dir()}) {
+    const bool covered = std::any_of(roots.begin(), roots.end(), [&](const std::string& root) {
+      return own == root || absl::StartsWith(own, root == "/" ? root : root + "/");
+    });
+    if (!covered) roots.push_back(own);
+  }
+  return roots;
+}
+
 std::string LocalStack::buffer_data_dir() const {
   if (!options_.buffer_data_dir.has_value()) {
     return Absolute(fs::path(options_.state_dir) / "replay_buffer");
@@ -176,6 +190,11 @@ std::vector<std::string> LocalStack::FlagsFor(const Child& child) const {
   std::vector<std::string> flags;
   if (UsesTorch(kind)) flags.push_back(absl::StrCat("--torch-threads=", options_.torch_threads));
   if (std::string flag = MemoryBudgetFlag(kind); !flag.empty()) flags.push_back(flag);
+  if (kind == "controller" || kind == "trainer" || kind == "rollout_worker") {
+    for (const std::string& root : allowed_path_roots()) {
+      flags.push_back(absl::StrCat("--allowed-path-roots=", root));
+    }
+  }
   if (kind == "controller") {
     for (std::string& flag : ControllerFlags()) flags.push_back(std::move(flag));
   } else if (kind == "replay_buffer") {

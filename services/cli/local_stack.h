@@ -55,6 +55,12 @@ struct LocalStackOptions {
   // every acknowledged insert survives a restart of the buffer. Empty or
   // "none": in memory only.
   std::optional<std::string> buffer_data_dir;
+  // The controller's, the trainer's and the rollout workers'
+  // --allowed-path-roots: where the paths a run spec names may lie. Empty =
+  // the working directory (the services run in this process's, and a
+  // relative path in a spec resolves against the first root). The state and
+  // runs directories are always added. Made absolute before they are passed on.
+  std::vector<std::string> allowed_path_roots;
   // When a service dies: restarted with backoff, or given up on (see
   // supervisor.h).
   RestartPolicyOptions restart;
@@ -151,6 +157,9 @@ class LocalStack {
   std::string runs_dir() const;
   // The replay buffer's data directory (absolute); empty when in memory.
   std::string buffer_data_dir() const;
+  // The --allowed-path-roots the services get (absolute): the options' (or
+  // the working directory), then the state and runs directories.
+  std::vector<std::string> allowed_path_roots() const;
 
   // Supervises until SIGTERM/SIGINT arrives (returns OK and the signal's
   // name in `*reason`) or the stack cannot go on: a singleton given up on,

@@ -164,6 +164,12 @@ void AddStackFlags(CLI::App* command, LocalStackOptions* options, StackFlags* fl
       ->capture_default_str();
   command->add_option("--log-format", options->log_format, "service log format: text or json")
       ->capture_default_str();
+  command->add_option("--allowed-path-roots", options->allowed_path_roots,
+                      "directories the paths a run spec names (model, tokenizer, dataset, "
+                      "checkpoint.dir) may lie in, passed to the controller, the trainer and the "
+                      "workers; a relative path in a spec resolves against the first. Default: "
+                      "the working directory. The state and runs directories are always added")
+      ->type_name("DIR");
 }
 
 // False (with a message on stderr) when a flag's value is refused.

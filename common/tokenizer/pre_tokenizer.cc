@@ -168,6 +168,12 @@ class KnownPatternSplitter : public Splitter {
 // Any pattern, on ICU's regex engine. Matches run over UTF-16, mapped back
 // to byte offsets.
 class IcuRegexSplitter : public Splitter {
+  // The most steps of ICU's match engine (each ~10,000 operations) one find
+  // may take: a pattern from a tokenizer.json that backtracks exponentially
+  // ("(a|aa)*c" over a run of a's) stops there (U_REGEX_TIME_OUT) instead
+  // of hanging Encode. Real patterns take well under one step per match.
+  static constexpr int32_t kMatchTimeLimitSteps = 1000;
+
  public:
   explicit IcuRegexSplitter(std::unique_ptr<icu::RegexPattern> pattern)
       : pattern_(std::move(pattern)) {}
@@ -193,6 +199,7 @@ class IcuRegexSplitter : public Splitter {
     };
     UErrorCode status = U_ZERO_ERROR;
     std::unique_ptr<icu::RegexMatcher> matcher(pattern_->matcher(utf16, status));
+    if (U_SUCCESS(status)) matcher->setTimeLimit(kMatchTimeLimitSteps, status);
     if (U_SUCCESS(status)) {
       while (matcher->find(status) && U_SUCCESS(status)) {
         const int32_t start = matcher->start(status);

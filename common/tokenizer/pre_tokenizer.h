@@ -38,7 +38,10 @@ class Splitter {
 // narrower set. For kQwen2Pattern and kLlama3Pattern a hand-written scanner
 // gives the same splits several times faster (unless `allow_fast_path` is
 // false, which tests use to compare the two). INVALID_ARGUMENT when ICU
-// cannot compile the pattern.
+// cannot compile the pattern. A match that backtracks past ICU's time limit
+// (a pathological pattern, ~10^7 engine operations) ends the splitting: the
+// rest of the text is one pre-token, so that no tokenizer.json can hang
+// encoding.
 absl::StatusOr<std::unique_ptr<Splitter>> MakeRegexSplitter(absl::string_view pattern,
                                                             bool allow_fast_path = true);
 

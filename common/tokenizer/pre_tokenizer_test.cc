@@ -52,6 +52,20 @@ TEST(PreTokenizerTest, GapsBetweenMatchesArePreTokens) {
   EXPECT_THAT(SplitWith(*literal, "xa.bya_b"), ElementsAre("x", "a.b", "ya_b"));
 }
 
+// A tokenizer.json's Split pattern may backtrack exponentially; encoding
+// with it used to hang (found writing the tokenizer fuzz target). Now the
+// match gives up and the rest of the text is one pre-token.
+TEST(PreTokenizerTest, ABacktrackingPatternGivesUpInsteadOfHanging) {
+  auto splitter = Make("(a|aa)*c", false);
+  const std::string text = "ac " + std::string(80, 'a') + " tail";
+  const std::vector<std::string> pieces = SplitWith(*splitter, text);
+  ASSERT_GE(pieces.size(), 2u);
+  EXPECT_EQ(pieces[0], "ac");
+  std::string joined;
+  for (const std::string& piece : pieces) joined += piece;
+  EXPECT_EQ(joined, text);
+}
+
 TEST(PreTokenizerTest, BadPatternIsInvalidArgument) {
   auto splitter = MakeRegexSplitter("(unclosed", true);
   ASSERT_FALSE(splitter.ok());

@@ -16,7 +16,10 @@ AllowedPathRootsFlag::AllowedPathRootsFlag(CLI::App& app) {
                  "symlinks and '..' are resolved; a relative path is resolved against the first. "
                  "Others are refused (INVALID_ARGUMENT). Repeat the flag, or give a YAML list. "
                  "Default: the working directory")
-      ->type_name("DIR");
+      ->type_name("DIR")
+      // Every occurrence adds roots: the config file's list and the
+      // command line's flags (ServiceMain's default is the last one only).
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
 }
 
 absl::StatusOr<PathPolicy> AllowedPathRootsFlag::Apply() const {

@@ -351,9 +351,15 @@ absl::StatusOr<std::unique_ptr<SafetensorsCheckpoint>> SafetensorsCheckpoint::Op
   if (!fs::exists(index_path, error)) {
     return absl::NotFoundError(absl::StrCat("no ", kSingleFile, " or ", kIndexFile, " in ", dir));
   }
+  const std::string where = index_path.string();
+  // Real indexes are tens of KB; a huge file is refused before it is read
+  // whole, with the limit of a file's header.
+  if (const uintmax_t size = fs::file_size(index_path, error); !error && size > kMaxHeaderBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", size, " bytes exceeds the limit of ",
+                                                   kMaxHeaderBytes));
+  }
   std::ifstream in(index_path, std::ios::binary);
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const std::string where = index_path.string();
   Json index = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (index.is_discarded() || !index.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": not a JSON object"));

@@ -88,7 +88,7 @@ class SafetensorsFile {
 class SafetensorsCheckpoint {
  public:
   // NOT_FOUND when `dir` has neither file. INVALID_ARGUMENT (naming the
-  // file, tensor or shard) for a malformed index, a shard name that is not a
+  // file, tensor or shard) for a malformed index or one over 100 MB, a shard name that is not a
   // plain file name, a missing shard file, any error of
   // SafetensorsFile::Open, a tensor found in two shards, a tensor the index
   // maps to a shard that lacks it, or one a shard holds that the index does

@@ -240,6 +240,10 @@ TEST_F(SafetensorsTest, ShardedIndexErrorsNameTheShardOrTensor) {
   EXPECT_THAT(open_with(R"({"x": "s1.safetensors", "z": "s1.safetensors"})"),
               HasSubstr("maps tensor \"z\" to shard s1.safetensors, which does not hold it"));
   EXPECT_THAT(open_with(R"([1])"), HasSubstr("weight_map"));
+  // Refused before it is read whole (sparse: takes no disk).
+  fs::resize_file(dir + "/model.safetensors.index.json", (100u << 20) + 1);
+  EXPECT_THAT(std::string(SafetensorsCheckpoint::Open(dir).status().message()),
+              HasSubstr("model.safetensors.index.json: 104857601 bytes exceeds the limit"));
   fs::remove(dir + "/model.safetensors.index.json");
   EXPECT_EQ(SafetensorsCheckpoint::Open(dir).status().code(), absl::StatusCode::kNotFound);
 }

@@ -213,10 +213,12 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id,
     return absl::InvalidArgumentError(absl::StrCat(
         "max_prompt_tokens: must be >= 0 (0 = unknown), got ", max_prompt_tokens));
   }
-  // The spec's paths, before the worker opens one: the controller confined
-  // them at submit, another client may not have.
+  // The model's paths (the only ones a worker opens), before it opens one:
+  // the controller confined them at submit, another client may not have.
   v1::RunSpec spec = requested_spec;
-  if (absl::Status confined = run::ConfineRunSpecPaths(allowed_paths_, &spec); !confined.ok()) {
+  if (absl::Status confined = run::ConfineRunSpecPaths(
+          allowed_paths_, &spec, {.model = true, .dataset = false, .checkpoint = false});
+      !confined.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec on this worker: ", confined.message()));
   }

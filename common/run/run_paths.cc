@@ -8,7 +8,8 @@
 
 namespace sluice::run {
 
-absl::Status ConfineRunSpecPaths(const PathPolicy& policy, v1::RunSpec* spec) {
+absl::Status ConfineRunSpecPaths(const PathPolicy& policy, v1::RunSpec* spec,
+                                 RunSpecPathUse use) {
   struct Field {
     const char* name;
     const std::string& value;
@@ -16,19 +17,24 @@ absl::Status ConfineRunSpecPaths(const PathPolicy& policy, v1::RunSpec* spec) {
   };
   v1::ModelConfig* model = spec->mutable_model();
   std::vector<Field> fields;
-  if (model->has_hf_model_dir()) {
+  if (use.model && model->has_hf_model_dir()) {
     fields.push_back({"model.hf_model_dir", model->hf_model_dir(),
                       [model](std::string path) { model->set_hf_model_dir(std::move(path)); }});
   }
-  fields.push_back({"model.tokenizer_path", model->tokenizer_path(),
-                    [model](std::string path) { model->set_tokenizer_path(std::move(path)); }});
-  if (spec->task().has_dataset()) {
+  if (use.model) {
+    fields.push_back({"model.tokenizer_path", model->tokenizer_path(),
+                      [model](std::string path) { model->set_tokenizer_path(std::move(path)); }});
+  }
+  if (use.dataset && spec->task().has_dataset()) {
     v1::DatasetTaskConfig* dataset = spec->mutable_task()->mutable_dataset();
     fields.push_back({"task.dataset.path", dataset->path(),
                       [dataset](std::string path) { dataset->set_path(std::move(path)); }});
   }
-  fields.push_back({"checkpoint.dir", spec->checkpoint().dir(),
-                    [spec](std::string path) { spec->mutable_checkpoint()->set_dir(std::move(path)); }});
+  if (use.checkpoint) {
+    fields.push_back(
+        {"checkpoint.dir", spec->checkpoint().dir(),
+         [spec](std::string path) { spec->mutable_checkpoint()->set_dir(std::move(path)); }});
+  }
   std::vector<std::string> problems;
   std::vector<std::pair<const Field*, std::string>> confined;
   for (const Field& field : fields) {

@@ -12,8 +12,17 @@
 // again when asked to start (another client may call them directly).
 namespace sluice::run {
 
-// Checks every path field of `spec` against `policy` and rewrites the
-// relative ones to the resolved path under the first root (absolute ones
+// Which of a spec's paths a service opens, and so confines. The controller
+// and the trainer: all of them; a rollout worker: the model's only (a
+// worker on another host has no business judging where the trainer writes).
+struct RunSpecPathUse {
+  bool model = true;       // model.hf_model_dir, model.tokenizer_path
+  bool dataset = true;     // task.dataset.path
+  bool checkpoint = true;  // checkpoint.dir
+};
+
+// Checks the path fields of `spec` that `use` selects against `policy` and
+// rewrites the relative ones to the resolved path under the first root (absolute ones
 // are left as written), so that every service opens the same file:
 //
 //   model.hf_model_dir      read: config.json, weights, tokenizer files
@@ -26,7 +35,8 @@ namespace sluice::run {
 // nothing about what exists there; `spec` is unchanged then. Call it before
 // anything opens a path of the spec. A path field added to RunSpec must be
 // added here.
-absl::Status ConfineRunSpecPaths(const PathPolicy& policy, v1::RunSpec* spec);
+absl::Status ConfineRunSpecPaths(const PathPolicy& policy, v1::RunSpec* spec,
+                                 RunSpecPathUse use = {});
 
 }  // namespace sluice::run
 

@@ -71,6 +71,19 @@ TEST_F(RunPathsTest, UnsetFieldsAndBuiltinModelsNeedNoRoot) {
   EXPECT_TRUE(ConfineRunSpecPaths(*PathPolicy::Create({}), &spec).ok());
 }
 
+TEST_F(RunPathsTest, AWorkerConfinesOnlyTheModelsPaths) {
+  v1::RunSpec spec;
+  spec.mutable_model()->set_hf_model_dir((root_ / "models" / "qwen").string());
+  spec.mutable_task()->mutable_dataset()->set_path("/elsewhere/data.jsonl");
+  spec.mutable_checkpoint()->set_dir("/on/the/trainers/host");
+  const RunSpecPathUse model_only = {.model = true, .dataset = false, .checkpoint = false};
+  EXPECT_TRUE(ConfineRunSpecPaths(Policy(), &spec, model_only).ok());
+  EXPECT_EQ(spec.checkpoint().dir(), "/on/the/trainers/host");
+  spec.mutable_model()->set_tokenizer_path("/etc/tokenizer.json");
+  EXPECT_THAT(ConfineRunSpecPaths(Policy(), &spec, model_only).message(),
+              HasSubstr("model.tokenizer_path '/etc/tokenizer.json' is outside"));
+}
+
 TEST_F(RunPathsTest, OnlyTheFieldsOutsideAreNamed) {
   v1::RunSpec spec;
   spec.mutable_model()->set_hf_model_dir((root_ / "models" / "qwen").string());

@@ -15,25 +15,29 @@ absl::Status ConfineRunSpecPaths(const PathPolicy& policy, v1::RunSpec* spec,
     const std::string& value;
     std::function<void(std::string)> set;
   };
-  v1::ModelConfig* model = spec->mutable_model();
+  // Read through const accessors; a setter runs only for a path it changes,
+  // so that a spec is never touched otherwise (no empty submessage appears).
+  const v1::ModelConfig& model = spec->model();
   std::vector<Field> fields;
-  if (use.model && model->has_hf_model_dir()) {
-    fields.push_back({"model.hf_model_dir", model->hf_model_dir(),
-                      [model](std::string path) { model->set_hf_model_dir(std::move(path)); }});
+  if (use.model && model.has_hf_model_dir()) {
+    fields.push_back({"model.hf_model_dir", model.hf_model_dir(), [spec](std::string path) {
+                        spec->mutable_model()->set_hf_model_dir(std::move(path));
+                      }});
   }
   if (use.model) {
-    fields.push_back({"model.tokenizer_path", model->tokenizer_path(),
-                      [model](std::string path) { model->set_tokenizer_path(std::move(path)); }});
+    fields.push_back({"model.tokenizer_path", model.tokenizer_path(), [spec](std::string path) {
+                        spec->mutable_model()->set_tokenizer_path(std::move(path));
+                      }});
   }
   if (use.dataset && spec->task().has_dataset()) {
-    v1::DatasetTaskConfig* dataset = spec->mutable_task()->mutable_dataset();
-    fields.push_back({"task.dataset.path", dataset->path(),
-                      [dataset](std::string path) { dataset->set_path(std::move(path)); }});
+    fields.push_back({"task.dataset.path", spec->task().dataset().path(), [spec](std::string path) {
+                        spec->mutable_task()->mutable_dataset()->set_path(std::move(path));
+                      }});
   }
   if (use.checkpoint) {
-    fields.push_back(
-        {"checkpoint.dir", spec->checkpoint().dir(),
-         [spec](std::string path) { spec->mutable_checkpoint()->set_dir(std::move(path)); }});
+    fields.push_back({"checkpoint.dir", spec->checkpoint().dir(), [spec](std::string path) {
+                        spec->mutable_checkpoint()->set_dir(std::move(path));
+                      }});
   }
   std::vector<std::string> problems;
   std::vector<std::pair<const Field*, std::string>> confined;

@@ -69,6 +69,10 @@ TEST_F(RunPathsTest, UnsetFieldsAndBuiltinModelsNeedNoRoot) {
   spec.mutable_model()->set_builtin("tiny");
   spec.mutable_task()->mutable_arithmetic();
   EXPECT_TRUE(ConfineRunSpecPaths(*PathPolicy::Create({}), &spec).ok());
+  v1::RunSpec empty;
+  EXPECT_TRUE(ConfineRunSpecPaths(Policy(), &empty).ok());
+  EXPECT_FALSE(empty.has_model());  // Nothing written into a spec with nothing to confine.
+  EXPECT_FALSE(empty.has_checkpoint());
 }
 
 TEST_F(RunPathsTest, AWorkerConfinesOnlyTheModelsPaths) {

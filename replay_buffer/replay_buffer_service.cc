@@ -6,9 +6,11 @@
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "replay_buffer/proto_convert.h"
 #include "absl/time/clock.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::replay_buffer {
@@ -25,6 +27,21 @@ absl::Duration CapByDeadline(absl::Duration wait, const grpc::ServerContext& con
   const std::chrono::system_clock::time_point deadline = context.deadline();
   if (deadline == std::chrono::system_clock::time_point::max()) return wait;
   return std::min(wait, std::max(absl::ZeroDuration(), absl::FromChrono(deadline) - absl::Now()));
+}
+
+// Every trajectory a worker inserts must carry its own identity: groups are
+// attributed (and verified, and quarantined) per worker.
+grpc::Status CheckGroupsAreTheCallers(const grpc::ServerContext* context,
+                                      const v1::InsertGroupsRequest& request) {
+  for (const v1::Group& group : request.groups()) {
+    for (const v1::Trajectory& trajectory : group.trajectories()) {
+      grpc::Status self = runtime::CheckWorkerIdentity(
+          context, trajectory.rollout_worker_id(),
+          absl::StrCat("group '", group.group_id(), "' of run '", group.run_id(), "'"));
+      if (!self.ok()) return self;
+    }
+  }
+  return grpc::Status::OK;
 }
 
 }  // namespace
@@ -58,6 +75,7 @@ void ReplayBufferServiceImpl::CloseStream(grpc::ServerContext* context) {
 grpc::Status ReplayBufferServiceImpl::ConfigureRun(grpc::ServerContext* context,
                                                    const v1::ConfigureRunRequest* request,
                                                    v1::ConfigureRunResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<ReplayBuffer::ConfigureResult> result =
       buffer_->ConfigureRun(RunConfigFromProto(*request));
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -73,6 +91,12 @@ grpc::Status ReplayBufferServiceImpl::ConfigureRun(grpc::ServerContext* context,
 grpc::Status ReplayBufferServiceImpl::AcquireGenerationSlots(
     grpc::ServerContext* context, const v1::AcquireGenerationSlotsRequest* request,
     v1::AcquireGenerationSlotsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
+  if (grpc::Status self = runtime::CheckWorkerIdentity(context, request->worker_id(),
+                                                        "AcquireGenerationSlotsRequest");
+      !self.ok()) {
+    return self;
+  }
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   AcquireRequest acquire = AcquireRequestFromProto(*request);
@@ -88,6 +112,12 @@ grpc::Status ReplayBufferServiceImpl::AcquireGenerationSlots(
 grpc::Status ReplayBufferServiceImpl::ReleaseGenerationSlots(
     grpc::ServerContext* context, const v1::ReleaseGenerationSlotsRequest* request,
     v1::ReleaseGenerationSlotsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
+  if (grpc::Status self = runtime::CheckWorkerIdentity(context, request->worker_id(),
+                                                        "ReleaseGenerationSlotsRequest");
+      !self.ok()) {
+    return self;
+  }
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   const ReleaseResult result = (*table)->ReleaseSlots(ReleaseRequestFromProto(*request));
@@ -100,10 +130,15 @@ grpc::Status ReplayBufferServiceImpl::ReleaseGenerationSlots(
 grpc::Status ReplayBufferServiceImpl::InsertGroups(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) {
+  SLUICE_RETURN_IF_DENIED(context);
   if (!OpenStream(context)) return ShuttingDown();
   v1::InsertGroupsRequest request;
   grpc::Status status = grpc::Status::OK;
   while (stream->Read(&request)) {
+    if (grpc::Status self = CheckGroupsAreTheCallers(context, request); !self.ok()) {
+      status = self;
+      break;
+    }
     std::vector<v1::Group> groups;
     groups.reserve(static_cast<size_t>(request.groups_size()));
     absl::flat_hash_set<std::string> runs;
@@ -145,6 +180,7 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
 grpc::Status ReplayBufferServiceImpl::Sample(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
+  SLUICE_RETURN_IF_DENIED(context);
   if (!OpenStream(context)) return ShuttingDown();
   v1::SampleRequest request;
   grpc::Status status = grpc::Status::OK;
@@ -196,6 +232,7 @@ grpc::Status ReplayBufferServiceImpl::Sample(
 grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
     grpc::ServerContext* context, const v1::UpdatePolicyVersionRequest* request,
     v1::UpdatePolicyVersionResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   if (request->quarantined_worker_ids_size() > 0) {
@@ -221,6 +258,7 @@ grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
 grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* context,
                                                        const v1::UpdatePrioritiesRequest* request,
                                                        v1::UpdatePrioritiesResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   std::vector<std::pair<std::string, double>> priorities(request->priorities().begin(),
@@ -236,6 +274,7 @@ grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* cont
 grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
                                                const v1::GetStatsRequest* request,
                                                v1::GetStatsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   response->set_memory_budget_bytes(buffer_->memory_budget_bytes());
   response->set_memory_used_bytes(buffer_->memory_used_bytes());
   response->set_incarnation(incarnation_);
@@ -257,6 +296,7 @@ grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
 grpc::Status ReplayBufferServiceImpl::CommitTrainedSteps(
     grpc::ServerContext* context, const v1::CommitTrainedStepsRequest* request,
     v1::CommitTrainedStepsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   absl::StatusOr<CommitResult> result = (*table)->CommitTrainedSteps(request->step());

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "reward_server/proto_convert.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::reward_server {
@@ -71,6 +72,7 @@ class AdmittedPrograms {
 grpc::Status RewardServerServiceImpl::ScoreBatch(grpc::ServerContext* context,
                                                  const v1::ScoreBatchRequest* request,
                                                  v1::ScoreBatchResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   if (request->items_size() > options_.max_batch_items) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
@@ -115,6 +117,7 @@ grpc::Status RewardServerServiceImpl::ScoreBatch(grpc::ServerContext* context,
 grpc::Status RewardServerServiceImpl::ListVerifiers(grpc::ServerContext* context,
                                                     const v1::ListVerifiersRequest* request,
                                                     v1::ListVerifiersResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   for (const std::shared_ptr<const Verifier>& verifier : scorer_->registry().List()) {
     VerifierInfoToProto(verifier->info(), response->add_verifiers());
   }

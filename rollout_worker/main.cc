@@ -13,13 +13,14 @@
 #include "grpcpp/grpcpp.h"
 #include "rollout_worker/controller_link.h"
 #include "rollout_worker/rollout_worker_service.h"
-#include "services/runtime/grpc_status.h"
-#include "services/runtime/server_options.h"
-#include "sluice/v1/controller.grpc.pb.h"
 #include "services/runtime/allowed_path_roots.h"
+#include "services/runtime/grpc_status.h"
 #include "services/runtime/memory_budget.h"
+#include "services/runtime/server_options.h"
 #include "services/runtime/service_main.h"
+#include "services/runtime/transport_security.h"
 #include "services/weights/weight_relay_service.h"
+#include "sluice/v1/controller.grpc.pb.h"
 
 int main(int argc, char** argv) {
   using sluice::runtime::ServiceContext;
@@ -99,7 +100,7 @@ int main(int argc, char** argv) {
     });
     if (!controller_address.empty()) {
       std::shared_ptr<v1::ControllerService::Stub> stub = v1::ControllerService::NewStub(
-          grpc::CreateChannel(controller_address, grpc::InsecureChannelCredentials()));
+          runtime::CreateChannel(controller_address));
       rollout_worker::HeartbeatCall heartbeat = [stub](const v1::WorkerHeartbeatRequest& request)
           -> absl::StatusOr<v1::WorkerHeartbeatResponse> {
         grpc::ClientContext call;

@@ -18,6 +18,7 @@
 #include "services/clients/clients.h"
 #include "services/clients/retry_metrics.h"
 #include "services/clients/retrying_clients.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::rollout_worker {
@@ -157,9 +158,10 @@ void RolloutWorkerServiceImpl::StopActiveRun(bool abort) {
   if (run_ == run) run_ = nullptr;
 }
 
-grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext*,
+grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext* context,
                                                      const v1::StartRolloutsRequest* request,
                                                      v1::StartRolloutsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   const absl::Status started = Start(request->run_id(), request->spec(), request->endpoints(),
                                      request->max_prompt_tokens());
   if (!started.ok()) return runtime::ToGrpcStatus(started);
@@ -337,9 +339,10 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id,
   return absl::OkStatus();
 }
 
-grpc::Status RolloutWorkerServiceImpl::StopRollouts(grpc::ServerContext*,
+grpc::Status RolloutWorkerServiceImpl::StopRollouts(grpc::ServerContext* context,
                                                     const v1::StopRolloutsRequest* request,
                                                     v1::StopRolloutsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   {
     absl::MutexLock lock(&mu_);
     if (run_ != nullptr && !request->run_id().empty() && request->run_id() != run_->run_id) {
@@ -353,9 +356,10 @@ grpc::Status RolloutWorkerServiceImpl::StopRollouts(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status RolloutWorkerServiceImpl::GetWorkerStatus(grpc::ServerContext*,
+grpc::Status RolloutWorkerServiceImpl::GetWorkerStatus(grpc::ServerContext* context,
                                                        const v1::GetWorkerStatusRequest*,
                                                        v1::GetWorkerStatusResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   *response->mutable_status() = CurrentStatus();
   return grpc::Status::OK;
 }

@@ -23,6 +23,8 @@ packages=(
   # libFuzzer target (libclang-rt-dev holds libFuzzer itself).
   libginac-dev libcln-dev bubblewrap libseccomp-dev python3 python3-sympy clang libclang-rt-dev
   libre2-dev zlib1g-dev
+  # TLS certificates and token hashes (services/runtime: local_pki, auth).
+  libssl-dev
   # Tokenizers: Unicode categories, NFC and the pre-tokenizer regexes (lookahead, \p{L}).
   libicu-dev
   # bench_model's baseline: the same forward in Python PyTorch (the same LibTorch 1.13.1).

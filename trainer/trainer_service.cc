@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "services/clients/retry_metrics.h"
 #include "services/clients/retrying_clients.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 #include "trainer/checkpoint_state.h"
 
@@ -394,9 +395,10 @@ v1::TrainerStatus TrainerServiceImpl::CurrentStatus() const {
   return status;
 }
 
-grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
+grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
                                                const v1::StartTrainingRequest* request,
                                                v1::StartTrainingResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   if (request->run_id().empty()) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "run_id: required"};
   }
@@ -508,9 +510,10 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainerServiceImpl::StopTraining(grpc::ServerContext*,
+grpc::Status TrainerServiceImpl::StopTraining(grpc::ServerContext* context,
                                               const v1::StopTrainingRequest* request,
                                               v1::StopTrainingResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   {
     absl::MutexLock lock(&mu_);
     if (run_ != nullptr && !request->run_id().empty() && request->run_id() != run_->run_id) {
@@ -524,9 +527,10 @@ grpc::Status TrainerServiceImpl::StopTraining(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainerServiceImpl::GetLatestVersion(grpc::ServerContext*,
+grpc::Status TrainerServiceImpl::GetLatestVersion(grpc::ServerContext* context,
                                                   const v1::GetLatestVersionRequest* request,
                                                   v1::GetLatestVersionResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   auto latest = weights_.Latest(request->run_id());
   if (!latest.ok()) return ToGrpcStatus(latest.status());
   *response->mutable_version() = (*latest)->info;
@@ -536,6 +540,7 @@ grpc::Status TrainerServiceImpl::GetLatestVersion(grpc::ServerContext*,
 grpc::Status TrainerServiceImpl::WatchVersions(grpc::ServerContext* context,
                                                const v1::WatchVersionsRequest* request,
                                                grpc::ServerWriter<v1::VersionAnnouncement>* writer) {
+  SLUICE_RETURN_IF_DENIED(context);
   int64_t after = request->has_after_version() ? request->after_version() : -1;
   if (!request->has_after_version()) {
     // Announce the current latest at once, if any.
@@ -563,6 +568,7 @@ grpc::Status TrainerServiceImpl::WatchVersions(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
                                                const v1::StreamWeightsRequest* request,
                                                grpc::ServerWriter<v1::WeightsChunk>* writer) {
+  SLUICE_RETURN_IF_DENIED(context);
   auto found = request->has_version() ? weights_.Get(request->run_id(), request->version())
                                       : weights_.Latest(request->run_id());
   if (!found.ok()) return ToGrpcStatus(found.status());
@@ -622,16 +628,18 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status TrainerServiceImpl::GetTrainerStatus(grpc::ServerContext*,
+grpc::Status TrainerServiceImpl::GetTrainerStatus(grpc::ServerContext* context,
                                                   const v1::GetTrainerStatusRequest*,
                                                   v1::GetTrainerStatusResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   *response->mutable_status() = CurrentStatus();
   return grpc::Status::OK;
 }
 
-grpc::Status TrainerServiceImpl::GetWeightSource(grpc::ServerContext*,
+grpc::Status TrainerServiceImpl::GetWeightSource(grpc::ServerContext* context,
                                                  const v1::GetWeightSourceRequest* request,
                                                  v1::GetWeightSourceResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   auto found = request->has_version() ? weights_.Get(request->run_id(), request->version())
                                       : weights_.Latest(request->run_id());
   if (!found.ok()) return ToGrpcStatus(found.status());

@@ -21,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "services/controller/proto_json.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/transport_security.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 
 namespace sluice::cli {
@@ -300,7 +301,7 @@ absl::StatusOr<v1::BufferStats> FetchBufferStats(const std::string& target,
                                                  const std::string& run_id,
                                                  absl::Duration timeout) {
   auto stub = v1::ReplayBufferService::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+      runtime::CreateChannel(target));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   v1::GetStatsRequest request;
@@ -361,7 +362,7 @@ int RunBufferStats(const BufferStatsFlags& flags, std::ostream& out, std::ostrea
 absl::StatusOr<std::vector<v1::BufferStats>> FetchAllBufferStats(const std::string& target,
                                                                  absl::Duration timeout) {
   auto stub = v1::ReplayBufferService::NewStub(
-      grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+      runtime::CreateChannel(target));
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
   v1::GetStatsRequest request;

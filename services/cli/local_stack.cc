@@ -12,6 +12,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -23,8 +24,11 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/health_client.h"
+#include "services/runtime/local_pki.h"
+#include "services/runtime/transport_security.h"
 #include "sluice/v1/controller.grpc.pb.h"
 
 namespace sluice::cli {
@@ -243,6 +247,24 @@ absl::Status LocalStack::Start() {
     }
     children_.push_back(std::move(child));
   }
+  if (options_.tls) {
+    std::vector<ServiceEndpoint> services;
+    for (const Child& child : children_) services.push_back(child.endpoint);
+    absl::StatusOr<StackSecurity> security = WriteStackSecurity(options_.state_dir, services);
+    if (!security.ok()) {
+      lock_.reset();
+      return security.status();
+    }
+    security_ = *security;
+    // This process (health checks, reports to the controller, the CLI's
+    // own calls) dials as the operator.
+    runtime::ClientSecurity client;
+    client.ca_file = security_->ca_cert;
+    client.token_file = security_->operator_token_file;
+    runtime::SetProcessClientSecurity(client);
+    Say(absl::StrCat("TLS on: CA and certificates in ", security_->dir,
+                     "; operator token in ", security_->operator_token_file));
+  }
   for (Child& child : children_) {
     if (absl::Status status = StartProcess(child, /*restart=*/false); !status.ok()) {
       const std::string log_path = child.endpoint.log_path;
@@ -270,6 +292,13 @@ absl::Status LocalStack::StartProcess(Child& child, bool restart) {
                 absl::StrCat("--ready-fd=", Subprocess::kReadyFd),
                 absl::StrCat("--log-format=", options_.log_format)};
   for (std::string& flag : FlagsFor(child)) spawn.argv.push_back(std::move(flag));
+  if (security_.has_value()) {
+    const fs::path stem = fs::path(security_->dir) / endpoint.name;
+    spawn.argv.push_back(absl::StrCat("--tls-cert=", stem.string(), ".pem"));
+    spawn.argv.push_back(absl::StrCat("--tls-key=", stem.string(), ".key"));
+    spawn.argv.push_back(absl::StrCat("--tls-ca=", security_->ca_cert));
+    spawn.argv.push_back(absl::StrCat("--auth-tokens=", security_->tokens_file));
+  }
   // The services share the machine's cores: each OpenBLAS pool gets one
   // thread unless the user chose otherwise.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
@@ -394,7 +423,7 @@ void LocalStack::ReportToController(const Child& child, const std::string& descr
     return;
   }
   auto stub = v1::ControllerService::NewStub(
-      grpc::CreateChannel(controller->endpoint.grpc, grpc::InsecureChannelCredentials()));
+      runtime::CreateChannel(controller->endpoint.grpc));
   v1::ReportServiceFailureRequest request;
   request.set_service(child.endpoint.kind);
   request.set_description(description);
@@ -476,6 +505,12 @@ absl::Status LocalStack::WriteEndpoints() const {
       {"supervisor_pid", static_cast<int64_t>(getpid())},
       {"services", services},
       {"runs_dir", runs_dir()},
+      {"security", !security_.has_value()
+                       ? nlohmann::ordered_json(nullptr)
+                       : nlohmann::ordered_json{
+                             {"tls_ca", security_->ca_cert},
+                             {"token_file", security_->operator_token_file},
+                             {"viewer_token_file", security_->viewer_token_file}}},
       {"buffer_data_dir",
        data_dir.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(data_dir)}};
   // Written whole then renamed, so a reader never sees half a file.
@@ -586,6 +621,65 @@ absl::Status LocalStack::Stop() {
   policy_.reset();
   if (!unclean.empty()) return absl::InternalError(absl::StrJoin(unclean, "; "));
   return absl::OkStatus();
+}
+
+namespace {
+
+// Written 0600, whole then renamed.
+absl::Status WritePrivateFile(const std::string& path, const std::string& text) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    fs::permissions(temporary, fs::perms::owner_read | fs::perms::owner_write);
+    out << text;
+    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", temporary));
+  }
+  std::error_code error;
+  fs::rename(temporary, path, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", error.message()));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& state_dir,
+                                                 const std::vector<ServiceEndpoint>& services) {
+  StackSecurity security;
+  security.dir = Absolute(fs::path(state_dir) / "tls");
+  std::vector<runtime::PkiEntity> entities;
+  for (const ServiceEndpoint& service : services) {
+    runtime::PkiEntity entity;
+    entity.file_stem = service.name;
+    // Least privilege: the reward server and the replay buffer call no one,
+    // so their certificates name a role that may only read.
+    if (service.kind == "rollout_worker") {
+      entity.common_name = absl::StrCat("worker:", service.worker_id);
+    } else if (service.kind == "trainer" || service.kind == "controller") {
+      entity.common_name = absl::StrCat(service.kind, ":", service.kind);
+    } else {
+      entity.common_name = absl::StrCat("viewer:", service.name);
+    }
+    entities.push_back(std::move(entity));
+  }
+  ASSIGN_OR_RETURN(runtime::PkiFiles pki, runtime::WriteLocalPki(security.dir, entities));
+  security.ca_cert = pki.ca_cert;
+  security.tokens_file = (fs::path(security.dir) / "tokens.yaml").string();
+  security.operator_token_file = (fs::path(security.dir) / "operator.token").string();
+  security.viewer_token_file = (fs::path(security.dir) / "viewer.token").string();
+  std::string yaml =
+      "# Bearer tokens of `sluice up --tls` (SHA-256 only; the tokens are in\n"
+      "# operator.token and viewer.token). New ones on every start.\ntokens:\n";
+  const std::tuple<runtime::Role, const char*, std::string> users[] = {
+      {runtime::Role::kOperator, "operator", security.operator_token_file},
+      {runtime::Role::kViewer, "viewer", security.viewer_token_file}};
+  for (const auto& [role, identity, file] : users) {
+    const std::string token = runtime::NewToken();
+    absl::StrAppend(&yaml, runtime::TokenEntryYaml(
+                               {runtime::TokenHash(token), role, identity, std::nullopt}));
+    RETURN_IF_ERROR(WritePrivateFile(file, token + "\n"));
+  }
+  RETURN_IF_ERROR(WritePrivateFile(security.tokens_file, yaml));
+  return security;
 }
 
 }  // namespace sluice::cli

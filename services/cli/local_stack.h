@@ -79,6 +79,14 @@ struct LocalStackOptions {
   // nowhere.
   std::ostream* console = &std::cerr;
   std::string console_prefix = "sluice up";
+  // Secure the stack (`sluice up --tls`): a local CA and a certificate per
+  // service in <state_dir>/tls/ (mutual TLS between the services, each
+  // identified by its certificate: worker:<worker-id>, trainer:trainer,
+  // controller:controller), and bearer tokens for the users: an operator
+  // token (submit, cancel, read) and a viewer token (read only), hashed in
+  // <state_dir>/tls/tokens.yaml. endpoints.json names the CA and the
+  // operator token, where the CLI finds them; this process dials with them.
+  bool tls = false;
 
   absl::Status Validate() const;
 };
@@ -99,6 +107,21 @@ struct ServiceEndpoint {
   std::string last_exit;   // How the previous process ended; empty if none did.
   std::string worker_id;   // Rollout workers: their --worker-id.
 };
+
+// What `sluice up --tls` wrote into <state_dir>/tls/.
+struct StackSecurity {
+  std::string dir;
+  std::string ca_cert;              // ca.pem
+  std::string tokens_file;          // tokens.yaml: the services' --auth-tokens
+  std::string operator_token_file;  // operator.token (0600)
+  std::string viewer_token_file;    // viewer.token (0600)
+};
+
+// Writes the CA (kept across restarts of the stack), one certificate per
+// service name in `names` (rollout workers as worker:<worker id>), and fresh
+// operator and viewer tokens.
+absl::StatusOr<StackSecurity> WriteStackSecurity(
+    const std::string& state_dir, const std::vector<ServiceEndpoint>& services);
 
 // The embedded default deployment: the services as child processes on
 // loopback, supervised as Kubernetes would supervise pods.
@@ -221,6 +244,7 @@ class LocalStack {
   std::unique_ptr<RestartPolicy> policy_;
   std::vector<Child> children_;  // In start order.
   std::vector<ServiceEndpoint> endpoints_;
+  std::optional<StackSecurity> security_;  // options_.tls
 };
 
 // The last `max_lines` lines of a text file, for error messages.

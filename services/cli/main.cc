@@ -41,11 +41,13 @@
 #include "services/cli/quickstart_spec.h"
 #include "services/cli/run_client.h"
 #include "services/cli/score_command.h"
+#include "services/cli/token_command.h"
 #include "services/cli/tokenize_command.h"
 #include "services/controller/run_spec.h"
 #include "services/controller/spec_yaml.h"
 #include "services/runtime/health_client.h"
 #include "services/runtime/service_main.h"
+#include "services/runtime/transport_security.h"
 
 namespace {
 
@@ -159,6 +161,11 @@ void AddStackFlags(CLI::App* command, LocalStackOptions* options, StackFlags* fl
   command->add_option("--restart-window", flags->restart_window,
                       "the window of --max-restarts (e.g. 90s, 2m)")
       ->capture_default_str();
+  command->add_flag("--tls", options->tls,
+                    "secure the stack: a local CA and certificates in <state-dir>/tls/ (mutual "
+                    "TLS between the services), and bearer tokens for the CLI (operator.token: "
+                    "submit, cancel, read; viewer.token: read only). The CLI finds them through "
+                    "endpoints.json");
   command->add_option("--torch-threads", options->torch_threads,
                       "LibTorch intra-op threads for the trainer and each rollout worker")
       ->capture_default_str();
@@ -485,6 +492,36 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", absl::StrCat("sluice ", sluice::kVersion));
   app.require_subcommand(1);
 
+  // How the client commands dial: flags of every command (CLI11 lets a
+  // subcommand take its parent's options), else $SLUICE_TOKEN_FILE and
+  // $SLUICE_TLS_CA, else what a `sluice up --tls` stack wrote in
+  // endpoints.json.
+  sluice::runtime::ClientSecurity client_security;
+  app.fallthrough();
+  const char* security_group = "Security";
+  app.add_option("--tls-ca", client_security.ca_file,
+                 "CA bundle (PEM) that verifies the server: dial with TLS")
+      ->type_name("FILE")
+      ->group(security_group);
+  app.add_option("--tls-cert", client_security.cert_file,
+                 "client certificate (PEM) for mutual TLS; its common name is <role>:<identity>")
+      ->type_name("FILE")
+      ->group(security_group);
+  app.add_option("--tls-key", client_security.key_file, "private key (PEM) of --tls-cert")
+      ->type_name("FILE")
+      ->group(security_group);
+  app.add_option("--token-file", client_security.token_file,
+                 "file holding the bearer token to send (authorization: Bearer ...)")
+      ->type_name("FILE")
+      ->group(security_group);
+  app.add_option("--tls-server-name", client_security.server_name,
+                 "name to verify in the server's certificate when it is not the host dialed")
+      ->type_name("NAME")
+      ->group(security_group);
+
+  sluice::cli::TokenCreateFlags token_flags;
+  CLI::App* token = sluice::cli::AddTokenCommand(app, &token_flags);
+
   LocalStackOptions stack_options;
   stack_options.bin_dir = SelfDirectory();
   stack_options.state_dir = ".sluice";
@@ -611,6 +648,15 @@ int main(int argc, char** argv) {
     return code == 0 ? 0 : 2;
   }
 
+  if (*token) return sluice::cli::RunTokenCreate(token_flags, std::cout, std::cerr);
+  if (!*up && !*quickstart) {
+    client_security = sluice::cli::ResolveClientSecurity(client_security);
+    if (absl::Status valid = client_security.Validate(); !valid.ok()) {
+      std::cerr << "sluice: " << valid.message() << "\n";
+      return 2;
+    }
+    sluice::runtime::SetProcessClientSecurity(client_security);
+  }
   if (*up) {
     if (!ApplyStackFlags(stack_flags, "up", &stack_options)) return 2;
     stack_options.runs_dir = up_runs_dir;

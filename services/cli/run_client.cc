@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <ostream>
 #include <random>
@@ -18,6 +19,7 @@
 #include "nlohmann/json.hpp"
 #include "services/controller/proto_json.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/transport_security.h"
 #include "sluice/v1/controller.grpc.pb.h"
 
 namespace sluice::cli {
@@ -75,7 +77,7 @@ std::unique_ptr<v1::ControllerService::Stub> Connect(const std::string& target) 
   arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   return v1::ControllerService::NewStub(
-      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), arguments));
+      runtime::CreateChannel(target, arguments));
 }
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
@@ -85,13 +87,17 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 // The controller's status, with a hint when it cannot be reached at all.
 absl::Status CallError(const std::string& target, const grpc::Status& status) {
   absl::Status error = runtime::FromGrpcStatus(status);
+  const std::string explained =
+      runtime::ExplainCallError(status.error_code(), std::string(error.message()));
   if (error.code() == absl::StatusCode::kUnavailable ||
       error.code() == absl::StatusCode::kDeadlineExceeded) {
     return absl::Status(
-        error.code(), absl::StrCat("cannot reach the controller at ", target, ": ", error.message(),
-                                   " (is `sluice up` running? pass --target HOST:PORT)"));
+        error.code(), absl::StrCat("cannot reach the controller at ", target, ": ", explained,
+                                   explained == error.message()
+                                       ? " (is `sluice up` running? pass --target HOST:PORT)"
+                                       : ""));
   }
-  return error;
+  return absl::Status(error.code(), explained);
 }
 
 std::string NewRequestId() {
@@ -211,6 +217,32 @@ std::string ResolveControllerTarget(const std::string& flag) {
     if (grpc != controller->end() && grpc->is_string()) return grpc->get<std::string>();
   }
   return "127.0.0.1:50051";
+}
+
+runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& flags) {
+  if (flags.tls() || !flags.token_file.empty() || !flags.cert_file.empty()) return flags;
+  runtime::ClientSecurity security = flags;
+  const auto env = [](const char* name) {
+    const char* value = std::getenv(name);
+    return value == nullptr ? std::string() : std::string(value);
+  };
+  security.token_file = env("SLUICE_TOKEN_FILE");
+  security.ca_file = env("SLUICE_TLS_CA");
+  security.cert_file = env("SLUICE_TLS_CERT");
+  security.key_file = env("SLUICE_TLS_KEY");
+  if (security.tls() || !security.token_file.empty()) return security;
+  for (const char* path : {".sluice/stack/endpoints.json", ".sluice/endpoints.json"}) {
+    std::ifstream in(path);
+    if (!in) continue;
+    const nlohmann::json endpoints = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (endpoints.is_discarded() || !endpoints.is_object()) continue;
+    const auto found = endpoints.find("security");
+    if (found == endpoints.end() || !found->is_object()) return security;
+    security.ca_file = found->value("tls_ca", "");
+    security.token_file = found->value("token_file", "");
+    return security;
+  }
+  return security;
 }
 
 std::string FormatProgressLine(const v1::Run& run) {

@@ -6,6 +6,7 @@
 #include <iosfwd>
 #include <string>
 
+#include "services/runtime/transport_security.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "sluice/v1/controller.pb.h"
@@ -17,6 +18,12 @@ namespace sluice::cli {
 // to the working directory, as `sluice up` writes them), else
 // 127.0.0.1:50051. A non-empty `flag` wins.
 std::string ResolveControllerTarget(const std::string& flag);
+
+// How the CLI dials: `flags` when any is set; else $SLUICE_TOKEN_FILE,
+// $SLUICE_TLS_CA (and $SLUICE_TLS_CERT/$SLUICE_TLS_KEY); else the CA and
+// operator token a `sluice up --tls` stack named in its endpoints.json (the
+// same files ResolveControllerTarget reads); else plaintext without a token.
+runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& flags);
 
 struct SubmitOptions {
   // Only validate the spec and resolve its defaults; the returned run has an

@@ -11,6 +11,7 @@
 #include "services/clients/clients.h"
 #include "services/clients/retrier.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/transport_security.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
@@ -39,7 +40,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return runtime::CreateChannel(target, args);
 }
 
 void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {

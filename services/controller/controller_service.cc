@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::controller {
@@ -27,17 +28,20 @@ void ControllerServiceImpl::BeginShutdown() {
   registry_->BeginShutdown();
 }
 
-grpc::Status ControllerServiceImpl::SubmitRun(grpc::ServerContext*,
+grpc::Status ControllerServiceImpl::SubmitRun(grpc::ServerContext* context,
                                               const v1::SubmitRunRequest* request,
                                               v1::SubmitRunResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<v1::Run> run = registry_->Submit(*request);
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerServiceImpl::GetRun(grpc::ServerContext*, const v1::GetRunRequest* request,
+grpc::Status ControllerServiceImpl::GetRun(grpc::ServerContext* context,
+                                           const v1::GetRunRequest* request,
                                            v1::GetRunResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<v1::Run> run = registry_->Get(request->run_id());
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);
@@ -47,6 +51,7 @@ grpc::Status ControllerServiceImpl::GetRun(grpc::ServerContext*, const v1::GetRu
 grpc::Status ControllerServiceImpl::WatchRun(grpc::ServerContext* context,
                                              const v1::WatchRunRequest* request,
                                              grpc::ServerWriter<v1::RunUpdate>* writer) {
+  SLUICE_RETURN_IF_DENIED(context);
   if (request->min_interval_ms() < 0) {
     return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
         "min_interval_ms: must be >= 0 (0 = default 1000), got ", request->min_interval_ms())));
@@ -88,27 +93,35 @@ grpc::Status ControllerServiceImpl::WatchRun(grpc::ServerContext* context,
   }
 }
 
-grpc::Status ControllerServiceImpl::CancelRun(grpc::ServerContext*,
+grpc::Status ControllerServiceImpl::CancelRun(grpc::ServerContext* context,
                                               const v1::CancelRunRequest* request,
                                               v1::CancelRunResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<v1::Run> run = registry_->Cancel(request->run_id(), request->reason());
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerServiceImpl::ListRuns(grpc::ServerContext*,
+grpc::Status ControllerServiceImpl::ListRuns(grpc::ServerContext* context,
                                              const v1::ListRunsRequest* request,
                                              v1::ListRunsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<v1::ListRunsResponse> runs = registry_->List(*request);
   if (!runs.ok()) return ToGrpcStatus(runs.status());
   *response = std::move(*runs);
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerServiceImpl::LeasePrompts(grpc::ServerContext*,
+grpc::Status ControllerServiceImpl::LeasePrompts(grpc::ServerContext* context,
                                                  const v1::LeasePromptsRequest* request,
                                                  v1::LeasePromptsResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
+  if (grpc::Status self =
+          runtime::CheckWorkerIdentity(context, request->worker_id(), "LeasePromptsRequest");
+      !self.ok()) {
+    return self;
+  }
   absl::StatusOr<v1::LeasePromptsResponse> leased = registry_->LeasePrompts(*request);
   if (!leased.ok()) return ToGrpcStatus(leased.status());
   *response = std::move(*leased);
@@ -116,8 +129,14 @@ grpc::Status ControllerServiceImpl::LeasePrompts(grpc::ServerContext*,
 }
 
 grpc::Status ControllerServiceImpl::ReportRolloutProgress(
-    grpc::ServerContext*, const v1::ReportRolloutProgressRequest* request,
+    grpc::ServerContext* context, const v1::ReportRolloutProgressRequest* request,
     v1::ReportRolloutProgressResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
+  if (grpc::Status self =
+          runtime::CheckWorkerIdentity(context, request->worker_id(), "ReportRolloutProgressRequest");
+      !self.ok()) {
+    return self;
+  }
   absl::StatusOr<v1::ReportRolloutProgressResponse> reported =
       registry_->ReportRolloutProgress(*request);
   if (!reported.ok()) return ToGrpcStatus(reported.status());
@@ -126,8 +145,9 @@ grpc::Status ControllerServiceImpl::ReportRolloutProgress(
 }
 
 grpc::Status ControllerServiceImpl::ReportTrainerProgress(
-    grpc::ServerContext*, const v1::ReportTrainerProgressRequest* request,
+    grpc::ServerContext* context, const v1::ReportTrainerProgressRequest* request,
     v1::ReportTrainerProgressResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<v1::ReportTrainerProgressResponse> reported =
       registry_->ReportTrainerProgress(*request);
   if (!reported.ok()) return ToGrpcStatus(reported.status());
@@ -135,25 +155,33 @@ grpc::Status ControllerServiceImpl::ReportTrainerProgress(
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerServiceImpl::WorkerHeartbeat(grpc::ServerContext*,
+grpc::Status ControllerServiceImpl::WorkerHeartbeat(grpc::ServerContext* context,
                                                     const v1::WorkerHeartbeatRequest* request,
                                                     v1::WorkerHeartbeatResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
+  if (grpc::Status self =
+          runtime::CheckWorkerIdentity(context, request->worker_id(), "WorkerHeartbeatRequest");
+      !self.ok()) {
+    return self;
+  }
   absl::StatusOr<v1::WorkerHeartbeatResponse> answer = registry_->WorkerHeartbeat(*request);
   if (!answer.ok()) return ToGrpcStatus(answer.status());
   *response = std::move(*answer);
   return grpc::Status::OK;
 }
 
-grpc::Status ControllerServiceImpl::ListWorkers(grpc::ServerContext*,
+grpc::Status ControllerServiceImpl::ListWorkers(grpc::ServerContext* context,
                                                 const v1::ListWorkersRequest*,
                                                 v1::ListWorkersResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   *response = registry_->ListWorkers();
   return grpc::Status::OK;
 }
 
 grpc::Status ControllerServiceImpl::ReportServiceFailure(
-    grpc::ServerContext*, const v1::ReportServiceFailureRequest* request,
+    grpc::ServerContext* context, const v1::ReportServiceFailureRequest* request,
     v1::ReportServiceFailureResponse* response) {
+  SLUICE_RETURN_IF_DENIED(context);
   absl::StatusOr<v1::ReportServiceFailureResponse> answer =
       registry_->ReportServiceFailure(*request);
   if (!answer.ok()) return ToGrpcStatus(answer.status());

@@ -10,6 +10,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/transport_security.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
@@ -19,7 +20,7 @@ namespace sluice::controller {
 namespace {
 
 std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  return runtime::CreateChannel(address);
 }
 
 constexpr absl::Duration kStopTrainingTimeout = absl::Minutes(5);

@@ -16,12 +16,13 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/transport_security.h"
 
 namespace sluice::runtime {
 
 absl::StatusOr<std::string> CheckHealth(const std::string& target, const std::string& service,
                                         absl::Duration timeout) {
-  auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  auto channel = CreateChannel(target);
   auto stub = grpc::health::v1::Health::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() +

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <vector>
 
 #include "absl/strings/string_view.h"
@@ -65,11 +66,40 @@ absl::Status ServerOptions::Validate() const {
     problems.emplace_back(format.status().message());
   }
   if (ready_fd < -1) problems.push_back(absl::StrCat("ready_fd must be >= 0; got ", ready_fd));
+  if (!metrics_listen_address.empty()) {
+    if (absl::StatusOr<HostPort> hp =
+            ParseHostPort(metrics_listen_address, "metrics_listen_address");
+        !hp.ok()) {
+      problems.emplace_back(hp.status().message());
+    }
+  }
+  const absl::Status tls_ok = tls.Validate();
+  if (!tls_ok.ok()) problems.emplace_back(tls_ok.message());
+  if (tls.enabled() && tls.ca_file.empty()) {
+    problems.emplace_back(
+        "tls_cert needs tls_ca too: a service verifies the services it calls with it (and the "
+        "client certificates of callers)");
+  }
+  if (absl::Status client_ok = client.Validate(); !client_ok.ok() && tls_ok.ok()) {
+    problems.emplace_back(client_ok.message());
+  }
+  if (!auth_tokens_file.empty()) {
+    std::ifstream in(auth_tokens_file);
+    if (!in) {
+      problems.push_back(absl::StrCat("auth_tokens: cannot read '", auth_tokens_file, "'"));
+    }
+  }
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
 }
 
 std::string ServerOptions::MetricsBindAddress() const {
+  if (!metrics_listen_address.empty()) {
+    HostPort hp = *ParseHostPort(metrics_listen_address, "metrics_listen_address");
+    if (hp.host == "0.0.0.0" || hp.host == "[::]") return absl::StrCat(hp.port);
+    if (hp.host == "localhost") hp.host = "127.0.0.1";
+    return absl::StrCat(hp.host, ":", hp.port);
+  }
   HostPort hp = *ParseHostPort(listen_address, "listen_address");
   std::string host = hp.host;
   // civetweb wants IPv6 hosts as "[::1]:port" too, but binds every address for

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/runtime/transport_security.h"
 
 namespace sluice::runtime {
 
@@ -55,6 +56,19 @@ struct ServerOptions {
   // written to this inherited file descriptor once serving, then it is closed.
   // Used by `sluice up` to learn the ports a child bound.
   int ready_fd = -1;
+
+  // Binds /metrics to its own "host:port" (e.g. a pod-internal or loopback
+  // address while gRPC listens publicly); overrides metrics_port. Empty =
+  // metrics_port on the listen address's host.
+  std::string metrics_listen_address;
+
+  // Transport security and callers (transport_security.h, auth.h).
+  ServerTls tls;
+  // Accepted bearer tokens (YAML, hashed); empty = tokens not required.
+  std::string auth_tokens_file;
+  // How this service dials others: tls_ca, tls_cert/key as its client
+  // certificate, token_file, tls_server_name.
+  ClientSecurity client;
 
   // Every problem at once, one per line, each naming the field and value.
   absl::Status Validate() const;

@@ -20,9 +20,11 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "nlohmann/json.hpp"
+#include "services/runtime/auth.h"
 #include "services/runtime/config_file.h"
 #include "services/runtime/metrics.h"
 #include "services/runtime/rpc_metrics_interceptor.h"
+#include "services/runtime/transport_security.h"
 
 namespace sluice::runtime {
 namespace {
@@ -48,6 +50,43 @@ std::string DialHost(const std::string& host) {
 }
 
 }  // namespace
+
+void AddSecurityFlags(CLI::App& app, ServerOptions& options) {
+  const char* group = "Security (TLS and tokens; see the README's security section)";
+  app.add_option("--tls-cert", options.tls.cert_file,
+                 "certificate (PEM) served to clients and presented as this service's client "
+                 "certificate; its common name <role>:<identity> is who this service is")
+      ->type_name("FILE")
+      ->group(group);
+  app.add_option("--tls-key", options.tls.key_file, "private key (PEM) of --tls-cert")
+      ->type_name("FILE")
+      ->group(group);
+  app.add_option("--tls-ca", options.tls.ca_file,
+                 "CA bundle (PEM) that verifies the services this one calls and the client "
+                 "certificates of its callers")
+      ->type_name("FILE")
+      ->group(group);
+  app.add_flag("--tls-require-client-cert", options.tls.require_client_cert,
+               "refuse connections without a client certificate signed by --tls-ca (mutual "
+               "TLS); callers are then identified by their certificates")
+      ->group(group);
+  app.add_option("--tls-server-name", options.client.server_name,
+                 "name to verify in the certificates of the services this one calls, when it "
+                 "is not the host dialed")
+      ->type_name("NAME")
+      ->group(group);
+  app.add_option("--auth-tokens", options.auth_tokens_file,
+                 "YAML file of accepted bearer tokens (SHA-256, role, identity; `sluice token "
+                 "create` writes entries); every call then needs a token or a client "
+                 "certificate. Re-read when it changes")
+      ->type_name("FILE")
+      ->group(group);
+  app.add_option("--token-file", options.client.token_file,
+                 "bearer token this service sends when it calls the others (default: "
+                 "$SLUICE_TOKEN_FILE)")
+      ->type_name("FILE")
+      ->group(group);
+}
 
 void BlockTerminationSignals() {
   sigset_t set = TerminationSignals();
@@ -106,6 +145,11 @@ ServiceMain::ServiceMain(ServiceInfo info)
   app.add_option("--log-level", options_.log_level, "debug, info, warning or error")
       ->capture_default_str();
   app.add_option("--log-format", options_.log_format, "text or json")->capture_default_str();
+  app.add_option("--metrics-listen-address", options_.metrics_listen_address,
+                 "bind /metrics to this host:port instead (e.g. a private address while gRPC "
+                 "listens publicly); overrides --metrics-port")
+      ->type_name("HOST:PORT");
+  AddSecurityFlags(app, options_);
   app.add_option("--ready-fd", options_.ready_fd,
                  "write one JSON line with the bound addresses to this inherited file "
                  "descriptor once serving (used by `sluice up`)")
@@ -135,6 +179,15 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
     return code == 0 ? 0 : 2;
   }
 
+  // The service dials others with its own certificate as client certificate.
+  options_.client.ca_file = options_.tls.ca_file;
+  options_.client.cert_file = options_.tls.cert_file;
+  options_.client.key_file = options_.tls.key_file;
+  if (options_.client.token_file.empty()) {
+    if (const char* env = std::getenv("SLUICE_TOKEN_FILE"); env != nullptr) {
+      options_.client.token_file = env;
+    }
+  }
   if (absl::Status valid = options_.Validate(); !valid.ok()) {
     std::cerr << info_.binary << ": invalid configuration:\n"
               << "  " << absl::StrReplaceAll(valid.message(), {{"\n", "\n  "}}) << "\n";
@@ -143,6 +196,22 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   log::Init(info_.component, *log::ParseLevel(options_.log_level),
             *log::ParseFormat(options_.log_format));
   LogStartupReport(info_.binary);
+
+  SetProcessClientSecurity(options_.client);
+  AuthPolicy auth;
+  if (!options_.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenStore>> tokens =
+        TokenStore::Load(options_.auth_tokens_file);
+    if (!tokens.ok()) {
+      std::cerr << info_.binary << ": invalid configuration:\n  " << tokens.status().message()
+                << "\n";
+      return 2;
+    }
+    auth.tokens = std::move(*tokens);
+  }
+  auth.certificates = options_.tls.enabled() && !options_.tls.ca_file.empty();
+  auth.certificates_required = options_.tls.require_client_cert;
+  SetAuthEnforcedForProcess(auth.enforced());
 
   Metrics metrics(info_.component);
   ServiceContext context(options_, metrics.registry());
@@ -155,7 +224,8 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
 
   const HostPort listen = *ParseHostPort(options_.listen_address, "listen_address");
   int metrics_port = -1;
-  if (options_.metrics_port != ServerOptions::kMetricsDisabled) {
+  if (options_.metrics_port != ServerOptions::kMetricsDisabled ||
+      !options_.metrics_listen_address.empty()) {
     absl::StatusOr<int> port = metrics.Serve(options_.MetricsBindAddress());
     if (!port.ok()) {
       log::Error("cannot start", {{"error", std::string(port.status().message())}});
@@ -169,7 +239,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int grpc_port = 0;
-  builder.AddListeningPort(options_.listen_address, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(options_.listen_address, MakeServerCredentials(options_.tls),
                            &grpc_port);
   // gRPC enables SO_REUSEPORT by default, which would let a second server
   // silently share a port that is already in use.
@@ -179,6 +249,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
       interceptors;
   interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(&metrics.rpc()));
+  if (auth.enforced()) interceptors.push_back(std::make_unique<AuthInterceptorFactory>(auth));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
   for (const auto& [service, name] : context.services()) builder.RegisterService(service.get());
 
@@ -197,18 +268,41 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
 
   const std::string dial_host = DialHost(listen.host);
   const std::string grpc_address = absl::StrCat(dial_host, ":", grpc_port);
+  const std::string metrics_host =
+      options_.metrics_listen_address.empty()
+          ? dial_host
+          : DialHost(ParseHostPort(options_.metrics_listen_address, "")->host);
   const std::string metrics_url =
-      metrics_port < 0 ? "" : absl::StrCat("http://", dial_host, ":", metrics_port, "/metrics");
+      metrics_port < 0 ? "" : absl::StrCat("http://", metrics_host, ":", metrics_port, "/metrics");
   log::Info("serving", {{"grpc", grpc_address},
                         {"metrics", metrics_url.empty() ? "disabled" : metrics_url},
-                        {"max_message_size_bytes", options_.max_message_size_bytes}});
-  if (IsWildcardHost(listen.host)) {
-    // Nothing authenticates or encrypts a call yet: on every interface, any
-    // host that reaches the port can call every RPC of this service.
+                        {"max_message_size_bytes", options_.max_message_size_bytes},
+                        {"tls", !options_.tls.enabled()          ? "off"
+                                : options_.tls.require_client_cert ? "mutual"
+                                                                   : "server"},
+                        {"auth", !auth.enforced() ? "off"
+                                 : auth.tokens != nullptr
+                                     ? absl::StrCat("tokens (", auth.tokens->size(), ")",
+                                                    auth.certificates ? " + certificates" : "")
+                                     : std::string("certificates")},
+                        {"dials", options_.client.Describe()}});
+  if (IsWildcardHost(listen.host) && !options_.tls.enabled() && !auth.enforced()) {
+    // On every interface with neither TLS nor authentication, any host that
+    // reaches the port can call every RPC of this service.
     log::Warning("listening on every interface in plaintext and without authentication: any "
                  "host that can reach this port can call every RPC (submit, cancel or feed "
                  "runs, fetch weights). Bind --listen-address to 127.0.0.1 or a private "
-                 "interface, or restrict the port (firewall, Kubernetes NetworkPolicy)",
+                 "interface, restrict the port (firewall, Kubernetes NetworkPolicy), or turn on "
+                 "--tls-cert/--tls-key/--tls-ca and --auth-tokens or --tls-require-client-cert",
+                 {{"listen_address", options_.listen_address}});
+  } else if (IsWildcardHost(listen.host) && !auth.enforced()) {
+    log::Warning("listening on every interface without authentication: TLS encrypts calls, but "
+                 "any host that can reach this port can call every RPC; add --auth-tokens or "
+                 "--tls-require-client-cert",
+                 {{"listen_address", options_.listen_address}});
+  } else if (IsWildcardHost(listen.host) && !options_.tls.enabled()) {
+    log::Warning("listening on every interface in plaintext: bearer tokens and every message "
+                 "cross the network unencrypted; add --tls-cert/--tls-key/--tls-ca",
                  {{"listen_address", options_.listen_address}});
   }
   if (options_.ready_fd >= 0) {

@@ -88,6 +88,11 @@ class ServiceContext {
   std::vector<std::function<void()>> collect_hooks_;
 };
 
+// Adds --tls-cert, --tls-key, --tls-ca, --tls-require-client-cert,
+// --tls-server-name, --auth-tokens and --token-file to `app` (every service
+// binary has them; the CLI shares the client half).
+void AddSecurityFlags(CLI::App& app, ServerOptions& options);
+
 // The main() of every Sluice service: flags and YAML config, validation,
 // structured logs, start-up report (version, BLAS, threads), gRPC server with
 // health, reflection, RPC metrics and a message-size limit, Prometheus

@@ -7,6 +7,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/gauge.h"
 #include "prometheus/registry.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::weights {
@@ -41,6 +42,7 @@ WeightRelayServiceImpl::WeightRelayServiceImpl(std::shared_ptr<RelayCache> cache
 grpc::Status WeightRelayServiceImpl::StreamWeights(grpc::ServerContext* context,
                                                    const v1::StreamWeightsRequest* request,
                                                    grpc::ServerWriter<v1::WeightsChunk>* writer) {
+  SLUICE_RETURN_IF_DENIED(context);
   streams_.Increment();
   streams_active_.Increment();
   absl::Cleanup done = [this] { streams_active_.Decrement(); };

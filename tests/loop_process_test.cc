@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -142,6 +143,15 @@ TEST_P(LoopInvariantsTest, GroupsFlowVersionsAdvanceAndNothingStalerThanEtaIsTra
   EXPECT_TRUE(summary.contains("eval_before"));
   EXPECT_TRUE(summary.contains("eval_after"));
   EXPECT_GT(summary["wall_seconds"].get<double>(), 0);
+  // Rollout verification (on by default): every trained group was the
+  // honest worker's and matched the trainer's recomputation.
+  const auto& verification = summary["verification"];
+  EXPECT_EQ(verification["groups_verified"].get<int64_t>(), 12 * 4);
+  EXPECT_EQ(verification["groups_failed"].get<int64_t>(), 0);
+  EXPECT_LT(verification["max_abs_diff_verified"].get<double>(), 1e-4);
+  std::printf("honest run eta=%d: %lld groups verified, 0 failed, max |delta| %.3g\n", eta,
+              static_cast<long long>(verification["groups_verified"].get<int64_t>()),
+              verification["max_abs_diff_verified"].get<double>());
 
   // metrics.jsonl: one line per step, versions advancing by one, staleness
   // histogram within [0, eta].
@@ -330,6 +340,145 @@ TEST_F(LoopProcessTest, PoisonedGroupsInsertedIntoALiveRunAreRefusedAndTheRunSuc
   EXPECT_EQ(testing::MetricSum(Metrics("trainer"), "sluice_trainer_groups_invalid_total"), 0);
   EXPECT_EQ(
       testing::MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_versions_refused_total"), 0);
+}
+
+// A rogue worker id inserting groups whose log-probs are made up (well
+// formed: the buffer's validation cannot tell) into a live run: the trainer's
+// verification leaves each one out of its batch, quarantines the worker at
+// the third, and the buffer then refuses its slots and inserts with
+// PERMISSION_DENIED. The honest worker's groups all pass; the run succeeds.
+TEST_F(LoopProcessTest, ARogueWorkerIsQuarantinedAndTheRunSucceeds) {
+  constexpr int64_t kSteps = 20;
+  v1::RunSpec spec = ShortSpec(2);
+  spec.mutable_algorithm()->set_total_steps(kSteps);
+  // Newest first: FIFO would put the rogue's groups (which skip the
+  // admission gate) behind a full queue, stale before they are reached.
+  spec.mutable_buffer()->set_sampler(v1::SAMPLER_KIND_LIFO);
+  const std::string run_id = Submit(spec);
+  ASSERT_FALSE(run_id.empty());
+  auto buffer = v1::ReplayBufferService::NewStub(
+      grpc::CreateChannel(endpoints_["replay_buffer"].grpc, grpc::InsecureChannelCredentials()));
+  const auto forged = [&](int n, int64_t version) {
+    v1::Group group;
+    group.set_run_id(run_id);
+    group.set_group_id("rogue-" + std::to_string(n));
+    group.set_prompt_id("rogue");
+    group.set_idempotency_key(run_id + "/rogue-" + std::to_string(n));
+    for (int i = 0; i < 4; ++i) {
+      v1::Trajectory* t = group.add_trajectories();
+      t->set_trajectory_id(group.group_id() + "/" + std::to_string(i));
+      t->set_rollout_worker_id("rogue");
+      for (int id : {1, 2, 3}) t->add_prompt_token_ids(id);
+      for (int id : {4, 5}) {
+        t->add_completion_token_ids(id);
+        t->add_behaviour_logprobs(-0.01f);  // "the policy was sure": inflated
+        t->add_token_policy_versions(version);
+      }
+      t->set_finish_reason(v1::FINISH_REASON_STOP);
+      t->set_reward(i % 2);
+    }
+    return group;
+  };
+  const auto insert = [&](const std::vector<v1::Group>& groups,
+                          std::vector<v1::InsertGroupResult>* results) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    auto stream = buffer->InsertGroups(&context);
+    v1::InsertGroupsRequest request;
+    for (const v1::Group& g : groups) *request.add_groups() = g;
+    EXPECT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    v1::InsertGroupsResponse response;
+    while (stream->Read(&response)) {
+      results->insert(results->end(), response.results().begin(), response.results().end());
+    }
+    return stream->Finish();
+  };
+
+  grpc::ClientContext watch_context;
+  watch_context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Minutes(4)));
+  v1::WatchRunRequest watch;
+  watch.set_run_id(run_id);
+  watch.set_min_interval_ms(20);
+  auto reader = controller_->WatchRun(&watch_context, watch);
+  v1::RunUpdate update;
+  v1::Run run;
+  // Forged groups at each new step seen, until the buffer refuses them.
+  int64_t last_step = 0;
+  int next = 0;
+  bool refused_while_running = false;
+  while (reader->Read(&update)) {
+    run = update.run();
+    if (refused_while_running || run.progress().step() <= last_step) continue;
+    last_step = run.progress().step();
+    const int64_t version = run.progress().policy_version();
+    std::vector<v1::InsertGroupResult> results;
+    const grpc::Status status = insert({forged(next, version), forged(next + 1, version),
+                                        forged(next + 2, version), forged(next + 3, version)},
+                                       &results);
+    next += 4;
+    if (status.error_code() == grpc::StatusCode::PERMISSION_DENIED) {
+      refused_while_running = true;
+      continue;
+    }
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    for (const auto& r : results) EXPECT_EQ(r.status(), v1::INSERT_STATUS_STORED) << r.message();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << run.error_message();
+  EXPECT_EQ(run.progress().step(), kSteps);
+  EXPECT_TRUE(refused_while_running);
+
+  // The summary: the rogue's sampled groups all failed, it is quarantined;
+  // the honest worker's all passed.
+  const auto summary =
+      nlohmann::json::parse(testing::ReadFile(dir_ + "/runs/" + run_id + "/summary.json"));
+  const auto& verification = summary["verification"];
+  int64_t rogue_failed = 0, honest_failed = 0, honest_verified = 0;
+  bool rogue_quarantined = false;
+  for (const auto& w : verification["workers"]) {
+    if (w["worker_id"] == "rogue") {
+      rogue_failed = w.value("groups_failed", int64_t{0});
+      rogue_quarantined = w.value("quarantined", false);
+      EXPECT_EQ(w.value("groups_verified", int64_t{0}), 0);
+    } else {
+      honest_failed += w.value("groups_failed", int64_t{0});
+      honest_verified += w.value("groups_verified", int64_t{0});
+    }
+  }
+  EXPECT_GE(rogue_failed, 3);
+  EXPECT_TRUE(rogue_quarantined);
+  EXPECT_EQ(honest_failed, 0);
+  EXPECT_EQ(honest_verified + rogue_failed, kSteps * 4);
+  EXPECT_EQ(summary["groups_trained"].get<int64_t>(), kSteps * 4 - rogue_failed);
+  EXPECT_EQ(testing::MetricSum(Metrics("trainer"),
+                               "sluice_trainer_verification_failed_groups_total{worker=\"rogue\"}"),
+            rogue_failed);
+  EXPECT_EQ(
+      testing::MetricSum(Metrics("trainer"), "sluice_trainer_worker_quarantined{worker=\"rogue\"}"),
+      1);
+
+  // The buffer refuses the quarantined worker, by name.
+  v1::AcquireGenerationSlotsRequest acquire;
+  acquire.set_run_id(run_id);
+  acquire.set_worker_id("rogue");
+  acquire.set_worker_incarnation(1);
+  acquire.set_num_groups(1);
+  v1::AcquireGenerationSlotsResponse slots;
+  grpc::ClientContext acquire_context;
+  const grpc::Status acquired = buffer->AcquireGenerationSlots(&acquire_context, acquire, &slots);
+  EXPECT_EQ(acquired.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(acquired.error_message(), HasSubstr("rollout worker rogue is quarantined"));
+  std::vector<v1::InsertGroupResult> results;
+  const grpc::Status refused = insert({forged(next, kSteps)}, &results);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("quarantined"));
+  ASSERT_EQ(results.size(), 1u);
+  EXPECT_EQ(results[0].status(), v1::INSERT_STATUS_REFUSED_QUARANTINED);
+  std::printf("rogue worker in a live run: %d forged groups sent, %lld sampled and all "
+              "flagged, quarantined; honest groups %lld, flagged %lld\n",
+              next, static_cast<long long>(rogue_failed),
+              static_cast<long long>(honest_verified), static_cast<long long>(honest_failed));
 }
 
 TEST_F(LoopProcessTest, AnInvalidSpecIsRefusedNamingTheField) {

@@ -27,3 +27,11 @@ add_test(NAME python_client_process_test
   COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/client_process_test.py)
 set_tests_properties(python_client_process_test PROPERTIES
   ENVIRONMENT "${sluice_python_test_env}" LABELS integration TIMEOUT 600)
+
+# The client against `sluice up --tls`: CA and token found through
+# endpoints.json, a run over TLS, the viewer token refused a cancel, no
+# token and plaintext refused.
+add_test(NAME python_client_tls_process_test
+  COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/client_tls_process_test.py)
+set_tests_properties(python_client_tls_process_test PROPERTIES
+  ENVIRONMENT "${sluice_python_test_env}" LABELS integration TIMEOUT 600)

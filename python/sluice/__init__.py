@@ -20,10 +20,12 @@ __version__ = "0.9.0"
 
 _LAZY = {
     "Client": "sluice.client",
+    "Security": "sluice.client",
     "SluiceError": "sluice.errors",
     "TERMINAL_STATES": "sluice.client",
     "controller_target": "sluice.client",
     "format_progress": "sluice.client",
+    "resolve_security": "sluice.client",
     "state_name": "sluice.client",
     "SpecError": "sluice.errors",
     "load_run_spec": "sluice.spec",

@@ -7,6 +7,11 @@
             print(format_progress(run))
         print(state_name(run.state), run.summary.eval_after)
 
+A stack secured with `sluice up --tls` (or any TLS / token setup) is reached
+the way the CLI reaches it: Client(tls_ca=..., token_file=...), else
+$SLUICE_TLS_CA / $SLUICE_TOKEN_FILE, else the CA and operator token that the
+stack's endpoints.json names.
+
 Every method returns the generated protobuf messages (sluice.v1.controller_pb2.Run,
 ...) and raises SluiceError with the controller's own message when a call fails.
 The behaviour follows `sluice submit` / `sluice runs ...` (services/cli/run_client.cc):
@@ -31,11 +36,13 @@ from sluice.v1 import controller_pb2, controller_pb2_grpc
 
 __all__ = [
     "Client",
+    "Security",
     "SluiceError",
     "SpecError",
     "TERMINAL_STATES",
     "controller_target",
     "format_progress",
+    "resolve_security",
     "state_name",
 ]
 
@@ -87,6 +94,93 @@ def controller_target(target: Optional[str] = None,
         if found is not None:
             return found
     return DEFAULT_TARGET
+
+
+class Security:
+    """How a client dials: TLS (a CA that verifies the server, optionally a
+    client certificate) and/or a bearer token sent as `authorization: Bearer`.
+    The same settings as the CLI's --tls-ca, --tls-cert, --tls-key,
+    --token-file and --tls-server-name."""
+
+    def __init__(self, tls_ca: Optional[str] = None, tls_cert: Optional[str] = None,
+                 tls_key: Optional[str] = None, token_file: Optional[str] = None,
+                 token: Optional[str] = None, server_name: Optional[str] = None):
+        if bool(tls_cert) != bool(tls_key):
+            raise SluiceError("tls_cert and tls_key go together: give both or neither")
+        if tls_cert and not tls_ca:
+            raise SluiceError("a client certificate (tls_cert) needs tls_ca")
+        if token and token_file:
+            raise SluiceError("give token or token_file, not both")
+        self.tls_ca, self.tls_cert, self.tls_key = tls_ca, tls_cert, tls_key
+        self.token_file, self.token, self.server_name = token_file, token, server_name
+
+    def is_set(self) -> bool:
+        return bool(self.tls_ca or self.tls_cert or self.token_file or self.token)
+
+    def channel(self, target: str, options) -> grpc.Channel:
+        options = list(options)
+        if not self.tls_ca:
+            return grpc.insecure_channel(target, options=options)
+        credentials = grpc.ssl_channel_credentials(
+            root_certificates=_read_bytes(self.tls_ca, "tls_ca"),
+            private_key=_read_bytes(self.tls_key, "tls_key") if self.tls_key else None,
+            certificate_chain=_read_bytes(self.tls_cert, "tls_cert") if self.tls_cert else None)
+        if self.server_name:
+            options.append(("grpc.ssl_target_name_override", self.server_name))
+        return grpc.secure_channel(target, credentials, options=options)
+
+    def metadata(self):
+        """The call metadata: the bearer token, read again on every call so
+        that a rotated token file takes effect."""
+        token = self.token
+        if self.token_file:
+            token = _read_bytes(self.token_file, "token_file").decode("utf-8").strip()
+            if not token:
+                raise SluiceError("token_file %s is empty" % self.token_file)
+        return (("authorization", "Bearer " + token),) if token else ()
+
+
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise SluiceError("%s: cannot read %s: %s" % (what, path, error.strerror)) from None
+
+
+def resolve_security(security: Optional[Security] = None,
+                     endpoints: Optional[Union[str, "os.PathLike[str]"]] = None) -> Security:
+    """The client's security, resolved as the CLI does: `security` when any of
+    it is set; else $SLUICE_TLS_CA, $SLUICE_TLS_CERT, $SLUICE_TLS_KEY and
+    $SLUICE_TOKEN_FILE; else the CA and operator token a `sluice up --tls`
+    stack wrote into its endpoints.json (`endpoints`, or the default places);
+    else plaintext without a token."""
+    if security is not None and security.is_set():
+        return security
+    server_name = security.server_name if security is not None else None
+    env = Security(tls_ca=os.environ.get("SLUICE_TLS_CA") or None,
+                   tls_cert=os.environ.get("SLUICE_TLS_CERT") or None,
+                   tls_key=os.environ.get("SLUICE_TLS_KEY") or None,
+                   token_file=os.environ.get("SLUICE_TOKEN_FILE") or None,
+                   server_name=server_name)
+    if env.is_set():
+        return env
+    paths = [".sluice/stack/endpoints.json", ".sluice/endpoints.json"]
+    if endpoints is not None:
+        path = os.fspath(endpoints)
+        paths = [os.path.join(path, "endpoints.json") if os.path.isdir(path) else path]
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                document = json.load(handle)
+        except (OSError, ValueError):
+            continue
+        found = document.get("security") if isinstance(document, dict) else None
+        if isinstance(found, dict):
+            return Security(tls_ca=found.get("tls_ca") or None,
+                            token_file=found.get("token_file") or None, server_name=server_name)
+        return Security(server_name=server_name)
+    return Security(server_name=server_name)
 
 
 def _endpoints_controller(path: str) -> Optional[str]:
@@ -162,15 +256,23 @@ class Client:
         the controller's address from when no target is given.
       resume_for: how long watch() keeps reconnecting when the controller
         does not answer (a restart, the network) before it gives up.
+      tls_ca, tls_cert, tls_key, token_file, token, server_name: how to
+        dial a secured controller (see Security); when none is given they
+        are resolved as the CLI resolves them (see resolve_security()).
     """
 
     def __init__(self, target: Optional[str] = None, timeout: float = 30.0,
                  endpoints: Optional[Union[str, "os.PathLike[str]"]] = None,
-                 resume_for: float = 60.0):
+                 resume_for: float = 60.0, *, tls_ca: Optional[str] = None,
+                 tls_cert: Optional[str] = None, tls_key: Optional[str] = None,
+                 token_file: Optional[str] = None, token: Optional[str] = None,
+                 server_name: Optional[str] = None):
         self.target = controller_target(target, endpoints)
         self.timeout = timeout
         self.resume_for = resume_for
-        self._channel = grpc.insecure_channel(self.target, options=_CHANNEL_OPTIONS)
+        self.security = resolve_security(
+            Security(tls_ca, tls_cert, tls_key, token_file, token, server_name), endpoints)
+        self._channel = self.security.channel(self.target, _CHANNEL_OPTIONS)
         self._stub = controller_pb2_grpc.ControllerServiceStub(self._channel)
         self._health = health_pb2_grpc.HealthStub(self._channel)
 
@@ -194,7 +296,16 @@ class Client:
     def _error(self, method: str, error: grpc.RpcError) -> SluiceError:
         code = error.code() if hasattr(error, "code") else None
         details = (error.details() if hasattr(error, "details") else None) or str(error)
-        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        if code == grpc.StatusCode.UNAVAILABLE and "certificate verify failed" in details:
+            message = ("%s: cannot reach the controller at %s: %s (the server's certificate "
+                       "is not signed by tls_ca %s: wrong CA?)"
+                       % (method, self.target, details, self.security.tls_ca))
+        elif code == grpc.StatusCode.UNAVAILABLE and not self.security.tls_ca and (
+                "Socket closed" in details or "handshake" in details.lower()):
+            message = ("%s: cannot reach the controller at %s: %s (this client dials in "
+                       "plaintext; if the controller uses TLS pass tls_ca and a token)"
+                       % (method, self.target, details))
+        elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             message = ("%s: cannot reach the controller at %s: %s (is `sluice up` running? "
                        "pass the target HOST:PORT)" % (method, self.target, details))
         else:
@@ -204,7 +315,8 @@ class Client:
     def _call(self, method: str, request, timeout: Optional[float] = None):
         try:
             return getattr(self._stub, method)(
-                request, timeout=self.timeout if timeout is None else timeout)
+                request, timeout=self.timeout if timeout is None else timeout,
+                metadata=self.security.metadata())
         except grpc.RpcError as error:
             raise self._error(method, error) from None
 
@@ -285,7 +397,7 @@ class Client:
         unanswered_since: Optional[float] = None
         delay = _FIRST_RESUME_DELAY_S
         while True:
-            stream = self._stub.WatchRun(request)
+            stream = self._stub.WatchRun(request, metadata=self.security.metadata())
             failure: Optional[grpc.RpcError] = None
             try:
                 for update in stream:

@@ -46,12 +46,13 @@ class LocalStack:
     is removed then, unless SLUICE_KEEP_TEST_DIRS is set.
     """
 
-    def __init__(self, rollout_workers=1):
+    def __init__(self, rollout_workers=1, extra_flags=()):
         self.root = tempfile.mkdtemp(prefix="sluice-py-stack-")
         self.state_dir = os.path.join(self.root, "state")
         self.runs_dir = os.path.join(self.root, "runs")
         self.log_path = os.path.join(self.root, "sluice-up.log")
         self.rollout_workers = rollout_workers
+        self.extra_flags = list(extra_flags)
         self.process = None
         self.service_pids = set()
 
@@ -59,7 +60,8 @@ class LocalStack:
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(
                 [os.path.join(bin_dir(), "sluice"), "up", "--state-dir", self.state_dir,
-                 "--runs-dir", self.runs_dir, "--rollout-workers", str(self.rollout_workers)],
+                 "--runs-dir", self.runs_dir, "--rollout-workers", str(self.rollout_workers)]
+                + self.extra_flags,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True)
         deadline = time.monotonic() + timeout

@@ -13,8 +13,10 @@
 namespace sluice::trainer {
 namespace {
 
-// Rows per batched forward: bounds the logits tensor ([rows, length, vocab]).
-constexpr size_t kRowsPerForward = 32;
+// Rows per batched forward, and what bounds it: the logits and their
+// log-softmax ([rows, length, vocab] float32 each) stay under ~1 GiB.
+constexpr size_t kRowsPerForward = 128;
+constexpr int64_t kLogitBudgetFloats = int64_t{1} << 27;
 
 // One trajectory to check.
 struct Checked {
@@ -108,8 +110,15 @@ std::vector<int64_t> Inputs(const v1::Trajectory& t) {
 void CompareFullForward(const model::Transformer& model, int64_t version,
                         const std::vector<Checked>& rows, const RolloutVerifierOptions& options,
                         std::vector<Accumulator>& acc) {
-  for (size_t start = 0; start < rows.size(); start += kRowsPerForward) {
-    const size_t end = std::min(rows.size(), start + kRowsPerForward);
+  int64_t longest = 1;
+  for (const Checked& row : rows) {
+    longest = std::max<int64_t>(longest, row.trajectory->prompt_token_ids_size() +
+                                             row.trajectory->completion_token_ids_size());
+  }
+  const size_t per_forward = static_cast<size_t>(std::clamp<int64_t>(
+      kLogitBudgetFloats / (longest * model.config().vocab_size), 1, kRowsPerForward));
+  for (size_t start = 0; start < rows.size(); start += per_forward) {
+    const size_t end = std::min(rows.size(), start + per_forward);
     size_t width = 0;
     std::vector<std::vector<int64_t>> inputs;
     for (size_t r = start; r < end; ++r) {

@@ -12,9 +12,12 @@
 #include "gmock/gmock.h"
 #include "google/protobuf/descriptor.h"
 #include "gtest/gtest.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "services/runtime/health_client.h"
 #include "services/runtime/local_pki.h"
 #include "services/runtime/transport_security.h"
-#include "sluice/v1/controller.pb.h"
+#include "sluice/v1/controller.grpc.pb.h"
 #include "sluice/v1/replay_buffer.pb.h"
 #include "sluice/v1/reward_server.pb.h"
 #include "sluice/v1/rollout_worker.pb.h"
@@ -231,6 +234,59 @@ TEST(TransportSecurityTest, ValidatesCertificatesKeysAndCas) {
   const std::string ca_before = *ReadSecretFile(pki->ca_cert, "ca");
   ASSERT_TRUE(WriteLocalPki(dir, {{"c", "trainer:trainer"}}).ok());
   EXPECT_EQ(*ReadSecretFile(pki->ca_cert, "ca"), ca_before);
+}
+
+// Kubernetes rotates a mounted Secret in place: a server started with one
+// CA's certificate serves the next CA's within the reload interval, without
+// a restart, and clients trusting only the old CA are refused from then on.
+TEST(TransportSecurityTest, AServerPicksUpRotatedCertificatesWithoutARestart) {
+  const std::string first = TempDir("rotate-first");
+  const std::string second = TempDir("rotate-second");
+  const std::string live = TempDir("rotate-live");
+  ASSERT_TRUE(WriteLocalPki(first, {{"server", "viewer:server"}}, absl::Hours(1), "First CA").ok());
+  ASSERT_TRUE(
+      WriteLocalPki(second, {{"server", "viewer:server"}}, absl::Hours(1), "Second CA").ok());
+  const auto install = [&](const std::string& from) {
+    for (const char* name : {"server.key", "server.pem", "ca.pem"}) {
+      std::filesystem::copy_file(from + "/" + name, live + "/" + name + ".new",
+                                 std::filesystem::copy_options::overwrite_existing);
+      std::filesystem::rename(live + "/" + name + ".new", live + "/" + name);
+    }
+  };
+  install(first);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  v1::ControllerService::Service unimplemented;  // A sync service, so the server starts.
+  builder.RegisterService(&unimplemented);
+  int port = 0;
+  builder.AddListeningPort(
+      "127.0.0.1:0",
+      MakeServerCredentials({live + "/server.pem", live + "/server.key", live + "/ca.pem", false}),
+      &port);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string target = absl::StrCat("127.0.0.1:", port);
+  const auto healthy_trusting = [&](const std::string& ca) {
+    ClientSecurity client;
+    client.ca_file = ca;
+    SetProcessClientSecurity(client);
+    return CheckHealth(target, "", absl::Seconds(3)).ok();
+  };
+  EXPECT_TRUE(healthy_trusting(first + "/ca.pem"));
+  EXPECT_FALSE(healthy_trusting(second + "/ca.pem"));
+
+  install(second);
+  const absl::Time deadline = absl::Now() + kTlsReloadInterval + absl::Seconds(10);
+  bool rotated = false;
+  while (!rotated && absl::Now() < deadline) {
+    rotated = healthy_trusting(second + "/ca.pem");
+    if (!rotated) absl::SleepFor(absl::Milliseconds(500));
+  }
+  EXPECT_TRUE(rotated) << "the server still serves the first CA's certificate";
+  EXPECT_FALSE(healthy_trusting(first + "/ca.pem"));
+  SetProcessClientSecurity(ClientSecurity());
+  server->Shutdown();
 }
 
 }  // namespace

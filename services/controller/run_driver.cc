@@ -670,7 +670,16 @@ bool RunDriver::AwaitUpdate(int64_t seen_generation, v1::RunState seen_state,
   return mu_.AwaitWithDeadline(absl::Condition(&anything_changed), deadline);
 }
 
-v1::LeasePromptsResponse RunDriver::LeasePrompts(const v1::LeasePromptsRequest& request) {
+bool RunDriver::IsQuarantinedLocked(const std::string& worker_id) const {
+  if (quarantined_workers_.count(worker_id) > 0) return true;
+  for (const v1::WorkerVerification& w : run_.summary().verification().workers()) {
+    if (w.worker_id() == worker_id && w.quarantined()) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<v1::LeasePromptsResponse> RunDriver::LeasePrompts(
+    const v1::LeasePromptsRequest& request) {
   v1::LeasePromptsResponse response;
   std::shared_ptr<PromptFeed> feed;
   {
@@ -678,6 +687,12 @@ v1::LeasePromptsResponse RunDriver::LeasePrompts(const v1::LeasePromptsRequest& 
     if (IsTerminal(run_.state())) {
       response.set_run_done(true);
       return response;
+    }
+    if (IsQuarantinedLocked(request.worker_id())) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "rollout worker ", request.worker_id(), " is quarantined for run ", run_id_,
+          ": the trainer's rollout verification found its groups' log-probs, tokens or "
+          "versions forged; it is leased no more prompts for the rest of the run"));
     }
     if (run_.state() == v1::RUN_STATE_TRAINING) feed = feed_;
   }
@@ -870,6 +885,14 @@ v1::ReportTrainerProgressResponse RunDriver::ReportTrainerProgress(
     ProgressLocked();  // E.g. loading -> evaluating: the trainer moved on.
   }
   if (request.has_step()) ApplyStepLocked(request.step());
+  for (const std::string& worker : request.quarantined_worker_ids()) {
+    if (!quarantined_workers_.insert(worker).second) continue;
+    // Its prompts go back to the feed for the honest workers.
+    const int given_back = feed_ != nullptr ? feed_->GiveBackWorker(worker) : 0;
+    log::Warning("quarantined rollout worker: its prompt leases are revoked and its "
+                 "LeasePrompts refused (the trainer's rollout verification)",
+                 {{"run_id", run_id_}, {"worker", worker}, {"prompts_given_back", given_back}});
+  }
   ApplyTrainerStateLocked(request);
   // Warm start lasts until its last step or dev evaluation was reported.
   const bool warm_start_report =

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -209,7 +210,11 @@ class RunDriver {
   bool WaitUntilStopped(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // The RPC handlers of the run's services. Non-blocking (never call out).
-  v1::LeasePromptsResponse LeasePrompts(const v1::LeasePromptsRequest& request)
+  // LeasePrompts of a worker the trainer's rollout verification quarantined
+  // (ReportTrainerProgressRequest.quarantined_worker_ids, or the summary's
+  // verification section, which a restored run rebuilds) is
+  // PERMISSION_DENIED naming the quarantine.
+  absl::StatusOr<v1::LeasePromptsResponse> LeasePrompts(const v1::LeasePromptsRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
   v1::ReportRolloutProgressResponse ReportRolloutProgress(
       const v1::ReportRolloutProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
@@ -351,6 +356,10 @@ class RunDriver {
   int64_t max_policy_version_ ABSL_GUARDED_BY(mu_) = -1;
   v1::TrainerState last_trainer_state_ ABSL_GUARDED_BY(mu_) = v1::TRAINER_STATE_UNSPECIFIED;
   std::deque<double> recent_step_rewards_ ABSL_GUARDED_BY(mu_);  // Last 10 steps.
+  // Workers the trainer reported quarantined (besides those the summary
+  // marks); their prompt leases were given back.
+  std::set<std::string> quarantined_workers_ ABSL_GUARDED_BY(mu_);
+  bool IsQuarantinedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<std::pair<absl::Time, int64_t>> token_reports_ ABSL_GUARDED_BY(mu_);
 
   // Serialises the writes of state.json (taken after mu_ where both are).

@@ -837,6 +837,39 @@ TEST_F(RunRegistryTest, ALostWorkersPromptsAndSlotsGoToTheOthers) {
             3);
 }
 
+// A worker the trainer's rollout verification quarantined (issue 19): its
+// prompt leases go back to the feed at once and its LeasePrompts are
+// PERMISSION_DENIED naming the quarantine; other workers are not touched.
+TEST_F(RunRegistryTest, AQuarantinedWorkersPromptsAreRevokedAndItsLeasesRefused) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  v1::LeasePromptsRequest lease;
+  lease.set_run_id(run_id);
+  lease.set_worker_id("rogue");
+  lease.set_worker_incarnation(1);
+  lease.set_max_prompts(3);
+  const v1::LeasePromptsResponse held = *registry_->LeasePrompts(lease);
+  ASSERT_EQ(held.prompts_size(), 3);
+
+  Report(run_id, v1::TRAINER_STATE_TRAINING, [](v1::ReportTrainerProgressRequest& request) {
+    request.add_quarantined_worker_ids("rogue");
+  });
+  const absl::StatusOr<v1::LeasePromptsResponse> refused = registry_->LeasePrompts(lease);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("rollout worker rogue is quarantined for run " + run_id));
+  // Its prompts go to the others at once, before their lease would expire.
+  lease.set_worker_id("honest");
+  const v1::LeasePromptsResponse reissued = *registry_->LeasePrompts(lease);
+  ASSERT_EQ(reissued.prompts_size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(reissued.prompts(i).prompt_id(), held.prompts(i).prompt_id());
+  }
+}
+
 TEST_F(RunRegistryTest, ARestartedWorkerIsReadmittedAndCounted) {
   MakeRegistry();
   const std::string run_id = Submit(SmallSpec());

@@ -623,25 +623,6 @@ absl::Status LocalStack::Stop() {
   return absl::OkStatus();
 }
 
-namespace {
-
-// Written 0600, whole then renamed.
-absl::Status WritePrivateFile(const std::string& path, const std::string& text) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    fs::permissions(temporary, fs::perms::owner_read | fs::perms::owner_write);
-    out << text;
-    if (!out.flush()) return absl::InternalError(absl::StrCat("cannot write ", temporary));
-  }
-  std::error_code error;
-  fs::rename(temporary, path, error);
-  if (error) return absl::InternalError(absl::StrCat("cannot write ", path, ": ", error.message()));
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& state_dir,
                                                  const std::vector<ServiceEndpoint>& services) {
   StackSecurity security;
@@ -676,9 +657,9 @@ absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& state_dir,
     const std::string token = runtime::NewToken();
     absl::StrAppend(&yaml, runtime::TokenEntryYaml(
                                {runtime::TokenHash(token), role, identity, std::nullopt}));
-    RETURN_IF_ERROR(WritePrivateFile(file, token + "\n"));
+    RETURN_IF_ERROR(runtime::WriteSecretFile(file, token + "\n"));
   }
-  RETURN_IF_ERROR(WritePrivateFile(security.tokens_file, yaml));
+  RETURN_IF_ERROR(runtime::WriteSecretFile(security.tokens_file, yaml));
   return security;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "services/runtime/auth.h"
+#include "services/runtime/transport_security.h"
 
 namespace sluice::cli {
 
@@ -72,11 +73,13 @@ int RunTokenCreate(const TokenCreateFlags& flags, std::ostream& out, std::ostrea
   const std::string token = runtime::NewToken();
   entry.sha256 = runtime::TokenHash(token);
 
-  // Read, check, append and write back under an flock, so that two creates
-  // do not lose one of the entries.
-  const int fd = open(flags.tokens_file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // Read, check, append and write back under an flock of a lock file beside
+  // it (not of the file itself: the rename replaces that inode), so that two
+  // creates do not lose one of the entries.
+  const std::string lock_path = flags.tokens_file + ".lock";
+  const int fd = open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0 || flock(fd, LOCK_EX) != 0) {
-    err << "sluice token create: cannot open " << flags.tokens_file << "\n";
+    err << "sluice token create: cannot lock " << lock_path << "\n";
     if (fd >= 0) close(fd);
     return 1;
   }
@@ -84,38 +87,18 @@ int RunTokenCreate(const TokenCreateFlags& flags, std::ostream& out, std::ostrea
   existing << std::ifstream(flags.tokens_file).rdbuf();
   std::string text = existing.str();
   if (text.find("tokens:") == std::string::npos) {
-    text =
-        "# Bearer tokens: SHA-256 only (`sluice token create` appends "
-        "here).\ntokens:\n";
+    text = "# Bearer tokens: SHA-256 only (`sluice token create` appends here).\ntokens:\n";
   } else if (!text.empty() && text.back() != '\n') {
     text += "\n";
   }
   text += runtime::TokenEntryYaml(entry);
-  if (absl::StatusOr<std::vector<runtime::TokenEntry>> parsed =
-          runtime::ParseTokensYaml(text, flags.tokens_file);
-      !parsed.ok()) {
-    err << "sluice token create: the result would not parse, nothing written:\n"
-        << parsed.status().message() << "\n";
-    close(fd);
-    return 1;
-  }
-  const std::string temporary = flags.tokens_file + ".tmp";
-  {
-    std::ofstream write(temporary, std::ios::trunc);
-    write << text;
-    if (!write.flush()) {
-      err << "sluice token create: cannot write " << temporary << "\n";
-      close(fd);
-      return 1;
-    }
-  }
-  chmod(temporary.c_str(), 0600);
-  if (rename(temporary.c_str(), flags.tokens_file.c_str()) != 0) {
-    err << "sluice token create: cannot replace " << flags.tokens_file << "\n";
-    close(fd);
-    return 1;
-  }
+  absl::Status written = runtime::ParseTokensYaml(text, flags.tokens_file).status();
+  if (written.ok()) written = runtime::WriteSecretFile(flags.tokens_file, text);
   close(fd);
+  if (!written.ok()) {
+    err << "sluice token create: nothing written: " << written.message() << "\n";
+    return 1;
+  }
   out << token << "\n";
   err << "sluice token create: added " << runtime::RoleName(entry.role) << " '" << entry.identity
       << "' to " << flags.tokens_file << "; the token above is shown only once\n";

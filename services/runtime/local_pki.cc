@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "services/runtime/transport_security.h"
 
 namespace sluice::runtime {
 namespace {
@@ -37,20 +38,6 @@ absl::Status OpenSslError(const std::string& what) {
     ERR_error_string_n(code, buffer, sizeof(buffer));
   ERR_clear_error();
   return absl::InternalError(absl::StrCat(what, ": ", buffer));
-}
-
-// Writes `pem` to `path` with `mode`, atomically (a reader never sees half).
-absl::Status WriteFile(const std::string& path, const std::string& pem, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  const int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  fchmod(fd, mode);
-  const bool ok = write(fd, pem.data(), pem.size()) == static_cast<ssize_t>(pem.size());
-  close(fd);
-  if (!ok || rename(tmp.c_str(), path.c_str()) != 0) {
-    return absl::InternalError(absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> ToPem(EVP_PKEY* key, X509* cert) {
@@ -168,8 +155,8 @@ absl::StatusOr<PkiFiles> WriteLocalPki(const std::string& dir,
     absl::StatusOr<std::string> cert_pem = ToPem(nullptr, ca_cert.get());
     if (!key_pem.ok()) return key_pem.status();
     if (!cert_pem.ok()) return cert_pem.status();
-    if (absl::Status s = WriteFile(files.ca_key, *key_pem, 0600); !s.ok()) return s;
-    if (absl::Status s = WriteFile(files.ca_cert, *cert_pem, 0644); !s.ok()) return s;
+    if (absl::Status s = WriteSecretFile(files.ca_key, *key_pem, 0600); !s.ok()) return s;
+    if (absl::Status s = WriteSecretFile(files.ca_cert, *cert_pem, 0644); !s.ok()) return s;
   }
 
   for (const PkiEntity& entity : entities) {
@@ -192,8 +179,8 @@ absl::StatusOr<PkiFiles> WriteLocalPki(const std::string& dir,
     if (!key_pem.ok()) return key_pem.status();
     if (!cert_pem.ok()) return cert_pem.status();
     const fs::path stem = fs::path(dir) / entity.file_stem;
-    if (absl::Status s = WriteFile(stem.string() + ".key", *key_pem, 0600); !s.ok()) return s;
-    if (absl::Status s = WriteFile(stem.string() + ".pem", *cert_pem, 0644); !s.ok()) return s;
+    if (absl::Status s = WriteSecretFile(stem.string() + ".key", *key_pem, 0600); !s.ok()) return s;
+    if (absl::Status s = WriteSecretFile(stem.string() + ".pem", *cert_pem, 0644); !s.ok()) return s;
   }
   return files;
 }

@@ -3,7 +3,9 @@
 #include <openssl/bio.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <sstream>
@@ -188,6 +190,22 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::s
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+absl::Status WriteSecretFile(const std::string& path, const std::string& contents,
+                             unsigned mode) {
+  const std::string temporary = path + ".tmp";
+  const int fd = open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", temporary));
+  fchmod(fd, mode);
+  const bool written =
+      write(fd, contents.data(), contents.size()) == static_cast<ssize_t>(contents.size());
+  close(fd);
+  if (!written || rename(temporary.c_str(), path.c_str()) != 0) {
+    unlink(temporary.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", path));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ServerTls::Validate() const {

@@ -85,6 +85,12 @@ std::string ExplainCallError(int grpc_code, const std::string& message);
 // Reads a whole file ("" and an error naming `what` if it cannot).
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what);
 
+// Writes `contents` to `path` with permissions `mode` (0600: keys, tokens),
+// whole then renamed, so that a reader (a service watching the file) never
+// sees half of it.
+absl::Status WriteSecretFile(const std::string& path, const std::string& contents,
+                             unsigned mode = 0600);
+
 }  // namespace sluice::runtime
 
 #endif  // SLUICE_SERVICES_RUNTIME_TRANSPORT_SECURITY_H_

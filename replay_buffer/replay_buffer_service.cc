@@ -1,7 +1,5 @@
 #include "replay_buffer/replay_buffer_service.h"
 
-#include <algorithm>
-#include <chrono>
 #include <utility>
 #include <vector>
 
@@ -12,21 +10,36 @@
 #include "absl/time/clock.h"
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/request_limits.h"
 
 namespace sluice::replay_buffer {
 namespace {
 
+using runtime::CheckId;
+using runtime::CheckItems;
 using runtime::ToGrpcStatus;
 
 grpc::Status ShuttingDown() {
   return grpc::Status(grpc::StatusCode::UNAVAILABLE, "replay buffer is shutting down");
 }
 
-// A wait never outlasts the client's deadline for the call.
-absl::Duration CapByDeadline(absl::Duration wait, const grpc::ServerContext& context) {
-  const std::chrono::system_clock::time_point deadline = context.deadline();
-  if (deadline == std::chrono::system_clock::time_point::max()) return wait;
-  return std::min(wait, std::max(absl::ZeroDuration(), absl::FromChrono(deadline) - absl::Now()));
+// One insert message: how many groups and trajectories, and how long its
+// identifiers (the message-size limit alone would let 64 MiB of ids through).
+grpc::Status CheckInsertWithinLimits(const v1::InsertGroupsRequest& request) {
+  SLUICE_RETURN_IF_REFUSED(CheckItems("groups", request.groups_size()));
+  for (const v1::Group& group : request.groups()) {
+    SLUICE_RETURN_IF_REFUSED(CheckId("group.run_id", group.run_id()));
+    SLUICE_RETURN_IF_REFUSED(CheckId("group.group_id", group.group_id()));
+    SLUICE_RETURN_IF_REFUSED(CheckId("group.prompt_id", group.prompt_id()));
+    SLUICE_RETURN_IF_REFUSED(CheckId("group.idempotency_key", group.idempotency_key()));
+    SLUICE_RETURN_IF_REFUSED(CheckId("group.slot_lease_id", group.slot_lease_id()));
+    SLUICE_RETURN_IF_REFUSED(CheckItems("group.trajectories", group.trajectories_size()));
+    for (const v1::Trajectory& trajectory : group.trajectories()) {
+      SLUICE_RETURN_IF_REFUSED(
+          CheckId("trajectory.rollout_worker_id", trajectory.rollout_worker_id()));
+    }
+  }
+  return grpc::Status::OK;
 }
 
 // Every trajectory a worker inserts must carry its own identity: groups are
@@ -76,6 +89,7 @@ grpc::Status ReplayBufferServiceImpl::ConfigureRun(grpc::ServerContext* context,
                                                    const v1::ConfigureRunRequest* request,
                                                    v1::ConfigureRunResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
   absl::StatusOr<ReplayBuffer::ConfigureResult> result =
       buffer_->ConfigureRun(RunConfigFromProto(*request));
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -92,6 +106,10 @@ grpc::Status ReplayBufferServiceImpl::AcquireGenerationSlots(
     grpc::ServerContext* context, const v1::AcquireGenerationSlotsRequest* request,
     v1::AcquireGenerationSlotsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckId("worker_id", request->worker_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("num_groups", request->num_groups()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("renew_lease_ids", request->renew_lease_ids_size()));
   if (grpc::Status self = runtime::CheckWorkerIdentity(context, request->worker_id(),
                                                         "AcquireGenerationSlotsRequest");
       !self.ok()) {
@@ -100,7 +118,7 @@ grpc::Status ReplayBufferServiceImpl::AcquireGenerationSlots(
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   AcquireRequest acquire = AcquireRequestFromProto(*request);
-  acquire.wait_timeout = CapByDeadline(acquire.wait_timeout, *context);
+  acquire.wait_timeout = runtime::CapWait(acquire.wait_timeout, *context);
   absl::StatusOr<AcquireResult> result = (*table)->AcquireSlots(acquire);
   if (!result.ok()) return ToGrpcStatus(result.status());
   if (request->num_groups() > 0) metrics_.ObserveAdmissionWait(result->waited);
@@ -113,6 +131,9 @@ grpc::Status ReplayBufferServiceImpl::ReleaseGenerationSlots(
     grpc::ServerContext* context, const v1::ReleaseGenerationSlotsRequest* request,
     v1::ReleaseGenerationSlotsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckId("worker_id", request->worker_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("lease_ids", request->lease_ids_size()));
   if (grpc::Status self = runtime::CheckWorkerIdentity(context, request->worker_id(),
                                                         "ReleaseGenerationSlotsRequest");
       !self.ok()) {
@@ -131,10 +152,16 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) {
   SLUICE_RETURN_IF_DENIED(context);
+  runtime::StreamGate::Slot stream_slot;
+  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "InsertGroups", &stream_slot));
   if (!OpenStream(context)) return ShuttingDown();
   v1::InsertGroupsRequest request;
   grpc::Status status = grpc::Status::OK;
   while (stream->Read(&request)) {
+    if (grpc::Status limited = CheckInsertWithinLimits(request); !limited.ok()) {
+      status = limited;
+      break;
+    }
     if (grpc::Status self = CheckGroupsAreTheCallers(context, request); !self.ok()) {
       status = self;
       break;
@@ -149,7 +176,7 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
     // Blocks while the rate limiter holds inserts back; meanwhile the stream
     // is not read, so gRPC's flow control pushes back on the writer.
     const std::vector<InsertResult> results = buffer_->Insert(
-        std::move(groups), CapByDeadline(options_.insert_rate_limit_wait, *context));
+        std::move(groups), runtime::CapWait(options_.insert_rate_limit_wait, *context));
     v1::InsertGroupsResponse response;
     std::string quarantined;  // why, when a group's worker is quarantined
     for (const InsertResult& result : results) {
@@ -181,17 +208,28 @@ grpc::Status ReplayBufferServiceImpl::Sample(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
   SLUICE_RETURN_IF_DENIED(context);
+  runtime::StreamGate::Slot stream_slot;
+  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "Sample", &stream_slot));
   if (!OpenStream(context)) return ShuttingDown();
   v1::SampleRequest request;
   grpc::Status status = grpc::Status::OK;
   while (stream->Read(&request)) {
+    if (grpc::Status limited = CheckId("run_id", request.run_id()); !limited.ok()) {
+      status = limited;
+      break;
+    }
+    if (grpc::Status limited = CheckItems("batch_size_groups", request.batch_size_groups());
+        !limited.ok()) {
+      status = limited;
+      break;
+    }
     absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request.run_id());
     if (!table.ok()) {
       status = ToGrpcStatus(table.status());
       break;
     }
     SampleRequest sample = SampleRequestFromProto(request, options_.default_sample_timeout);
-    sample.timeout = CapByDeadline(sample.timeout, *context);
+    sample.timeout = runtime::CapWait(sample.timeout, *context);
     absl::StatusOr<SampleResult> result = (*table)->Sample(sample);
     if (result.status().code() == absl::StatusCode::kDeadlineExceeded) {
       // A wait that ran out is an answer on this stream, not its end: the
@@ -233,6 +271,9 @@ grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
     grpc::ServerContext* context, const v1::UpdatePolicyVersionRequest* request,
     v1::UpdatePolicyVersionResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(
+      CheckItems("quarantined_worker_ids", request->quarantined_worker_ids_size()));
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   if (request->quarantined_worker_ids_size() > 0) {
@@ -259,6 +300,8 @@ grpc::Status ReplayBufferServiceImpl::UpdatePriorities(grpc::ServerContext* cont
                                                        const v1::UpdatePrioritiesRequest* request,
                                                        v1::UpdatePrioritiesResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("priorities", request->priorities_size()));
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   std::vector<std::pair<std::string, double>> priorities(request->priorities().begin(),
@@ -275,6 +318,7 @@ grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
                                                const v1::GetStatsRequest* request,
                                                v1::GetStatsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
   response->set_memory_budget_bytes(buffer_->memory_budget_bytes());
   response->set_memory_used_bytes(buffer_->memory_used_bytes());
   response->set_incarnation(incarnation_);
@@ -297,6 +341,7 @@ grpc::Status ReplayBufferServiceImpl::CommitTrainedSteps(
     grpc::ServerContext* context, const v1::CommitTrainedStepsRequest* request,
     v1::CommitTrainedStepsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   absl::StatusOr<CommitResult> result = (*table)->CommitTrainedSteps(request->step());

@@ -20,6 +20,7 @@
 #include "services/clients/retrying_clients.h"
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/request_limits.h"
 
 namespace sluice::rollout_worker {
 
@@ -162,6 +163,7 @@ grpc::Status RolloutWorkerServiceImpl::StartRollouts(grpc::ServerContext* contex
                                                      const v1::StartRolloutsRequest* request,
                                                      v1::StartRolloutsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
   const absl::Status started = Start(request->run_id(), request->spec(), request->endpoints(),
                                      request->max_prompt_tokens());
   if (!started.ok()) return runtime::ToGrpcStatus(started);
@@ -343,6 +345,7 @@ grpc::Status RolloutWorkerServiceImpl::StopRollouts(grpc::ServerContext* context
                                                     const v1::StopRolloutsRequest* request,
                                                     v1::StopRolloutsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
   {
     absl::MutexLock lock(&mu_);
     if (run_ != nullptr && !request->run_id().empty() && request->run_id() != run_->run_id) {

@@ -22,6 +22,7 @@
 #include "services/clients/retrying_clients.h"
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/request_limits.h"
 #include "trainer/checkpoint_state.h"
 
 namespace sluice::trainer {
@@ -531,6 +532,7 @@ grpc::Status TrainerServiceImpl::GetLatestVersion(grpc::ServerContext* context,
                                                   const v1::GetLatestVersionRequest* request,
                                                   v1::GetLatestVersionResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
   auto latest = weights_.Latest(request->run_id());
   if (!latest.ok()) return ToGrpcStatus(latest.status());
   *response->mutable_version() = (*latest)->info;
@@ -541,6 +543,12 @@ grpc::Status TrainerServiceImpl::WatchVersions(grpc::ServerContext* context,
                                                const v1::WatchVersionsRequest* request,
                                                grpc::ServerWriter<v1::VersionAnnouncement>* writer) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
+  runtime::StreamGate::Slot stream_slot;
+  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "WatchVersions", &stream_slot));
+  // The watch is established: a watcher waiting for the next version can
+  // tell it apart from a refused one without waiting for a version.
+  writer->SendInitialMetadata();
   int64_t after = request->has_after_version() ? request->after_version() : -1;
   if (!request->has_after_version()) {
     // Announce the current latest at once, if any.
@@ -569,6 +577,9 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
                                                const v1::StreamWeightsRequest* request,
                                                grpc::ServerWriter<v1::WeightsChunk>* writer) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
+  runtime::StreamGate::Slot stream_slot;
+  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "StreamWeights", &stream_slot));
   auto found = request->has_version() ? weights_.Get(request->run_id(), request->version())
                                       : weights_.Latest(request->run_id());
   if (!found.ok()) return ToGrpcStatus(found.status());

@@ -6,13 +6,20 @@
 #include "absl/time/clock.h"
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/request_limits.h"
 
 namespace sluice::controller {
 namespace {
 
+using runtime::CheckId;
+using runtime::CheckItems;
 using runtime::ToGrpcStatus;
 
 constexpr int64_t kDefaultWatchIntervalMs = 1000;
+// A watcher that wants fewer updates than one an hour wants GetRun.
+constexpr int64_t kMaxWatchIntervalMs = 3600 * 1000;
+// Longest cancel reason kept in the run's record.
+constexpr int64_t kMaxReasonBytes = 4096;
 
 }  // namespace
 
@@ -42,6 +49,7 @@ grpc::Status ControllerServiceImpl::GetRun(grpc::ServerContext* context,
                                            const v1::GetRunRequest* request,
                                            v1::GetRunResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
   absl::StatusOr<v1::Run> run = registry_->Get(request->run_id());
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);
@@ -52,10 +60,11 @@ grpc::Status ControllerServiceImpl::WatchRun(grpc::ServerContext* context,
                                              const v1::WatchRunRequest* request,
                                              grpc::ServerWriter<v1::RunUpdate>* writer) {
   SLUICE_RETURN_IF_DENIED(context);
-  if (request->min_interval_ms() < 0) {
-    return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-        "min_interval_ms: must be >= 0 (0 = default 1000), got ", request->min_interval_ms())));
-  }
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(
+      runtime::CheckRange("min_interval_ms", request->min_interval_ms(), 0, kMaxWatchIntervalMs));
+  runtime::StreamGate::Slot stream_slot;
+  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "WatchRun", &stream_slot));
   absl::StatusOr<std::shared_ptr<RunDriver>> found = registry_->Find(request->run_id());
   if (!found.ok()) return ToGrpcStatus(found.status());
   const std::shared_ptr<RunDriver> driver = std::move(*found);
@@ -97,6 +106,10 @@ grpc::Status ControllerServiceImpl::CancelRun(grpc::ServerContext* context,
                                               const v1::CancelRunRequest* request,
                                               v1::CancelRunResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(
+      runtime::CheckRange("reason (bytes)", static_cast<int64_t>(request->reason().size()), 0,
+                          kMaxReasonBytes));
   absl::StatusOr<v1::Run> run = registry_->Cancel(request->run_id(), request->reason());
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);
@@ -107,6 +120,8 @@ grpc::Status ControllerServiceImpl::ListRuns(grpc::ServerContext* context,
                                              const v1::ListRunsRequest* request,
                                              v1::ListRunsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("page_token", request->page_token()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("states", request->states_size()));
   absl::StatusOr<v1::ListRunsResponse> runs = registry_->List(*request);
   if (!runs.ok()) return ToGrpcStatus(runs.status());
   *response = std::move(*runs);
@@ -117,6 +132,9 @@ grpc::Status ControllerServiceImpl::LeasePrompts(grpc::ServerContext* context,
                                                  const v1::LeasePromptsRequest* request,
                                                  v1::LeasePromptsResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckId("worker_id", request->worker_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("max_prompts", request->max_prompts()));
   if (grpc::Status self =
           runtime::CheckWorkerIdentity(context, request->worker_id(), "LeasePromptsRequest");
       !self.ok()) {
@@ -132,6 +150,12 @@ grpc::Status ControllerServiceImpl::ReportRolloutProgress(
     grpc::ServerContext* context, const v1::ReportRolloutProgressRequest* request,
     v1::ReportRolloutProgressResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckId("worker_id", request->worker_id()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("completed_prompt_ids + abandoned_prompt_ids",
+                                      request->completed_prompt_ids_size() +
+                                          request->abandoned_prompt_ids_size()));
+  SLUICE_RETURN_IF_REFUSED(CheckItems("renew_lease_ids", request->renew_lease_ids_size()));
   if (grpc::Status self =
           runtime::CheckWorkerIdentity(context, request->worker_id(), "ReportRolloutProgressRequest");
       !self.ok()) {
@@ -148,6 +172,7 @@ grpc::Status ControllerServiceImpl::ReportTrainerProgress(
     grpc::ServerContext* context, const v1::ReportTrainerProgressRequest* request,
     v1::ReportTrainerProgressResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
   absl::StatusOr<v1::ReportTrainerProgressResponse> reported =
       registry_->ReportTrainerProgress(*request);
   if (!reported.ok()) return ToGrpcStatus(reported.status());
@@ -159,6 +184,7 @@ grpc::Status ControllerServiceImpl::WorkerHeartbeat(grpc::ServerContext* context
                                                     const v1::WorkerHeartbeatRequest* request,
                                                     v1::WorkerHeartbeatResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("worker_id", request->worker_id()));
   if (grpc::Status self =
           runtime::CheckWorkerIdentity(context, request->worker_id(), "WorkerHeartbeatRequest");
       !self.ok()) {

@@ -73,6 +73,9 @@ absl::Status ServerOptions::Validate() const {
       problems.emplace_back(hp.status().message());
     }
   }
+  if (absl::Status limits_ok = limits.Validate(); !limits_ok.ok()) {
+    problems.emplace_back(limits_ok.message());
+  }
   const absl::Status tls_ok = tls.Validate();
   if (!tls_ok.ok()) problems.emplace_back(tls_ok.message());
   if (tls.enabled() && tls.ca_file.empty()) {

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "services/runtime/request_limits.h"
 #include "services/runtime/transport_security.h"
 
 namespace sluice::runtime {
@@ -69,6 +70,9 @@ struct ServerOptions {
   // How this service dials others: tls_ca, tls_cert/key as its client
   // certificate, token_file, tls_server_name.
   ClientSecurity client;
+
+  // What one request may ask (request_limits.h).
+  RequestLimits limits;
 
   // Every problem at once, one per line, each naming the field and value.
   absl::Status Validate() const;

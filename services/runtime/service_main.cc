@@ -23,6 +23,7 @@
 #include "services/runtime/auth.h"
 #include "services/runtime/config_file.h"
 #include "services/runtime/metrics.h"
+#include "services/runtime/request_limits.h"
 #include "services/runtime/rpc_metrics_interceptor.h"
 #include "services/runtime/transport_security.h"
 
@@ -47,6 +48,33 @@ std::string DialHost(const std::string& host) {
   if (host == "0.0.0.0") return "127.0.0.1";
   if (host == "[::]") return "[::1]";
   return host;
+}
+
+void AddRequestLimitFlags(CLI::App& app, RequestLimits& limits) {
+  const char* group = "Request limits (what one client may ask; see request_limits.h)";
+  app.add_option("--max-streams-per-peer", limits.max_streams_per_peer,
+                 "streams (watches, samples, inserts, weight downloads) one client host may hold "
+                 "open at once; more are refused RESOURCE_EXHAUSTED")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--max-streams", limits.max_streams,
+                 "streams open at once on this service, all clients together")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--max-id-bytes", limits.max_id_bytes,
+                 "longest identifier (run_id, worker_id, group_id, ...) a request may carry")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--max-items-per-request", limits.max_items_per_request,
+                 "most items (prompts per lease, slots per acquire, groups per sample or insert "
+                 "message, trajectories per group) one request may ask for")
+      ->capture_default_str()
+      ->group(group);
+  app.add_option("--max-wait-ms", limits.max_wait_ms,
+                 "longest a long-poll (sample, slot acquire) waits before answering timed out, "
+                 "whatever the request asks and with or without a client deadline")
+      ->capture_default_str()
+      ->group(group);
 }
 
 }  // namespace
@@ -150,6 +178,7 @@ ServiceMain::ServiceMain(ServiceInfo info)
                  "listens publicly); overrides --metrics-port")
       ->type_name("HOST:PORT");
   AddSecurityFlags(app, options_);
+  AddRequestLimitFlags(app, options_.limits);
   app.add_option("--ready-fd", options_.ready_fd,
                  "write one JSON line with the bound addresses to this inherited file "
                  "descriptor once serving (used by `sluice up`)")
@@ -214,6 +243,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   SetAuthEnforcedForProcess(auth.enforced());
 
   Metrics metrics(info_.component);
+  InstallRequestLimits(options_.limits, &metrics.registry());
   ServiceContext context(options_, metrics.registry());
   if (absl::Status status = setup(context); !status.ok()) {
     log::Error("setup failed", {{"error", std::string(status.message())}});

@@ -9,6 +9,7 @@
 #include "prometheus/registry.h"
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
+#include "services/runtime/request_limits.h"
 
 namespace sluice::weights {
 
@@ -43,6 +44,9 @@ grpc::Status WeightRelayServiceImpl::StreamWeights(grpc::ServerContext* context,
                                                    const v1::StreamWeightsRequest* request,
                                                    grpc::ServerWriter<v1::WeightsChunk>* writer) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
+  runtime::StreamGate::Slot stream_slot;
+  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "StreamWeights", &stream_slot));
   streams_.Increment();
   streams_active_.Increment();
   absl::Cleanup done = [this] { streams_active_.Decrement(); };

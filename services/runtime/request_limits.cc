@@ -1,0 +1,219 @@
+#include "services/runtime/request_limits.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+#include "grpcpp/server_context.h"
+#include "grpcpp/support/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/registry.h"
+#include "services/runtime/grpc_status.h"
+
+namespace sluice::runtime {
+
+absl::Status RequestLimits::Validate() const {
+  std::vector<std::string> problems;
+  if (max_streams_per_peer < 1) {
+    problems.push_back(
+        absl::StrCat("max_streams_per_peer must be >= 1; got ", max_streams_per_peer));
+  }
+  if (max_streams < 1) {
+    problems.push_back(absl::StrCat("max_streams must be >= 1; got ", max_streams));
+  }
+  if (max_id_bytes < 64) {
+    problems.push_back(absl::StrCat("max_id_bytes must be >= 64; got ", max_id_bytes));
+  }
+  if (max_items_per_request < 1) {
+    problems.push_back(
+        absl::StrCat("max_items_per_request must be >= 1; got ", max_items_per_request));
+  }
+  if (max_wait_ms < 1000) {
+    problems.push_back(absl::StrCat("max_wait_ms must be >= 1000; got ", max_wait_ms));
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
+}
+
+struct RefusalCounter::Counters {
+  prometheus::Family<prometheus::Counter>* family = nullptr;
+};
+
+RefusalCounter::RefusalCounter(prometheus::Registry* registry)
+    : counters_(std::make_unique<Counters>()) {
+  if (registry == nullptr) return;
+  counters_->family = &prometheus::BuildCounter()
+                           .Name("sluice_requests_refused_total")
+                           .Help("Calls refused by a request limit (request_limits.h), by reason")
+                           .Register(*registry);
+  // Present from the start, so that a rate() over them is defined.
+  for (const char* reason : {"streams_per_peer", "streams_total", "id_too_long", "too_many_items",
+                             "value_out_of_range"}) {
+    counters_->family->Add({{"reason", reason}});
+  }
+}
+
+RefusalCounter::~RefusalCounter() = default;
+
+void RefusalCounter::Refused(absl::string_view reason) {
+  if (counters_->family == nullptr) return;
+  counters_->family->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+StreamGate::Slot::Slot(Slot&& other) noexcept
+    : gate_(std::exchange(other.gate_, nullptr)), peer_(std::move(other.peer_)) {}
+
+StreamGate::Slot& StreamGate::Slot::operator=(Slot&& other) noexcept {
+  if (this != &other) {
+    if (gate_ != nullptr) gate_->Release(peer_);
+    gate_ = std::exchange(other.gate_, nullptr);
+    peer_ = std::move(other.peer_);
+  }
+  return *this;
+}
+
+StreamGate::Slot::~Slot() {
+  if (gate_ != nullptr) gate_->Release(peer_);
+}
+
+absl::StatusOr<StreamGate::Slot> StreamGate::Acquire(absl::string_view peer,
+                                                     absl::string_view method) {
+  absl::MutexLock lock(&mu_);
+  if (open_ >= max_total_) {
+    if (refusals_ != nullptr) refusals_->Refused("streams_total");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, ": this service already has ", open_, " streams open, the limit ",
+        "(--max-streams ", max_total_, "); close idle streams or raise --max-streams"));
+  }
+  auto [it, inserted] = open_by_peer_.try_emplace(std::string(peer), 0);
+  if (it->second >= max_per_peer_) {
+    if (refusals_ != nullptr) refusals_->Refused("streams_per_peer");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, ": ", peer, " already has ", it->second, " streams open on this service, the ",
+        "limit (--max-streams-per-peer ", max_per_peer_,
+        "); close idle streams or raise --max-streams-per-peer"));
+  }
+  ++it->second;
+  ++open_;
+  return Slot(this, std::string(peer));
+}
+
+void StreamGate::Release(const std::string& peer) {
+  absl::MutexLock lock(&mu_);
+  --open_;
+  auto it = open_by_peer_.find(peer);
+  if (it != open_by_peer_.end() && --it->second <= 0) open_by_peer_.erase(it);
+}
+
+int StreamGate::open() const {
+  absl::MutexLock lock(&mu_);
+  return open_;
+}
+
+int StreamGate::open_from(absl::string_view peer) const {
+  absl::MutexLock lock(&mu_);
+  auto it = open_by_peer_.find(peer);
+  return it == open_by_peer_.end() ? 0 : it->second;
+}
+
+std::string PeerHost(absl::string_view grpc_peer) {
+  if (!absl::StartsWith(grpc_peer, "ipv4:") && !absl::StartsWith(grpc_peer, "ipv6:")) {
+    return std::string(grpc_peer);
+  }
+  absl::string_view address = grpc_peer.substr(5);
+  const size_t colon = address.rfind(':');
+  if (colon == absl::string_view::npos) return std::string(address);
+  return std::string(address.substr(0, colon));
+}
+
+absl::Status CheckIdLength(absl::string_view field, absl::string_view value, int64_t max_bytes) {
+  if (static_cast<int64_t>(value.size()) <= max_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", value.size(), " bytes, at most ", max_bytes,
+      " for an identifier (--max-id-bytes); starts '", value.substr(0, 32), "'"));
+}
+
+absl::Status CheckItemCount(absl::string_view field, int64_t count, int64_t max_items) {
+  if (count <= max_items) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", count, " items, at most ", max_items,
+                   " per request (--max-items-per-request); split it into smaller requests"));
+}
+
+namespace {
+
+struct ProcessLimits {
+  RequestLimits limits;
+  std::unique_ptr<RefusalCounter> refusals = std::make_unique<RefusalCounter>(nullptr);
+  std::unique_ptr<StreamGate> streams = std::make_unique<StreamGate>(
+      limits.max_streams_per_peer, limits.max_streams, refusals.get());
+};
+
+ProcessLimits& Process() {
+  static ProcessLimits* const process = new ProcessLimits();
+  return *process;
+}
+
+}  // namespace
+
+void InstallRequestLimits(const RequestLimits& limits, prometheus::Registry* registry) {
+  ProcessLimits& process = Process();
+  process.limits = limits;
+  process.refusals = std::make_unique<RefusalCounter>(registry);
+  process.streams = std::make_unique<StreamGate>(limits.max_streams_per_peer, limits.max_streams,
+                                                 process.refusals.get());
+}
+
+const RequestLimits& ProcessRequestLimits() { return Process().limits; }
+
+grpc::Status AcquireStreamSlot(grpc::ServerContext* context, absl::string_view method,
+                               StreamGate::Slot* slot) {
+  const std::string peer = PeerHost(context->peer());
+  absl::StatusOr<StreamGate::Slot> acquired = Process().streams->Acquire(peer, method);
+  if (!acquired.ok()) {
+    log::Warning("refused a stream", {{"method", std::string(method)},
+                                      {"peer", context->peer()},
+                                      {"error", std::string(acquired.status().message())}});
+    return ToGrpcStatus(acquired.status());
+  }
+  *slot = std::move(*acquired);
+  context->AddInitialMetadata(kStreamSlotMetadataKey, "held");
+  return grpc::Status::OK;
+}
+
+grpc::Status CheckId(absl::string_view field, absl::string_view value) {
+  absl::Status status = CheckIdLength(field, value, Process().limits.max_id_bytes);
+  if (status.ok()) return grpc::Status::OK;
+  Process().refusals->Refused("id_too_long");
+  return ToGrpcStatus(status);
+}
+
+grpc::Status CheckItems(absl::string_view field, int64_t count) {
+  absl::Status status = CheckItemCount(field, count, Process().limits.max_items_per_request);
+  if (status.ok()) return grpc::Status::OK;
+  Process().refusals->Refused("too_many_items");
+  return ToGrpcStatus(status);
+}
+
+grpc::Status CheckRange(absl::string_view field, int64_t value, int64_t min, int64_t max) {
+  if (value >= min && value <= max) return grpc::Status::OK;
+  Process().refusals->Refused("value_out_of_range");
+  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                      absl::StrCat(field, ": must be in [", min, ", ", max, "], got ", value));
+}
+
+absl::Duration CapWait(absl::Duration wait, const grpc::ServerContext& context) {
+  wait = std::min(wait, absl::Milliseconds(Process().limits.max_wait_ms));
+  const std::chrono::system_clock::time_point deadline = context.deadline();
+  if (deadline == std::chrono::system_clock::time_point::max()) return wait;
+  return std::min(wait, std::max(absl::ZeroDuration(), absl::FromChrono(deadline) - absl::Now()));
+}
+
+}  // namespace sluice::runtime

@@ -18,8 +18,8 @@ using runtime::ToGrpcStatus;
 constexpr int64_t kDefaultWatchIntervalMs = 1000;
 // A watcher that wants fewer updates than one an hour wants GetRun.
 constexpr int64_t kMaxWatchIntervalMs = 3600 * 1000;
-// Longest cancel reason kept in the run's record.
-constexpr int64_t kMaxReasonBytes = 4096;
+// Longest cancel reason or failure description kept in a run's record.
+constexpr int64_t kMaxReasonBytes = 16 << 10;
 
 }  // namespace
 
@@ -39,6 +39,7 @@ grpc::Status ControllerServiceImpl::SubmitRun(grpc::ServerContext* context,
                                               const v1::SubmitRunRequest* request,
                                               v1::SubmitRunResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("request_id", request->request_id()));
   absl::StatusOr<v1::Run> run = registry_->Submit(*request);
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);
@@ -208,6 +209,11 @@ grpc::Status ControllerServiceImpl::ReportServiceFailure(
     grpc::ServerContext* context, const v1::ReportServiceFailureRequest* request,
     v1::ReportServiceFailureResponse* response) {
   SLUICE_RETURN_IF_DENIED(context);
+  SLUICE_RETURN_IF_REFUSED(CheckId("service", request->service()));
+  SLUICE_RETURN_IF_REFUSED(CheckId("worker_id", request->worker_id()));
+  SLUICE_RETURN_IF_REFUSED(runtime::CheckRange(
+      "description (bytes)", static_cast<int64_t>(request->description().size()), 0,
+      kMaxReasonBytes));
   absl::StatusOr<v1::ReportServiceFailureResponse> answer =
       registry_->ReportServiceFailure(*request);
   if (!answer.ok()) return ToGrpcStatus(answer.status());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,7 @@
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/registry.h"
+#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 
 namespace sluice::runtime {
@@ -175,7 +177,13 @@ const RequestLimits& ProcessRequestLimits() { return Process().limits; }
 
 grpc::Status AcquireStreamSlot(grpc::ServerContext* context, absl::string_view method,
                                StreamGate::Slot* slot) {
-  const std::string peer = PeerHost(context->peer());
+  // An authenticated caller is counted as itself (the services of one host
+  // do not share an allowance, and one identity cannot spread over hosts);
+  // an anonymous one by its host.
+  const std::optional<Principal> caller = Caller(context);
+  const std::string peer = caller.has_value()
+                               ? absl::StrCat(RoleName(caller->role), ":", caller->identity)
+                               : PeerHost(context->peer());
   absl::StatusOr<StreamGate::Slot> acquired = Process().streams->Acquire(peer, method);
   if (!acquired.ok()) {
     log::Warning("refused a stream", {{"method", std::string(method)},

@@ -40,7 +40,9 @@ namespace sluice::runtime {
 // leases as many prompts as it got generation slots, tens; a local stack opens
 // a few streams per worker); each is a ServiceMain flag (and YAML key).
 struct RequestLimits {
-  // Concurrent streams one peer host may hold open on this service.
+  // Concurrent streams one caller may hold open on this service: one
+  // authenticated identity (auth.h), or one peer host when calls are
+  // anonymous.
   int max_streams_per_peer = 256;
   // Concurrent streams on this service, all peers together.
   int max_streams = 1024;

@@ -3,12 +3,9 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <sys/random.h>
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
-#include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -338,39 +335,22 @@ std::string TokenEntryYaml(const TokenEntry& entry) {
 
 absl::StatusOr<std::unique_ptr<TokenStore>> TokenStore::Load(std::string path) {
   std::unique_ptr<TokenStore> store(new TokenStore(std::move(path)));
-  std::ifstream in(store->path_);
-  if (!in) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("auth_tokens: cannot read '", store->path_, "'"));
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokensYaml(text.str(), store->path_);
-  if (!entries.ok()) return entries.status();
   absl::MutexLock lock(&store->mu_);
+  store->watch_.Changed(absl::Now());  // The stamp of what is read now.
+  absl::StatusOr<std::string> text = ReadSecretFile(store->path_, "auth_tokens");
+  if (!text.ok()) return text.status();
+  absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokensYaml(*text, store->path_);
+  if (!entries.ok()) return entries.status();
   store->entries_ = std::move(*entries);
-  struct stat st {};
-  if (stat(store->path_.c_str(), &st) == 0) {
-    store->mtime_ns_ = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-    store->size_bytes_ = st.st_size;
-  }
-  store->next_check_ = absl::Now() + absl::Seconds(1);
   return store;
 }
 
 void TokenStore::MaybeReload(absl::Time now) {
-  if (now < next_check_) return;
-  next_check_ = now + absl::Seconds(1);
-  struct stat st {};
-  if (stat(path_.c_str(), &st) != 0) return;  // Mid-rotation: keep the last set.
-  const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-  if (mtime == mtime_ns_ && st.st_size == size_bytes_) return;
-  std::ifstream in(path_);
-  std::stringstream text;
-  text << in.rdbuf();
-  absl::StatusOr<std::vector<TokenEntry>> entries = ParseTokensYaml(text.str(), path_);
-  mtime_ns_ = mtime;
-  size_bytes_ = st.st_size;
+  // A file missing mid-rotation is no change: the last set is kept.
+  if (!watch_.Changed(now)) return;
+  absl::StatusOr<std::string> text = ReadSecretFile(path_, "auth_tokens");
+  absl::StatusOr<std::vector<TokenEntry>> entries =
+      text.ok() ? ParseTokensYaml(*text, path_) : text.status();
   if (!entries.ok()) {
     log::Error("tokens file changed but does not parse; keeping the previous tokens",
                {{"path", path_}, {"error", std::string(entries.status().message())}});

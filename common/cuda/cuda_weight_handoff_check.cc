@@ -27,8 +27,8 @@
 // needs no GPU and calls no CUDA API: flag parsing, the host digest and the
 // combine scheme of the kernel, on the host (a ctest case).
 //
-// Written on a machine without a GPU: compiled, linked and --self-test-host
-// run there; everything else awaits a GPU machine.
+// Ran on one H200 (driver 580.159.04, CUDA 13.0, sm_90 build): all checks passed in ~6 s
+// (binary built on the CPU-only machine, carried with its libraries).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

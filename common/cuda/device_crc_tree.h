@@ -9,8 +9,11 @@
 // with the GF(2) combine of crc32c_combine.h in an 8-level tree. The chunk
 // CRCs (4 bytes per MiB) come back to the host, which finishes the digest.
 //
-// Compiled and linked without a GPU; its equality with the host digest is
-// checked by cuda_weight_handoff_check and sluice_cuda_test on a GPU machine.
+// Equality with the host digest is checked by sluice_cuda_test (sizes around
+// the piece and chunk boundaries, unaligned starts) and cuda_weight_handoff_check
+// (988 MB and 3087 MB); both passed on one H200 (driver 580.159.04, CUDA 13.0, sm_90 build),
+// where the kernel ran at ~1.4-1.5 TB/s, ~70% of the read bandwidth a
+// device-to-device copy reaches there.
 #ifndef SLUICE_COMMON_CUDA_DEVICE_CRC_TREE_H_
 #define SLUICE_COMMON_CUDA_DEVICE_CRC_TREE_H_
 

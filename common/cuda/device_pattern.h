@@ -5,7 +5,7 @@
 // Byte i of the pattern of `seed` is byte (i % 8) of the little-endian
 // SplitMix64(seed + i / 8): PatternByte computes it on the host.
 //
-// Compiled and linked without a GPU; not run here.
+// Ran on one H200 (driver 580.159.04, CUDA 13.0, sm_90 build).
 #ifndef SLUICE_COMMON_CUDA_DEVICE_PATTERN_H_
 #define SLUICE_COMMON_CUDA_DEVICE_PATTERN_H_
 

@@ -12,8 +12,9 @@
 // knows gRPC. A new id is needed for every new communicator (for example
 // after a worker joins or dies).
 //
-// Compiled and linked without a GPU; a one-rank communicator is exercised by
-// cuda_weight_handoff_check on a one-GPU machine, 2+ ranks await two GPUs.
+// A one-rank communicator is exercised by cuda_weight_handoff_check and passed
+// on one H200 (driver 580.159.04, CUDA 13.0, sm_90 build) (with PyTorch's libnccl.so.2);
+// 2+ ranks await a machine with two GPUs.
 #ifndef SLUICE_COMMON_CUDA_NCCL_BROADCASTER_H_
 #define SLUICE_COMMON_CUDA_NCCL_BROADCASTER_H_
 

@@ -12,8 +12,10 @@ namespace {
 // with those positions' flat indices.
 void MaskedValues(const torch::Tensor& values, const torch::Tensor& mask,
                   std::vector<double>* out, std::vector<int64_t>* positions) {
-  const torch::Tensor v = values.detach().to(torch::kFloat64).contiguous().reshape({-1});
-  const torch::Tensor m = mask.detach().to(torch::kFloat64).contiguous().reshape({-1});
+  // Read on the host: one copy from a GPU, none on the CPU.
+  const torch::Tensor v =
+      values.detach().to(torch::kCPU, torch::kFloat64).contiguous().reshape({-1});
+  const torch::Tensor m = mask.detach().to(torch::kCPU, torch::kFloat64).contiguous().reshape({-1});
   const double* vp = v.data_ptr<double>();
   const double* mp = m.data_ptr<double>();
   for (int64_t i = 0; i < v.numel(); ++i) {
@@ -85,7 +87,7 @@ torch::Tensor SecondMomentKeepMask(const torch::Tensor& log_weight, const torch:
   torch::Tensor keep = torch::zeros({mask_f.numel()}, torch::kFloat32);
   float* kp = keep.data_ptr<float>();
   for (size_t k = 0; k < kept; ++k) kp[positions[order[k]]] = 1.0f;
-  return keep.reshape(mask_f.sizes());
+  return keep.reshape(mask_f.sizes()).to(mask_f.device());
 }
 
 CorrectedWeights CorrectBehaviourWeights(const torch::Tensor& log_weight, const torch::Tensor& mask,

@@ -131,8 +131,11 @@ void CompareFullForward(const model::Transformer& model, int64_t version,
     for (size_t r = 0; r < inputs.size(); ++r) {
       for (size_t i = 0; i < inputs[r].size(); ++i) ids_a[r][i] = inputs[r][i];
     }
+    // Compared on the host, in float32, whatever the model computes in.
     const torch::Tensor logp =
-        torch::log_softmax(model.Forward(ids) / options.temperature, -1).contiguous();
+        torch::log_softmax(model.Forward(ids).to(torch::kFloat32) / options.temperature, -1)
+            .to(torch::kCPU)
+            .contiguous();
     auto logp_a = logp.accessor<float, 3>();
     for (size_t r = start; r < end; ++r) {
       const v1::Trajectory& t = *rows[r].trajectory;
@@ -170,9 +173,11 @@ void CompareKeptCacheReplay(const Checked& row, const PolicyLookup& policies,
     torch::Tensor positions = torch::arange(from, from + count, torch::kInt64).unsqueeze(0);
     torch::Tensor key_mask = torch::ones({1, cache.length + count}, torch::kInt64);
     const torch::Tensor logp =
-        torch::log_softmax(model->ForwardCached(ids, positions, key_mask, cache) /
+        torch::log_softmax(model->ForwardCached(ids, positions, key_mask, cache)
+                                   .to(torch::kFloat32) /
                                options.temperature,
                            -1)
+            .to(torch::kCPU)
             .contiguous();
     auto logp_a = logp.accessor<float, 3>();
     for (int64_t j = a; j < b; ++j) {

@@ -152,15 +152,17 @@ absl::StatusOr<bool> TrainerRun::Impl::Resume() {
     // the model from the run's source untouched.
     const double start = Now();
     ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model,
-                     model::Transformer::CreateUninitialized(model_->config()));
+                     model::Transformer::CreateUninitialized(model_->config(), placement_));
     std::unique_ptr<torch::optim::AdamW> optimizer = NewRlOptimizer(*model);
     std::unique_ptr<model::Transformer> proximal;
     if (NeedsProximalModel()) {
-      ASSIGN_OR_RETURN(proximal, model::Transformer::CreateUninitialized(model_->config()));
+      ASSIGN_OR_RETURN(proximal,
+                       model::Transformer::CreateUninitialized(model_->config(), placement_));
     }
     std::unique_ptr<model::Transformer> reference;
     if (objective_.UsesReference()) {
-      ASSIGN_OR_RETURN(reference, model::Transformer::CreateUninitialized(model_->config()));
+      ASSIGN_OR_RETURN(reference,
+                       model::Transformer::CreateUninitialized(model_->config(), placement_));
     }
     if (absl::Status loaded =
             LoadCheckpoint(checkpoint, *model, *optimizer, proximal.get(), reference.get());

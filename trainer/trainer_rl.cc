@@ -13,7 +13,8 @@ absl::Status TrainerRun::Impl::TrainRl() {
   if (NeedsProximalModel() && prox_model_ == nullptr) {
     // Later minibatches of a batch need the log-probs of the weights as
     // they were before its first update: keep a copy of those weights.
-    ASSIGN_OR_RETURN(prox_model_, model::Transformer::CreateUninitialized(model_->config()));
+    ASSIGN_OR_RETURN(prox_model_,
+                     model::Transformer::CreateUninitialized(model_->config(), placement_));
   }
   SetState(v1::TRAINER_STATE_WAITING_FOR_DATA);
   Report(v1::TRAINER_STATE_WAITING_FOR_DATA);
@@ -173,15 +174,23 @@ absl::StatusOr<v1::TrainingStepMetrics> TrainerRun::Impl::TrainStep(
         {"algorithm.batch_size_groups", "algorithm.minibatches_per_batch (raise it)",
          "algorithm.group_size", "rollout.sampling.max_new_tokens"},
         /*entropy_gradient=*/objective_.EntropyInLoss()));
+    // The batch is built on the host and goes to the model's device in one
+    // copy per tensor; everything after stays there.
+    const torch::Device device = placement_.device;
     PaddedBatch padded = PadRows(rows.rows, pad_id_);
+    padded.inputs = padded.inputs.to(device);
+    padded.targets = padded.targets.to(device);
+    padded.mask = padded.mask.to(device);
     tokens_trained = padded.real_tokens;
     const int64_t width = padded.inputs.size(1);
     ObjectiveBatch objective_batch;
     objective_batch.mask = padded.mask;
-    objective_batch.behaviour = ScatterCompletionValues(rows.behaviour, rows.prefix_lengths, width);
-    objective_batch.versions = ScatterCompletionVersions(rows.versions, rows.prefix_lengths, width);
+    objective_batch.behaviour =
+        ScatterCompletionValues(rows.behaviour, rows.prefix_lengths, width).to(device);
+    objective_batch.versions =
+        ScatterCompletionVersions(rows.versions, rows.prefix_lengths, width).to(device);
     objective_batch.advantages =
-        ScatterCompletionValues(rows.advantages, rows.prefix_lengths, width);
+        ScatterCompletionValues(rows.advantages, rows.prefix_lengths, width).to(device);
     objective_batch.rewards = rows.rewards;
     objective_batch.groups = rows.groups;
     objective_batch.batch_start_version = batch_start_version;

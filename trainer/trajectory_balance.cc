@@ -18,9 +18,11 @@ TrajectoryBalanceLoss TrajectoryBalance(const TrajectoryBalanceInputs& inputs, d
     group_of[i] = dense.emplace(inputs.groups[i], static_cast<int64_t>(dense.size())).first->second;
   }
   const int64_t group_count = static_cast<int64_t>(dense.size());
-  const auto doubles = torch::TensorOptions().dtype(torch::kFloat64);
-  const torch::Tensor index = torch::tensor(group_of, torch::kInt64);
-  const torch::Tensor reward_term = torch::tensor(inputs.rewards, doubles) / beta;
+  const torch::Device device = inputs.sequence_logp.device();
+  const auto doubles = torch::TensorOptions().dtype(torch::kFloat64).device(device);
+  const torch::Tensor index = torch::tensor(group_of, torch::kInt64).to(device);
+  const torch::Tensor reward_term =
+      torch::tensor(inputs.rewards, torch::kFloat64).to(device) / beta;
   const torch::Tensor reference = inputs.sequence_logp_reference.defined()
                                       ? inputs.sequence_logp_reference.detach().to(torch::kFloat64)
                                       : torch::zeros({n}, doubles);

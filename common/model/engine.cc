@@ -145,6 +145,15 @@ Engine::Prefilled Engine::PrefillSequences(const std::vector<std::vector<int32_t
 
 absl::Status Engine::Swap(const PolicySnapshot& policy) {
   RETURN_IF_ERROR(CheckSwappable(config_, policy.model->config()));
+  if (has_policy_) {
+    const ModelPlacement& was = policy_.model->placement();
+    const ModelPlacement& next = policy.model->placement();
+    if (was.device != next.device || was.compute_dtype != next.compute_dtype) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy version ", policy.version, " is placed on ", next.DebugString(),
+          ", the engine's KV cache on ", was.DebugString(), ": every version must share them"));
+    }
+  }
   const bool first = !has_policy_;
   policy_ = policy;
   has_policy_ = true;
@@ -278,25 +287,31 @@ void Engine::CopyIntoRow(int64_t slot, const KVCache& from, int64_t from_row, in
   }
 }
 
-absl::Status Engine::SampleInto(const torch::Tensor& logits, const std::vector<Row*>& rows) {
+absl::Status Engine::SampleInto(const torch::Tensor& raw_logits, const std::vector<Row*>& rows) {
   const int64_t n = static_cast<int64_t>(rows.size());
   const auto no_distribution = [&]() {
-    const absl::Status why = NoDistribution(logits, sampling_.temperature);
+    const absl::Status why = NoDistribution(raw_logits, sampling_.temperature);
     return absl::Status(why.code(), absl::StrCat("sampling with policy version ", policy_.version,
                                                  ": ", why.message()));
   };
+  // Everything up to the sampled tokens stays on the model's device; one
+  // copy brings the tokens, their log-probs and a finiteness flag to the
+  // host, which needs the tokens for stop checks (the one device-to-host
+  // transfer of a decode step).
+  const torch::Tensor logits = raw_logits.to(torch::kFloat32);
   torch::Tensor tokens;
   torch::Tensor logprobs;
+  torch::Tensor finite;
   if (sampling_.temperature == 0) {
     tokens = logits.argmax(-1);
     logprobs = torch::log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+    finite = torch::isfinite(logprobs).all();
   } else {
     const torch::Tensor scaled = logits / sampling_.temperature;
     const torch::Tensor log_probs = torch::log_softmax(scaled, -1);
     const int64_t vocab = logits.size(-1);
     const torch::Tensor filtered = TruncateLogits(scaled, sampling_.top_k, sampling_.top_p);
     const torch::Tensor probabilities = torch::softmax(filtered, -1);
-    if (!torch::isfinite(probabilities).all().item<bool>()) return no_distribution();
     // Inverse CDF with the row's own draw: the first token whose cumulative
     // mass exceeds u times the total (never one of zero probability).
     const torch::Tensor cdf = probabilities.to(torch::kFloat64).cumsum(-1);
@@ -308,19 +323,24 @@ absl::Status Engine::SampleInto(const torch::Tensor& logits, const std::vector<R
         u[b][0] = SampleUniform(row.seed, static_cast<int64_t>(row.completion.tokens.size()));
       }
     }
-    const torch::Tensor target = draws * cdf.narrow(-1, vocab - 1, 1);
+    const torch::Tensor target = draws.to(logits.device()) * cdf.narrow(-1, vocab - 1, 1);
     tokens = (cdf <= target).sum(-1).clamp_max(vocab - 1);
     logprobs = log_probs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1);
+    finite = torch::isfinite(probabilities).all() & torch::isfinite(logprobs).all();
   }
-  if (!torch::isfinite(logprobs).all().item<bool>()) return no_distribution();
-  auto token_values = tokens.accessor<int64_t, 1>();
-  auto logprob_values = logprobs.accessor<float, 1>();
+  // [2n + 1] doubles: tokens (exact below 2^53), log-probs, the flag.
+  const torch::Tensor host =
+      torch::cat({tokens.to(torch::kFloat64), logprobs.to(torch::kFloat64),
+                  finite.to(torch::kFloat64).reshape({1})})
+          .to(torch::kCPU);
+  auto values = host.accessor<double, 1>();
+  if (values[2 * n] == 0) return no_distribution();
   stats_.sampled_tokens += n;
   for (int64_t b = 0; b < n; ++b) {
     Row& row = *rows[static_cast<size_t>(b)];
-    const int64_t token = token_values[b];
+    const int64_t token = static_cast<int64_t>(values[b]);
     row.completion.tokens.push_back(static_cast<int32_t>(token));
-    row.completion.logprobs.push_back(logprob_values[b]);
+    row.completion.logprobs.push_back(static_cast<float>(values[n + b]));
     row.completion.versions.push_back(policy_.version);
     if (std::find(sampling_.stop_token_ids.begin(), sampling_.stop_token_ids.end(), token) !=
             sampling_.stop_token_ids.end() ||
@@ -396,6 +416,7 @@ absl::StatusOr<std::vector<FinishedSample>> Engine::Step(const PolicySnapshot& p
   const int64_t batch = static_cast<int64_t>(rows_.size());
   torch::Tensor ids = torch::empty({batch, 1}, torch::kInt64);
   torch::Tensor lengths = torch::empty({batch}, torch::kInt64);
+  int64_t longest = 0;
   {
     auto id = ids.accessor<int64_t, 2>();
     auto length = lengths.accessor<int64_t, 1>();
@@ -403,9 +424,13 @@ absl::StatusOr<std::vector<FinishedSample>> Engine::Step(const PolicySnapshot& p
       const Row& row = rows_[static_cast<size_t>(b)];
       id[b][0] = row.completion.tokens.back();
       length[b] = row.cached;
+      longest = std::max(longest, row.cached);
     }
   }
-  const torch::Tensor logits = policy_.model->ForwardRows(ids, lengths, cache_).squeeze(1);
+  // The step's inputs go to the device in two small copies; the longest row
+  // is known here, so nothing is read back before the forward pass.
+  const torch::Tensor logits =
+      policy_.model->ForwardRows(ids, lengths, cache_, longest).squeeze(1);
   ++stats_.decode_steps;
   stats_.decoded_rows += batch;
   std::vector<Row*> all;

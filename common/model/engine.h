@@ -174,6 +174,7 @@ class Engine {
   Prefilled PrefillSequences(const std::vector<std::vector<int32_t>>& sequences);
   // Samples one token for each row of logits [n, V], each with its row's
   // draw; appends it to the rows' completions and marks finished ones.
+  // logits may be in the model's compute dtype and on its device.
   absl::Status SampleInto(const torch::Tensor& logits, const std::vector<Row*>& rows);
   void FinishRow(Row& row, Finish finish);
   bool StopStringHit(const Row& row) const;

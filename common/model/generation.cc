@@ -220,8 +220,11 @@ absl::StatusOr<std::vector<Completion>> Generate(const PolicySnapshot& initial,
                                            key_mask.narrow(1, 0, cache.length + 1), cache);
       next_positions += 1;
     }
-    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> sampled =
-        Sample(logits.select(1, logits.size(1) - 1), options, generator);
+    // Sampled on the host with a CPU generator, so a seed gives the same
+    // tokens on every device (this is the reference path: the engine
+    // samples on the device).
+    absl::StatusOr<std::pair<torch::Tensor, torch::Tensor>> sampled = Sample(
+        logits.select(1, logits.size(1) - 1).to(torch::kCPU, torch::kFloat32), options, generator);
     if (!sampled.ok()) {
       return absl::Status(sampled.status().code(),
                           absl::StrCat("decoding step ", step, " with policy version ",

@@ -85,7 +85,7 @@ std::string TorchDtypeName(DType dtype) {
 
 }  // namespace
 
-absl::StatusOr<HfModel> LoadHfModel(const std::string& dir) {
+absl::StatusOr<HfModel> LoadHfModel(const std::string& dir, const ModelPlacement& placement) {
   const fs::path config_path = fs::path(dir) / "config.json";
   std::error_code error;
   if (!fs::exists(config_path, error)) {
@@ -118,7 +118,8 @@ absl::StatusOr<HfModel> LoadHfModel(const std::string& dir) {
       weights.push_back({view.name, ViewTensor(view)});
     }
   }
-  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::CreateUninitialized(*config);
+  absl::StatusOr<std::unique_ptr<Transformer>> model =
+      Transformer::CreateUninitialized(*config, placement);
   if (!model.ok()) return model.status();
   if (absl::Status status = (*model)->LoadWeights(weights); !status.ok()) {
     return absl::Status(status.code(), absl::StrCat("weights in ", dir, ": ", status.message()));

@@ -34,7 +34,9 @@ struct HfModel {
 // weights; INVALID_ARGUMENT for a bad config (unknown architecture, missing
 // field), a corrupt weights file, a missing, unknown, mis-shaped or
 // non-floating-point tensor.
-absl::StatusOr<HfModel> LoadHfModel(const std::string& dir);
+// The model is placed as `placement` says (the weights converted as they
+// load).
+absl::StatusOr<HfModel> LoadHfModel(const std::string& dir, const ModelPlacement& placement = {});
 
 struct SaveHfOptions {
   // F32 or BF16 (F16 also works); anything else is INVALID_ARGUMENT.

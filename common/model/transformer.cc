@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/torch_compat.h"
 
 namespace sluice::model {
 namespace {
@@ -27,8 +28,13 @@ std::string ShapeString(at::IntArrayRef shape) {
   return absl::StrCat("[", absl::StrJoin(shape.begin(), shape.end(), ", "), "]");
 }
 
+// In float32 whatever x's dtype (as HF's Qwen2RMSNorm), then back to x's
+// dtype and scaled by `weight` (already in it). In float32 the casts are
+// no-ops and this is x * rsqrt(mean(x^2) + eps) * weight.
 torch::Tensor RmsNorm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
-  return x * torch::rsqrt(x.pow(2).mean(-1, /*keepdim=*/true) + eps) * weight;
+  const torch::Tensor x32 = x.to(torch::kFloat32);
+  return (x32 * torch::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps)).to(x.scalar_type()) *
+         weight;
 }
 
 // HF's rotate_half: (x1, x2) -> (-x2, x1) over the two halves of the last dim.
@@ -43,28 +49,125 @@ torch::Tensor ApplyRotary(const torch::Tensor& x, const torch::Tensor& cos,
   return x * cos + RotateHalf(x) * sin;
 }
 
+const char* ScalarTypeName(torch::ScalarType type) {
+  switch (type) {
+    case torch::kFloat32:
+      return "float32";
+    case torch::kBFloat16:
+      return "bfloat16";
+    case torch::kFloat16:
+      return "float16";
+    case torch::kFloat64:
+      return "float64";
+    default:
+      return c10::toString(type);
+  }
+}
+
 }  // namespace
 
+std::string ModelPlacement::DebugString() const {
+  return absl::StrCat(device.str(), " / ", ScalarTypeName(param_dtype), " params / ",
+                      ScalarTypeName(compute_dtype), " compute");
+}
+
+absl::Status ValidatePlacement(const ModelPlacement& placement) {
+  for (torch::ScalarType type : {placement.param_dtype, placement.compute_dtype}) {
+    if (type != torch::kFloat32 && type != torch::kBFloat16 && type != torch::kFloat16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model dtype ", ScalarTypeName(type), " is not supported: use float32 or bfloat16"));
+    }
+  }
+  const torch::Device& device = placement.device;
+  if (device.is_cpu()) {
+    if (placement.compute_dtype == torch::kFloat16) {
+      return absl::InvalidArgumentError(
+          "float16 compute on the CPU is not supported (LibTorch has no float16 CPU matrix "
+          "product): use float32 or bfloat16");
+    }
+    return absl::OkStatus();
+  }
+  if (!device.is_cuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model device \"", device.str(), "\" is not supported: use cpu, cuda or cuda:N"));
+  }
+  if (!TorchHasCuda()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model device \"", device.str(), "\": this binary is built against ", TorchBuildName(),
+        ", which has no CUDA; build with -DSLUICE_TORCH_CUDA=ON against a CUDA LibTorch "
+        "(docs/gpu.md), or run on cpu"));
+  }
+  if (!torch::cuda::is_available()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model device \"", device.str(), "\": no CUDA device is visible to this process "
+        "(no NVIDIA driver, or CUDA_VISIBLE_DEVICES hides them)"));
+  }
+  const int64_t count = static_cast<int64_t>(torch::cuda::device_count());
+  const int64_t index = device.has_index() ? device.index() : 0;
+  if (index >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("model device \"", device.str(),
+                                                   "\": this machine has ", count,
+                                                   " CUDA device(s), cuda:0 .. cuda:", count - 1));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelPlacement> PlacementFor(const DeviceSpec& device, std::optional<DType> dtype,
+                                            bool training) {
+  ModelPlacement placement;
+  if (!device.cuda) return placement;  // float32 on the CPU
+  placement.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(
+                                                     device.index < 0 ? 0 : device.index));
+  switch (dtype.value_or(DType::kBF16)) {
+    case DType::kF32:
+      placement.compute_dtype = torch::kFloat32;
+      break;
+    case DType::kBF16:
+      placement.compute_dtype = torch::kBFloat16;
+      break;
+    case DType::kF16:
+      placement.compute_dtype = torch::kFloat16;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.dtype ", DTypeName(*dtype), " is not a compute dtype: use float32 or bfloat16"));
+  }
+  placement.param_dtype = training ? torch::kFloat32 : placement.compute_dtype;
+  if (absl::Status status = ValidatePlacement(placement); !status.ok()) return status;
+  return placement;
+}
+
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(const ModelConfig& config,
-                                                                 uint64_t seed) {
-  return Build(config, seed);
+                                                                 uint64_t seed,
+                                                                 const ModelPlacement& placement) {
+  return Build(config, seed, placement);
 }
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::CreateUninitialized(
-    const ModelConfig& config) {
-  return Build(config, std::nullopt);
+    const ModelConfig& config, const ModelPlacement& placement) {
+  return Build(config, std::nullopt, placement);
+}
+
+torch::Tensor Transformer::Use(const torch::Tensor& param) const {
+  if (!param.defined() || param.scalar_type() == placement_.compute_dtype) return param;
+  return param.to(placement_.compute_dtype);
 }
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Build(const ModelConfig& config,
-                                                                std::optional<uint64_t> seed) {
+                                                                std::optional<uint64_t> seed,
+                                                                const ModelPlacement& placement) {
   if (absl::Status status = config.Validate(); !status.ok()) return status;
-  std::unique_ptr<Transformer> model(new Transformer(config));
+  if (absl::Status status = ValidatePlacement(placement); !status.ok()) return status;
+  std::unique_ptr<Transformer> model(new Transformer(config, placement));
 
   // A private generator: creating models never touches (or races on) torch's
-  // global random state.
+  // global random state. Weights are drawn on the CPU in float32, so a seed
+  // gives the same model on every device (rounded to its dtype).
   at::Generator generator = at::detail::createCPUGenerator(seed.value_or(0));
   const bool init = seed.has_value();
-  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  const auto options =
+      torch::TensorOptions().dtype(placement.param_dtype).device(placement.device);
+  const bool host_float32 = placement.device.is_cpu() && placement.param_dtype == torch::kFloat32;
   auto add = [&](std::string name, torch::Tensor tensor) {
     tensor.set_requires_grad(true);
     model->params_.push_back({std::move(name), tensor});
@@ -72,7 +175,11 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Build(const ModelConfi
   };
   auto normal = [&](std::string name, std::vector<int64_t> shape) {
     torch::Tensor tensor = torch::empty(shape, options);
-    if (init) tensor.normal_(0.0, kInitStd, generator);
+    if (init && host_float32) {
+      tensor.normal_(0.0, kInitStd, generator);
+    } else if (init) {
+      tensor.copy_(torch::empty(shape, torch::kFloat32).normal_(0.0, kInitStd, generator));
+    }
     return add(std::move(name), tensor);
   };
   auto ones = [&](std::string name, int64_t size) {
@@ -120,8 +227,8 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Build(const ModelConfi
                                   .to(torch::kFloat32);
   const torch::Tensor freqs = torch::outer(steps, inv_freq);
   const torch::Tensor angles = torch::cat({freqs, freqs}, -1);
-  model->rope_cos_ = angles.cos();
-  model->rope_sin_ = angles.sin();
+  model->rope_cos_ = angles.cos().to(placement.device, placement.compute_dtype);
+  model->rope_sin_ = angles.sin().to(placement.device, placement.compute_dtype);
   return model;
 }
 
@@ -196,7 +303,7 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
 
   // [B, T, 1, head_dim], broadcast over heads. index_select range-checks the
   // positions (max_position_embeddings).
-  const torch::Tensor flat_positions = positions.reshape({-1}).to(torch::kInt64);
+  const torch::Tensor flat_positions = positions.reshape({-1}).to(device(), torch::kInt64);
   const torch::Tensor cos =
       rope_cos_.index_select(0, flat_positions).view({batch, length, 1, head_dim});
   const torch::Tensor sin =
@@ -205,15 +312,21 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
   // Per-row writes (row_columns) index cache rows 0 .. B - 1, and `last`
   // picks one position per row: the row indices, made once per call.
   const torch::Tensor cache_rows = row_columns.defined() || last.defined()
-                                       ? torch::arange(batch, torch::kInt64)
+                                       ? torch::arange(batch, DeviceOptions().dtype(torch::kInt64))
                                        : torch::Tensor();
-  torch::Tensor x = torch::embedding(embed_, input_ids.to(torch::kInt64));
+  const torch::ScalarType compute = placement_.compute_dtype;
+  // The rows gathered, then cast: cheaper than casting the whole table.
+  torch::Tensor x =
+      torch::embedding(embed_, input_ids.to(device(), torch::kInt64)).to(compute);
   for (size_t l = 0; l < layers_.size(); ++l) {
     const LayerParams& p = layers_[l];
-    const torch::Tensor h = RmsNorm(x, p.input_norm, eps);
-    torch::Tensor q = torch::linear(h, p.q, p.q_bias).view({batch, length, heads, head_dim});
-    torch::Tensor k = torch::linear(h, p.k, p.k_bias).view({batch, length, kv_heads, head_dim});
-    torch::Tensor v = torch::linear(h, p.v, p.v_bias).view({batch, length, kv_heads, head_dim});
+    const torch::Tensor h = RmsNorm(x, Use(p.input_norm), eps);
+    torch::Tensor q =
+        torch::linear(h, Use(p.q), Use(p.q_bias)).view({batch, length, heads, head_dim});
+    torch::Tensor k =
+        torch::linear(h, Use(p.k), Use(p.k_bias)).view({batch, length, kv_heads, head_dim});
+    torch::Tensor v =
+        torch::linear(h, Use(p.v), Use(p.v_bias)).view({batch, length, kv_heads, head_dim});
     q = ApplyRotary(q, cos, sin);
     k = ApplyRotary(k, cos, sin);
     k = k.transpose(1, 2);  // [B, kv_heads, T, head_dim]
@@ -239,23 +352,26 @@ torch::Tensor Transformer::Decode(const torch::Tensor& input_ids, const torch::T
     q = q.view({batch, length, kv_heads, group, head_dim})
             .permute({0, 2, 3, 1, 4})
             .reshape({batch, kv_heads, group * length, head_dim});
-    torch::Tensor scores = torch::matmul(q, k.transpose(-1, -2)) * scale;
+    // Masking and softmax in float32 (as HF's eager attention): the lowest
+    // float is -inf in bfloat16, and a row of -inf has no softmax.
+    torch::Tensor scores = (torch::matmul(q, k.transpose(-1, -2)) * scale).to(torch::kFloat32);
     scores = scores.view({batch, kv_heads, group, length, keys}).masked_fill(blocked, kMaskedScore);
     const torch::Tensor probs =
-        torch::softmax(scores, -1).view({batch, kv_heads, group * length, keys});
+        torch::softmax(scores, -1).to(compute).view({batch, kv_heads, group * length, keys});
     const torch::Tensor attended = torch::matmul(probs, v)  // [B, kv, group * T, head_dim]
                                        .view({batch, kv_heads, group, length, head_dim})
                                        .permute({0, 3, 1, 2, 4})
                                        .reshape({batch, length, heads * head_dim});
-    x = x + torch::linear(attended, p.o);
-    const torch::Tensor h2 = RmsNorm(x, p.post_norm, eps);
-    x = x + torch::linear(torch::silu(torch::linear(h2, p.gate)) * torch::linear(h2, p.up), p.down);
+    x = x + torch::linear(attended, Use(p.o));
+    const torch::Tensor h2 = RmsNorm(x, Use(p.post_norm), eps);
+    x = x + torch::linear(torch::silu(torch::linear(h2, Use(p.gate))) * torch::linear(h2, Use(p.up)),
+                          Use(p.down));
   }
   if (cache != nullptr && !row_columns.defined()) cache->length += length;
   if (last.defined()) {
     x = x.index({cache_rows, last}).unsqueeze(1);
   }
-  return torch::linear(RmsNorm(x, final_norm_, eps), lm_head_);
+  return torch::linear(RmsNorm(x, Use(final_norm_), eps), Use(lm_head_));
 }
 
 torch::Tensor Transformer::Forward(const torch::Tensor& input_ids,
@@ -264,17 +380,19 @@ torch::Tensor Transformer::Forward(const torch::Tensor& input_ids,
   const int64_t batch = input_ids.size(0);
   const int64_t length = input_ids.size(1);
   const torch::Tensor causal =
-      torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool)).tril();
+      torch::ones({length, length}, DeviceOptions().dtype(torch::kBool)).tril();
   torch::Tensor positions;
   torch::Tensor allowed;
   if (attention_mask.defined()) {
     TORCH_CHECK(attention_mask.sizes() == input_ids.sizes(), "attention_mask ",
                 attention_mask.sizes(), " must have the shape of input_ids ", input_ids.sizes());
-    const torch::Tensor mask = attention_mask.to(torch::kBool);
+    const torch::Tensor mask = attention_mask.to(device(), torch::kBool);
     positions = (mask.to(torch::kInt64).cumsum(1) - 1).clamp_min(0);
     allowed = causal.unsqueeze(0) & mask.unsqueeze(1);  // [B, T(query), T(key)]
   } else {
-    positions = torch::arange(length, torch::kInt64).unsqueeze(0).expand({batch, length});
+    positions = torch::arange(length, DeviceOptions().dtype(torch::kInt64))
+                    .unsqueeze(0)
+                    .expand({batch, length});
     allowed = causal.unsqueeze(0);
   }
   const torch::Tensor blocked = allowed.logical_not().view({allowed.size(0), 1, 1, length, length});
@@ -284,7 +402,7 @@ torch::Tensor Transformer::Forward(const torch::Tensor& input_ids,
 KVCache Transformer::NewCache(int64_t batch, int64_t capacity) const {
   KVCache cache;
   cache.capacity = capacity;
-  const auto options = torch::TensorOptions().dtype(torch::kFloat32);
+  const auto options = DeviceOptions().dtype(placement_.compute_dtype);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     cache.keys.push_back(torch::zeros(
         {batch, config_.num_key_value_heads, capacity, config_.resolved_head_dim()}, options));
@@ -312,14 +430,15 @@ torch::Tensor Transformer::ForwardCached(const torch::Tensor& input_ids,
               "key_mask must be [", batch, ", ", total, "], got ", key_mask.sizes());
   // Query i sits at cache position past + i and sees keys 0 .. past + i.
   const torch::Tensor causal =
-      torch::ones({length, total}, torch::TensorOptions().dtype(torch::kBool)).tril(past);
-  const torch::Tensor allowed = causal.unsqueeze(0) & key_mask.to(torch::kBool).unsqueeze(1);
+      torch::ones({length, total}, DeviceOptions().dtype(torch::kBool)).tril(past);
+  const torch::Tensor allowed =
+      causal.unsqueeze(0) & key_mask.to(device(), torch::kBool).unsqueeze(1);
   const torch::Tensor blocked = allowed.logical_not().view({batch, 1, 1, length, total});
   return Decode(input_ids, positions, blocked, &cache);
 }
 
 torch::Tensor Transformer::ForwardRows(const torch::Tensor& input_ids, const torch::Tensor& lengths,
-                                       KVCache& cache) const {
+                                       KVCache& cache, int64_t longest) const {
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(1) == 1, "input_ids must be [batch, 1], got ",
               input_ids.sizes());
   const int64_t batch = input_ids.size(0);
@@ -330,13 +449,14 @@ torch::Tensor Transformer::ForwardRows(const torch::Tensor& input_ids, const tor
               config_.num_hidden_layers);
   TORCH_CHECK(cache.keys.empty() || cache.keys[0].size(0) >= batch, "the cache has ",
               cache.keys[0].size(0), " rows, input_ids ", batch);
-  const torch::Tensor columns = lengths.to(torch::kInt64);
-  const int64_t longest = batch == 0 ? 0 : columns.max().item<int64_t>();
+  if (longest < 0) longest = batch == 0 ? 0 : lengths.max().item<int64_t>();
   TORCH_CHECK(longest < cache.capacity, "the cache holds ", cache.capacity,
               " positions, a row needs column ", longest);
+  const torch::Tensor columns = lengths.to(device(), torch::kInt64);
   // Keys 0 .. longest; row b sees columns 0 .. lengths[b].
   const torch::Tensor blocked =
-      (torch::arange(longest + 1, torch::kInt64).unsqueeze(0) > columns.unsqueeze(1))
+      (torch::arange(longest + 1, DeviceOptions().dtype(torch::kInt64)).unsqueeze(0) >
+       columns.unsqueeze(1))
           .view({batch, 1, 1, 1, longest + 1});
   return Decode(input_ids, columns.unsqueeze(1), blocked, &cache, columns);
 }
@@ -353,16 +473,19 @@ torch::Tensor Transformer::Prefill(const torch::Tensor& input_ids, const torch::
               length, " asked for");
   TORCH_CHECK(cache.keys.empty() || cache.keys[0].size(0) == batch, "the cache is for ",
               cache.keys[0].size(0), " rows, input_ids has ", batch);
+  // Checked where the caller keeps the lengths (the host, for the engine).
   const torch::Tensor last = lengths.to(torch::kInt64) - 1;
   TORCH_CHECK(batch == 0 || (last.min().item<int64_t>() >= 0 && last.max().item<int64_t>() < length),
               "lengths must be in [1, ", length, "]");
-  const torch::Tensor positions =
-      torch::arange(length, torch::kInt64).unsqueeze(0).expand({batch, length});
+  const torch::Tensor positions = torch::arange(length, DeviceOptions().dtype(torch::kInt64))
+                                      .unsqueeze(0)
+                                      .expand({batch, length});
   const torch::Tensor blocked =
-      torch::ones({length, length}, torch::TensorOptions().dtype(torch::kBool))
+      torch::ones({length, length}, DeviceOptions().dtype(torch::kBool))
           .triu(1)
           .view({1, 1, 1, length, length});
-  return Decode(input_ids, positions, blocked, &cache, torch::Tensor(), last).squeeze(1);
+  return Decode(input_ids, positions, blocked, &cache, torch::Tensor(), last.to(device()))
+      .squeeze(1);
 }
 
 torch::Tensor TokenLogProbs(const torch::Tensor& logits, const torch::Tensor& targets,

@@ -11,9 +11,33 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/device_spec.h"
 #include "common/model/model_config.h"
+#include "common/model/safetensors.h"
 
 namespace sluice::model {
+
+// Where a model lives and what it computes in. Parameters are stored in
+// param_dtype (the trainer's float32 masters, or a rollout worker's bf16
+// copy); activations, the KV cache and the logits are compute_dtype. A
+// parameter stored wider than compute_dtype is cast at each use, inside
+// autograd, so gradients reach the float32 masters. Norms, softmax and
+// log-probs are computed in float32 whatever compute_dtype is (as HF does).
+// On CPU only float32 / bfloat16 compute is allowed (LibTorch 1.13 has no
+// float16 CPU matmul).
+struct ModelPlacement {
+  torch::Device device = torch::kCPU;
+  torch::ScalarType param_dtype = torch::kFloat32;
+  torch::ScalarType compute_dtype = torch::kFloat32;
+
+  // "cpu / float32 params / bfloat16 compute", for logs and errors.
+  std::string DebugString() const;
+  bool operator==(const ModelPlacement& other) const {
+    return device == other.device && param_dtype == other.param_dtype &&
+           compute_dtype == other.compute_dtype;
+  }
+  bool operator!=(const ModelPlacement& other) const { return !(*this == other); }
+};
 
 struct NamedTensor {
   std::string name;
@@ -42,7 +66,8 @@ struct KVCache {
 //   model.norm.weight
 //   lm_head.weight (absent when tie_word_embeddings)
 //
-// Float32 on CPU. Forward passes are const and may run concurrently on one
+// On the device and in the dtypes of its ModelPlacement (float32 on the CPU
+// by default). Forward passes are const and may run concurrently on one
 // instance (no mutable state besides the caller's KVCache); LoadWeights and
 // the optimizer mutate the parameters and must not overlap with them.
 // Misuse of the tensor API (shapes that do not match, a position beyond
@@ -62,15 +87,22 @@ class Transformer {
   // from a private generator: thread-safe, and torch's global random state
   // is neither used nor changed. INVALID_ARGUMENT when config.Validate()
   // fails.
+  // The weights are drawn on the CPU in float32 (the same values on every
+  // device) and then moved to `placement`. INVALID_ARGUMENT for a placement
+  // the build cannot serve (ValidatePlacement).
   static absl::StatusOr<std::unique_ptr<Transformer>> Create(const ModelConfig& config,
-                                                             uint64_t seed);
+                                                             uint64_t seed,
+                                                             const ModelPlacement& placement = {});
   // The parameters allocated but not initialised (their values are
   // garbage): for a model whose every weight LoadWeights fills next, which
   // spares a large model the cost of drawing random weights it then throws
   // away.
-  static absl::StatusOr<std::unique_ptr<Transformer>> CreateUninitialized(const ModelConfig& config);
+  static absl::StatusOr<std::unique_ptr<Transformer>> CreateUninitialized(
+      const ModelConfig& config, const ModelPlacement& placement = {});
 
   const ModelConfig& config() const { return config_; }
+  const ModelPlacement& placement() const { return placement_; }
+  torch::Device device() const { return placement_.device; }
 
   // All parameters, HF names, HF order. requires_grad is true.
   const std::vector<NamedTensor>& parameters() const { return params_; }
@@ -78,14 +110,17 @@ class Transformer {
 
   // Copies `weights` into the parameters (no grad). Every parameter must be
   // present exactly once with its shape; an unknown, missing or mis-shaped
-  // tensor is an INVALID_ARGUMENT naming it. Converts dtype to float32.
+  // tensor is an INVALID_ARGUMENT naming it. Converts each tensor to the
+  // parameters' dtype and device as it copies (a host tensor goes to the
+  // device in one copy per parameter).
   absl::Status LoadWeights(const std::vector<NamedTensor>& weights);
 
   // Full-sequence forward. input_ids: int64 [B, T]. attention_mask: optional
   // int64/bool [B, T], 1 for real tokens, 0 for padding; padding may be on the
   // left (positions are counted over real tokens only, so a left-padded row
-  // gets the same logits as the unpadded row). Causal. Returns float32 logits
-  // [B, T, vocab]. Differentiable.
+  // gets the same logits as the unpadded row). Causal. Returns logits
+  // [B, T, vocab] in the compute dtype, on the model's device (inputs on
+  // another device are moved there). Differentiable.
   torch::Tensor Forward(const torch::Tensor& input_ids,
                         const torch::Tensor& attention_mask = torch::Tensor()) const;
 
@@ -107,9 +142,12 @@ class Transformer {
   // rotary position lengths[b] and attends columns 0 .. lengths[b].
   // input_ids: int64 [B, 1]; lengths: int64 [B], each < cache.capacity.
   // `cache.length` is not used or changed (the caller keeps the lengths).
-  // Returns logits [B, 1, vocab]. Intended under torch::NoGradGuard.
+  // `longest`, when >= 0, is max(lengths), which the caller knows: it spares
+  // a device-to-host read of `lengths` on a GPU (it is checked only against
+  // the capacity). Returns logits [B, 1, vocab]. Intended under
+  // torch::NoGradGuard.
   torch::Tensor ForwardRows(const torch::Tensor& input_ids, const torch::Tensor& lengths,
-                            KVCache& cache) const;
+                            KVCache& cache, int64_t longest = -1) const;
 
   // Prefill of right-padded sequences into an empty cache: row b's
   // lengths[b] tokens sit at columns 0 .. lengths[b] - 1 of input_ids
@@ -122,10 +160,16 @@ class Transformer {
                         KVCache& cache) const;
 
  private:
-  explicit Transformer(ModelConfig config) : config_(std::move(config)) {}
+  Transformer(ModelConfig config, ModelPlacement placement)
+      : config_(std::move(config)), placement_(placement) {}
   // Create (seed set) and CreateUninitialized (nullopt).
   static absl::StatusOr<std::unique_ptr<Transformer>> Build(const ModelConfig& config,
-                                                            std::optional<uint64_t> seed);
+                                                            std::optional<uint64_t> seed,
+                                                            const ModelPlacement& placement);
+  // A parameter as the forward pass uses it: cast to the compute dtype
+  // (a no-op when it is stored in it).
+  torch::Tensor Use(const torch::Tensor& param) const;
+  torch::TensorOptions DeviceOptions() const { return torch::TensorOptions().device(device()); }
 
   // The decoder proper, shared by Forward and ForwardCached. positions:
   // int64 [B, T]; blocked: bool, broadcastable to [B, 1, 1, T, S] (S = keys
@@ -142,6 +186,7 @@ class Transformer {
                        const torch::Tensor& last = torch::Tensor()) const;
 
   ModelConfig config_;
+  ModelPlacement placement_;
   std::vector<NamedTensor> params_;
   // Handles to the tensors of params_ (same storage), per layer, for the
   // forward pass (filled by Create). q/k/v biases are undefined without
@@ -151,10 +196,27 @@ class Transformer {
   };
   torch::Tensor embed_, final_norm_, lm_head_;  // lm_head_ is embed_ when tied
   std::vector<LayerParams> layers_;
-  // Rotary tables cos/sin [max_position_embeddings, head_dim], built once by
+  // Rotary tables cos/sin [max_position_embeddings, head_dim], computed in
+  // float32 and kept in the compute dtype on the device, built once by
   // Create (not parameters).
   torch::Tensor rope_cos_, rope_sin_;
 };
+
+// INVALID_ARGUMENT when this build cannot place a model so: a CUDA device
+// with a LibTorch built without CUDA (Debian's is CPU-only), a device index
+// the machine does not have, a dtype other than float32 / bfloat16 /
+// float16, float16 compute on the CPU, or parameters narrower than compute.
+absl::Status ValidatePlacement(const ModelPlacement& placement);
+
+// Where a run's model goes (its model.device and model.dtype, DType::kF32,
+// kBF16 or kF16, nullopt when unset). On the CPU: float32 throughout (the
+// run's dtype then only sets the checkpoints' dtype). On a CUDA device:
+// compute in the run's dtype, bfloat16 when unset; a trainer (`training`)
+// keeps float32 master weights (and so float32 optimizer state), a rollout
+// worker holds its weights in the compute dtype. The result is validated
+// (ValidatePlacement): a CPU-only build refuses cuda here.
+absl::StatusOr<ModelPlacement> PlacementFor(const DeviceSpec& device, std::optional<DType> dtype,
+                                            bool training);
 
 // Log-probabilities of `targets` under logits / temperature:
 // log_softmax(logits / temperature)[target]. logits [..., V], targets int64
@@ -165,7 +227,8 @@ torch::Tensor TokenLogProbs(const torch::Tensor& logits, const torch::Tensor& ta
 // Entropy (nats) of softmax(logits / temperature) along the last dim.
 torch::Tensor Entropy(const torch::Tensor& logits, double temperature = 1.0);
 
-// Raw bytes (little-endian, row-major) of a CPU tensor, made contiguous.
+// Raw bytes (little-endian, row-major) of a tensor on any device, copied to
+// the host and made contiguous.
 std::string TensorBytes(const torch::Tensor& tensor);
 // A float32 tensor of `shape` over `bytes`, not copied (copied only when the
 // bytes are misaligned): valid while `bytes` lives and is unchanged; for

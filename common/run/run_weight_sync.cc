@@ -7,9 +7,7 @@ namespace sluice::run {
 
 namespace {
 
-bool Is16Bit(v1::DType dtype) {
-  return dtype == v1::DTYPE_BFLOAT16 || dtype == v1::DTYPE_FLOAT16;
-}
+bool Is16Bit(v1::DType dtype) { return dtype == v1::DTYPE_BFLOAT16 || dtype == v1::DTYPE_FLOAT16; }
 
 const char* ShortName(v1::WeightTransport transport) {
   switch (transport) {
@@ -55,10 +53,10 @@ void ValidateWeightSync(const v1::RunSpec& spec, std::vector<std::string>* probl
         const char* what = config.transport() == v1::WEIGHT_TRANSPORT_CUDA_IPC
                                ? "moves weights between GPUs of one host"
                                : "broadcasts weights between GPUs";
-        problems->push_back(absl::StrCat(
-            "weight_sync.transport: ", ShortName(config.transport()), " ", what,
-            "; model.device is \"", device.empty() ? "cpu" : device,
-            "\" (use grpc, or run on cuda)"));
+        problems->push_back(absl::StrCat("weight_sync.transport: ", ShortName(config.transport()),
+                                         " ", what, "; model.device is \"",
+                                         device.empty() ? "cpu" : device,
+                                         "\" (use grpc, or run on cuda)"));
       }
       break;
     default:
@@ -68,9 +66,10 @@ void ValidateWeightSync(const v1::RunSpec& spec, std::vector<std::string>* probl
   }
   const v1::DType dtype = config.dtype();
   if (dtype != v1::DTYPE_UNSPECIFIED && dtype != v1::DTYPE_FLOAT32 && !Is16Bit(dtype)) {
-    problems->push_back(absl::StrCat("weight_sync.dtype: versions travel as float32, bfloat16 or "
-                                     "float16, got ",
-                                     v1::DType_Name(dtype)));
+    problems->push_back(
+        absl::StrCat("weight_sync.dtype: versions travel as float32, bfloat16 or "
+                     "float16, got ",
+                     v1::DType_Name(dtype)));
     return;
   }
   const WeightSync sync = ResolveWeightSync(spec);
@@ -85,8 +84,8 @@ void ValidateWeightSync(const v1::RunSpec& spec, std::vector<std::string>* probl
 }
 
 std::string WeightTransportLabel(v1::WeightTransport transport, bool delta) {
-  if (delta && (transport == v1::WEIGHT_TRANSPORT_GRPC ||
-                transport == v1::WEIGHT_TRANSPORT_UNSPECIFIED)) {
+  if (delta &&
+      (transport == v1::WEIGHT_TRANSPORT_GRPC || transport == v1::WEIGHT_TRANSPORT_UNSPECIFIED)) {
     return "grpc_delta";
   }
   return ShortName(transport);

@@ -25,8 +25,8 @@ bool SameDelta(const v1::WeightsManifest& a, const v1::WeightsManifest& b) {
   for (int i = 0; i < a.tensors_size(); ++i) {
     const v1::TensorSpec& x = a.tensors(i);
     const v1::TensorSpec& y = b.tensors(i);
-    if (x.name() != y.name() || x.encoding() != y.encoding() ||
-        EncodedSize(x) != EncodedSize(y) || x.crc32c() != y.crc32c()) {
+    if (x.name() != y.name() || x.encoding() != y.encoding() || EncodedSize(x) != EncodedSize(y) ||
+        x.crc32c() != y.crc32c()) {
       return false;
     }
   }
@@ -96,9 +96,9 @@ absl::Status DeltaStream::Append(const v1::WeightsChunk& chunk) {
                                             " at offset ", chunk.offset_bytes()));
   }
   int index = tensor_index_;
-  if (index < 0 || (static_cast<int64_t>(encoded_[index].size()) ==
-                        EncodedSize(manifest_.tensors(index)) &&
-                    chunk.offset_bytes() == 0)) {
+  if (index < 0 ||
+      (static_cast<int64_t>(encoded_[index].size()) == EncodedSize(manifest_.tensors(index)) &&
+       chunk.offset_bytes() == 0)) {
     ++index;
   }
   if (index >= manifest_.tensors_size() || manifest_.tensors(index).name() != chunk.tensor_name()) {
@@ -135,14 +135,13 @@ absl::StatusOr<clients::FetchedWeights> DeltaStream::Complete() {
   for (int i = 0; i < manifest_.tensors_size(); ++i) {
     const v1::TensorSpec& spec = manifest_.tensors(i);
     if (static_cast<int64_t>(encoded_[i].size()) != EncodedSize(spec)) {
-      return absl::DataLossError(absl::StrCat("delta stream of version ",
-                                              manifest_.version().version(), " ended with ",
-                                              encoded_[i].size(), " of ", EncodedSize(spec),
-                                              " bytes of tensor ", spec.name()));
+      return absl::DataLossError(absl::StrCat(
+          "delta stream of version ", manifest_.version().version(), " ended with ",
+          encoded_[i].size(), " of ", EncodedSize(spec), " bytes of tensor ", spec.name()));
     }
-    const absl::string_view base =
-        base_index_[i] >= 0 ? absl::string_view(base_.tensor_bytes[base_index_[i]])
-                            : absl::string_view();
+    const absl::string_view base = base_index_[i] >= 0
+                                       ? absl::string_view(base_.tensor_bytes[base_index_[i]])
+                                       : absl::string_view();
     ASSIGN_OR_RETURN(std::string bytes, DecodeTensor(spec, base, std::move(encoded_[i])));
     result.tensor_bytes.push_back(std::move(bytes));
     v1::TensorSpec& out = *result.manifest.mutable_tensors(i);

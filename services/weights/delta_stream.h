@@ -52,8 +52,8 @@ class DeltaStream {
   const clients::FetchedWeights& base_;
   bool have_manifest_ = false;
   v1::WeightsManifest manifest_;
-  std::vector<int> base_index_;        // per manifest tensor: its index in base_
-  std::vector<std::string> encoded_;   // per manifest tensor, as received
+  std::vector<int> base_index_;       // per manifest tensor: its index in base_
+  std::vector<std::string> encoded_;  // per manifest tensor, as received
   int tensor_index_ = -1;
   int64_t chunks_ = 0;
   int64_t wire_bytes_ = 0;

@@ -129,7 +129,8 @@ TEST_F(DeltaStreamTest, ResumesFromAnyChunkUnderTheSameManifest) {
   for (size_t i = 0; i < cut; ++i) ASSERT_TRUE(stream.Append(wire_.chunks[i]).ok());
   EXPECT_EQ(stream.chunks(), static_cast<int64_t>(cut));
   ASSERT_TRUE(stream.SetManifest(wire_.manifest).ok());
-  for (size_t i = cut; i < wire_.chunks.size(); ++i) ASSERT_TRUE(stream.Append(wire_.chunks[i]).ok());
+  for (size_t i = cut; i < wire_.chunks.size(); ++i)
+    ASSERT_TRUE(stream.Append(wire_.chunks[i]).ok());
   ASSERT_TRUE(stream.Complete().ok());
   v1::WeightsManifest changed = wire_.manifest;
   changed.mutable_tensors(0)->set_encoded_size_bytes(7);

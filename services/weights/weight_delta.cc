@@ -80,8 +80,8 @@ absl::Status Corrupt(absl::string_view what) {
 absl::StatusOr<EncodedTensor> EncodeTensorDelta(absl::string_view base, absl::string_view target,
                                                 const TensorDeltaOptions& options) {
   if (base.size() != target.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("a delta between tensors of ", base.size(),
-                                                   " and ", target.size(), " bytes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("a delta between tensors of ", base.size(), " and ", target.size(), " bytes"));
   }
   if (target.size() % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -163,7 +163,8 @@ absl::StatusOr<std::string> ApplyTensorDelta(absl::string_view base, absl::strin
   run_list.reserve(static_cast<size_t>(num_runs));
   for (uint64_t r = 0; r < num_runs; ++r) {
     uint64_t token = 0, length = 1;
-    if (!in.Varint(&token)) return Corrupt(absl::StrCat("run ", r, " of ", num_runs, " is truncated"));
+    if (!in.Varint(&token))
+      return Corrupt(absl::StrCat("run ", r, " of ", num_runs, " is truncated"));
     if ((token & 1) != 0) {
       if (!in.Varint(&length)) {
         return Corrupt(absl::StrCat("run ", r, " of ", num_runs, " is truncated"));
@@ -185,12 +186,12 @@ absl::StatusOr<std::string> ApplyTensorDelta(absl::string_view base, absl::strin
     }
   }
   if (changed != num_changed) {
-    return Corrupt(absl::StrCat("its runs cover ", changed, " elements, it declares ",
-                                num_changed));
+    return Corrupt(
+        absl::StrCat("its runs cover ", changed, " elements, it declares ", num_changed));
   }
   if (in.remaining() != 2 * num_changed) {
-    return Corrupt(absl::StrCat("it carries ", in.remaining(), " bytes of values for ",
-                                num_changed, " changed elements"));
+    return Corrupt(absl::StrCat("it carries ", in.remaining(), " bytes of values for ", num_changed,
+                                " changed elements"));
   }
   const char* values = in.here();
   for (const Run& run : run_list) {

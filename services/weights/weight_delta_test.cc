@@ -138,8 +138,8 @@ TEST_F(WeightDeltaCorruptionTest, AWrongBaseIsRefusedNamingIt) {
 TEST_F(WeightDeltaCorruptionTest, OutOfRangePositionsAreRefused) {
   // Header: magic (3), base CRC (4), then varints n, changed, runs.
   std::string delta(delta_.substr(0, 7));
-  delta += std::string("\x0a\x01\x01", 3);   // 10 elements, 1 changed, 1 run
-  delta += std::string("\x14", 1);           // gap 10: the element after the last
+  delta += std::string("\x0a\x01\x01", 3);  // 10 elements, 1 changed, 1 run
+  delta += std::string("\x14", 1);          // gap 10: the element after the last
   delta += "zz";
   std::string base(20, '\0');
   // Make the base CRC match this small base.

@@ -86,9 +86,8 @@ absl::StatusOr<std::string> Float32BytesTo(v1::DType dtype, absl::string_view fl
   }
   if (dtype == v1::DTYPE_FLOAT32) return std::string(float32_bytes);
   if (dtype != v1::DTYPE_BFLOAT16 && dtype != v1::DTYPE_FLOAT16) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weights do not travel as ", v1::DType_Name(dtype),
-                     " (FLOAT32, BFLOAT16 or FLOAT16)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights do not travel as ", v1::DType_Name(dtype), " (FLOAT32, BFLOAT16 or FLOAT16)"));
   }
   const size_t n = float32_bytes.size() / 4;
   std::string out(n * 2, '\0');
@@ -99,8 +98,7 @@ absl::StatusOr<std::string> Float32BytesTo(v1::DType dtype, absl::string_view fl
     const uint16_t half = bf16 ? Float32ToBfloat16(value) : Float32ToFloat16(value);
     if (std::isfinite(value)) {
       // An infinite result: the exponent field is all ones, the mantissa 0.
-      const bool overflow =
-          bf16 ? (half & 0x7FFF) == 0x7F80 : (half & 0x7FFF) == 0x7C00;
+      const bool overflow = bf16 ? (half & 0x7FFF) == 0x7F80 : (half & 0x7FFF) == 0x7C00;
       if (overflow) {
         return absl::InvalidArgumentError(absl::StrCat(
             "element ", i, " (", value, ") is beyond the range of ", v1::DType_Name(dtype)));
@@ -114,13 +112,12 @@ absl::StatusOr<std::string> Float32BytesTo(v1::DType dtype, absl::string_view fl
 absl::StatusOr<std::string> BytesToFloat32(v1::DType dtype, absl::string_view bytes) {
   const int size = WeightDtypeSize(dtype);
   if (size == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("weights do not travel as ", v1::DType_Name(dtype),
-                     " (FLOAT32, BFLOAT16 or FLOAT16)"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights do not travel as ", v1::DType_Name(dtype), " (FLOAT32, BFLOAT16 or FLOAT16)"));
   }
   if (bytes.size() % size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(bytes.size(), " bytes are not a whole number of ",
-                                                   v1::DType_Name(dtype), " values"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        bytes.size(), " bytes are not a whole number of ", v1::DType_Name(dtype), " values"));
   }
   if (dtype == v1::DTYPE_FLOAT32) return std::string(bytes);
   const size_t n = bytes.size() / 2;

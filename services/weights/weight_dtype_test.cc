@@ -63,9 +63,9 @@ TEST(WeightDtypeTest, RefusesOverflowWrongSizesAndOtherDtypes) {
       Float32BytesTo(v1::DTYPE_FLOAT16, Float32Bytes({1.0f, 70000.0f})).status()));
   EXPECT_TRUE(Float32BytesTo(v1::DTYPE_BFLOAT16, Float32Bytes({70000.0f})).ok());
   // Infinity in, infinity out (the trainer refuses non-finite weights first).
-  EXPECT_TRUE(Float32BytesTo(v1::DTYPE_FLOAT16,
-                             Float32Bytes({std::numeric_limits<float>::infinity()}))
-                  .ok());
+  EXPECT_TRUE(
+      Float32BytesTo(v1::DTYPE_FLOAT16, Float32Bytes({std::numeric_limits<float>::infinity()}))
+          .ok());
   EXPECT_TRUE(absl::IsInvalidArgument(Float32BytesTo(v1::DTYPE_BFLOAT16, "abc").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(Float32BytesTo(v1::DTYPE_INT8, "abcd").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(BytesToFloat32(v1::DTYPE_BFLOAT16, "abc").status()));

@@ -20,6 +20,7 @@
 #include "common/model/model_config.h"
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
+#include "common/run/run_weight_sync.h"
 #include "common/task/char_tokenizer.h"
 #include "common/status_macros.h"
 #include "reward_server/verifier_params.h"
@@ -724,6 +725,18 @@ RunSpec ResolveDefaults(RunSpec spec) {
 
   v1::CheckpointConfig& checkpoint = *spec.mutable_checkpoint();
   if (!checkpoint.has_resume()) checkpoint.set_resume(true);
+
+  // What the trainer and workers will do, spelled out in the resolved spec.
+  // A weight_sync the validation refuses is left as written, for it to name.
+  std::vector<std::string> weight_sync_problems;
+  run::ValidateWeightSync(spec, &weight_sync_problems);
+  if (weight_sync_problems.empty()) {
+    const run::WeightSync sync = run::ResolveWeightSync(spec);
+    v1::WeightSyncConfig& weight_sync = *spec.mutable_weight_sync();
+    weight_sync.set_transport(sync.transport);
+    weight_sync.set_dtype(sync.dtype);
+    weight_sync.set_delta(sync.delta);
+  }
   return spec;
 }
 
@@ -737,6 +750,9 @@ absl::Status ValidateRunSpec(const RunSpec& spec) {
   ValidateReward(spec, problems);
   ValidateBuffer(spec, problems);
   ValidateEvalAndCheckpoint(spec, problems);
+  std::vector<std::string> weight_sync_problems;
+  run::ValidateWeightSync(spec, &weight_sync_problems);
+  for (std::string& line : weight_sync_problems) problems.AddLine(std::move(line));
   return problems.ToStatus();
 }
 

@@ -580,6 +580,35 @@ TEST(ValidateRunSpecTest, ObjectiveChoicesParseFromYamlAndValidate) {
   }
 }
 
+TEST(ValidateRunSpecTest, WeightSyncFromYamlIsResolvedAndItsMisusesNamed) {
+  const auto parse = [](const std::string& weight_sync, const std::string& device) {
+    absl::StatusOr<v1::RunSpec> spec = ParseRunSpecYaml(
+        absl::StrCat("model: {builtin: tiny", device.empty() ? "" : ", device: " + device,
+                     "}\ntask: {arithmetic: {}}\nweight_sync: ", weight_sync, "\n"),
+        "spec.yaml");
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return spec.ok() ? *spec : v1::RunSpec();
+  };
+  // Unset on cpu: float32 over gRPC, no deltas, spelled out once resolved.
+  v1::RunSpec resolved = ResolveDefaults(parse("{}", ""));
+  EXPECT_EQ(resolved.weight_sync().transport(), v1::WEIGHT_TRANSPORT_GRPC);
+  EXPECT_EQ(resolved.weight_sync().dtype(), v1::DTYPE_FLOAT32);
+  EXPECT_TRUE(resolved.weight_sync().has_delta());
+  EXPECT_FALSE(resolved.weight_sync().delta());
+  EXPECT_EQ(ValidateRunSpec(resolved).message(), "");
+  resolved = ResolveDefaults(parse("{dtype: bfloat16}", ""));
+  EXPECT_TRUE(resolved.weight_sync().delta());
+  EXPECT_EQ(ProblemsOf(parse("{transport: grpc, dtype: float16, delta: false}", "")), "");
+  EXPECT_EQ(ProblemsOf(parse("{transport: cuda_ipc}", "")),
+            "weight_sync.transport: cuda_ipc moves weights between GPUs of one host; "
+            "model.device is \"cpu\" (use grpc, or run on cuda)");
+  EXPECT_THAT(ProblemsOf(parse("{transport: nccl}", "cpu")),
+              HasSubstr("weight_sync.transport: nccl"));
+  EXPECT_THAT(ProblemsOf(parse("{delta: true}", "")),
+              HasSubstr("weight_sync.delta: sparse deltas need a 16-bit weight_sync.dtype"));
+  EXPECT_THAT(ProblemsOf(parse("{dtype: int8}", "")), HasSubstr("weight_sync.dtype: "));
+}
+
 TEST(ValidateRunSpecTest, ObjectiveChoicesOutOfRangeOrIgnoredAreRefused) {
   struct Case {
     std::function<void(v1::AlgorithmConfig&)> set;

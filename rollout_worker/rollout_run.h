@@ -16,6 +16,15 @@
 
 namespace sluice::rollout_worker {
 
+// One weight download, for the service's metrics.
+struct WeightTransfer {
+  std::string transport;  // "grpc" or "grpc_delta"
+  int64_t version = -1;
+  int64_t wire_bytes = 0;
+  int64_t full_bytes = 0;
+  double seconds = 0;
+};
+
 struct RolloutRunDeps {
   clients::TrainerClient* trainer = nullptr;
   clients::ReplayBufferClient* buffer = nullptr;
@@ -32,6 +41,14 @@ struct RolloutRunDeps {
   std::function<void(int64_t tokens, double seconds)> on_batch_generated;
   std::function<void(int64_t groups)> on_groups_inserted;
   std::function<void(int64_t version, double seconds)> on_weights_loaded;
+  // What each download moved: transport "grpc" (a full version, from the
+  // trainer or a relay) or "grpc_delta" (a sparse delta from the trainer),
+  // bytes on the wire, what the version takes in full, and seconds.
+  std::function<void(const WeightTransfer&)> on_weights_transferred;
+  // A delta download failed and the full version was fetched instead:
+  // "data_loss" (it did not apply or verify) or "unavailable" (the stream
+  // failed). A trainer that had no delta to send is not counted.
+  std::function<void(const std::string& reason)> on_weight_delta_fallback;
   // A received version was refused (non-finite values, shapes that do not
   // fit the model).
   std::function<void(int64_t version)> on_weights_refused;

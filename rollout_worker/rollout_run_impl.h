@@ -88,12 +88,22 @@ class RolloutRun::Impl {
 
   // The latest version: through the relay tree when the worker has a
   // fetcher and the trainer places workers, else straight from the trainer.
-  absl::StatusOr<clients::FetchedWeights> Download();
+  // With weight_sync.delta, first as a sparse delta against the version
+  // held (held_weights_), falling back to the full version. `transfer`
+  // gets what it moved.
+  absl::StatusOr<clients::FetchedWeights> Download(WeightTransfer* transfer);
+  // The full latest version: relay tree, or the trainer.
+  absl::StatusOr<clients::FetchedWeights> DownloadFull();
   absl::StatusOr<std::shared_ptr<const model::Transformer>> BuildModel(
       const clients::FetchedWeights& fetched);
 
   // The trainer answered GetWeightSource with UNIMPLEMENTED (follower thread only).
   bool relay_unsupported_ = false;
+  // The version the worker holds as it came (in weight_sync.dtype), the base
+  // of the next delta; null without deltas (float32 runs keep nothing). It
+  // costs one more copy of the weights in the transfer dtype (bf16: half the
+  // float32 model the worker computes with). Follower thread only.
+  std::unique_ptr<clients::FetchedWeights> held_weights_;
   model::PolicySnapshot Latest() const;
 
   // Blocks until the worker holds weights of at least `version`, or holds
@@ -243,6 +253,7 @@ class RolloutRun::Impl {
   RolloutRunDeps deps_;
   std::unique_ptr<tokenizer::BpeTokenizer> tokenizer_;
   model::ModelConfig config_;
+  model::ModelPlacement placement_;  // the policy's device and dtypes
   std::vector<int32_t> stop_token_ids_;
   std::thread follower_;
   std::unique_ptr<clients::GroupInserter> inserter_;

@@ -1,10 +1,13 @@
 // RolloutRun::Impl's weights: following the trainer's published versions,
 // downloading and building each, and waiting for one.
+#include "common/run/run_weight_sync.h"
 #include "rollout_worker/rollout_run_impl.h"
+#include "services/weights/weight_dtype.h"
 
 namespace sluice::rollout_worker {
 
 void RolloutRun::Impl::FollowWeights() {
+  const bool deltas = run::ResolveWeightSync(spec_).delta;
   int64_t have = -1;
   while (!stopping()) {
     auto announced = deps_.trainer->WaitForVersionAfter(run_id_, have, absl::Milliseconds(500));
@@ -15,7 +18,8 @@ void RolloutRun::Impl::FollowWeights() {
     const absl::Time start = absl::Now();
     // Ask for the latest, not the announced one: a slow worker skips
     // versions rather than falling further behind.
-    auto fetched = Download();
+    WeightTransfer transfer;
+    auto fetched = Download(&transfer);
     if (!fetched.ok()) {
       log::Warning("weight download failed", {{"run_id", run_id_},
                                               {"error", std::string(fetched.status().message())}});
@@ -23,6 +27,9 @@ void RolloutRun::Impl::FollowWeights() {
       continue;
     }
     const int64_t version = fetched->manifest.version().version();
+    transfer.version = version;
+    transfer.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    if (deps_.on_weights_transferred) deps_.on_weights_transferred(transfer);
     auto model = BuildModel(*fetched);
     if (!model.ok()) {
       // Sampling from it would fail (or train on garbage): keep the
@@ -50,11 +57,46 @@ void RolloutRun::Impl::FollowWeights() {
       status_.set_last_weight_sync_ms(static_cast<int64_t>(seconds * 1000));
     }
     have = version;
+    // The base of the next delta: the version as it came, whole and verified.
+    if (deltas) held_weights_ = std::make_unique<clients::FetchedWeights>(std::move(*fetched));
     if (deps_.on_weights_loaded) deps_.on_weights_loaded(version, seconds);
   }
 }
 
-absl::StatusOr<clients::FetchedWeights> RolloutRun::Impl::Download() {
+absl::StatusOr<clients::FetchedWeights> RolloutRun::Impl::Download(WeightTransfer* transfer) {
+  transfer->transport = "grpc";
+  if (held_weights_ != nullptr && deps_.weight_fetcher != nullptr) {
+    auto delta = deps_.weight_fetcher->FetchDelta(run_id_, *held_weights_);
+    if (delta.ok()) {
+      transfer->transport = "grpc_delta";
+      transfer->wire_bytes = delta->bytes_received;
+      transfer->full_bytes = delta->full_bytes;
+      return std::move(delta->weights);
+    }
+    // The trainer has no delta of the latest against the version held (this
+    // worker skipped one): the full version, the usual way, quietly.
+    if (!absl::IsFailedPrecondition(delta.status())) {
+      log::Warning("weight delta failed; fetching the full version",
+                   {{"run_id", run_id_},
+                    {"held_version", held_weights_->manifest.version().version()},
+                    {"error", std::string(delta.status().message())}});
+      if (deps_.on_weight_delta_fallback) {
+        deps_.on_weight_delta_fallback(absl::IsDataLoss(delta.status()) ? "data_loss"
+                                                                          : "unavailable");
+      }
+    }
+  }
+  auto full = DownloadFull();
+  if (full.ok()) {
+    for (const std::string& bytes : full->tensor_bytes) {
+      transfer->wire_bytes += static_cast<int64_t>(bytes.size());
+    }
+    transfer->full_bytes = transfer->wire_bytes;
+  }
+  return full;
+}
+
+absl::StatusOr<clients::FetchedWeights> RolloutRun::Impl::DownloadFull() {
   if (deps_.weight_fetcher != nullptr && !relay_unsupported_) {
     auto relayed = deps_.weight_fetcher->FetchLatest(run_id_);
     if (relayed.ok()) {
@@ -79,19 +121,29 @@ absl::StatusOr<std::shared_ptr<const model::Transformer>> RolloutRun::Impl::Buil
     const clients::FetchedWeights& fetched) {
   torch::NoGradGuard no_grad;
   std::vector<model::NamedTensor> tensors;
+  // Widened copies of 16-bit tensors (a deque: views into them must stay put).
+  std::deque<std::string> widened_bytes;
   for (int i = 0; i < fetched.manifest.tensors_size(); ++i) {
     const v1::TensorSpec& spec = fetched.manifest.tensors(i);
+    // bf16 / f16 versions (weight_sync.dtype) widen to float32 here, exactly,
+    // as the trainer's rollout verifier widens them; LoadWeights converts to
+    // the compute dtype.
+    const std::string* bytes = &fetched.tensor_bytes[i];
     if (spec.dtype() != v1::DTYPE_FLOAT32) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("tensor ", spec.name(), ": dtype ", v1::DType_Name(spec.dtype()),
-                       " is not supported (float32 only in this release)"));
+      absl::StatusOr<std::string> widened =
+          weights::BytesToFloat32(spec.dtype(), fetched.tensor_bytes[i]);
+      if (!widened.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tensor ", spec.name(), ": ", widened.status().message()));
+      }
+      widened_bytes.push_back(*std::move(widened));
+      bytes = &widened_bytes.back();
     }
     // Views over the received bytes: LoadWeights copies them once, into
     // the parameters (fetched outlives this function's use of them).
     ASSIGN_OR_RETURN(torch::Tensor t,
                      model::Float32TensorView(
-                         std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
-                         fetched.tensor_bytes[i]));
+                         std::vector<int64_t>(spec.shape().begin(), spec.shape().end()), *bytes));
     if (!torch::isfinite(t).all().item<bool>()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "tensor ", spec.name(), " holds ", (~torch::isfinite(t)).sum().item<int64_t>(),
@@ -100,7 +152,7 @@ absl::StatusOr<std::shared_ptr<const model::Transformer>> RolloutRun::Impl::Buil
     tensors.push_back({spec.name(), std::move(t)});
   }
   ASSIGN_OR_RETURN(std::unique_ptr<model::Transformer> model,
-                   model::Transformer::CreateUninitialized(config_));
+                   model::Transformer::CreateUninitialized(config_, placement_));
   RETURN_IF_ERROR(model->LoadWeights(tensors));
   return std::shared_ptr<const model::Transformer>(std::move(model));
 }

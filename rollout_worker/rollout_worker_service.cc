@@ -1,6 +1,7 @@
 #include "rollout_worker/rollout_worker_service.h"
 
 #include <atomic>
+#include <map>
 #include <utility>
 
 #include "absl/base/call_once.h"
@@ -81,7 +82,33 @@ struct RolloutMetrics {
                                 .Help("Time to download and load one weight version")
                                 .Register(registry)
                                 .Add({}, prometheus::Histogram::BucketBoundaries{
-                                             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5})) {}
+                                             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5})),
+        weight_sync_wire_bytes(prometheus::BuildCounter()
+                                   .Name("sluice_rollout_weight_sync_wire_bytes_total")
+                                   .Help("Weight bytes received, by transport (grpc: full "
+                                         "versions, grpc_delta: sparse deltas)")
+                                   .Register(registry)),
+        weight_sync_full_bytes(prometheus::BuildCounter()
+                                   .Name("sluice_rollout_weight_sync_full_bytes_total")
+                                   .Help("What the versions received take in full, by "
+                                         "transport: against wire bytes, what deltas saved")
+                                   .Register(registry)),
+        weight_transfer_seconds(prometheus::BuildHistogram()
+                                    .Name("sluice_rollout_weight_transfer_seconds")
+                                    .Help("Time to download (and for a delta, apply and "
+                                          "verify) one weight version, by transport")
+                                    .Register(registry)),
+        weight_sync_gigabytes_per_second(
+            prometheus::BuildGauge()
+                .Name("sluice_rollout_weight_sync_gigabytes_per_second")
+                .Help("Wire rate (1e9 bytes/s) of the latest weight download, by transport")
+                .Register(registry)),
+        weight_delta_fallbacks(prometheus::BuildCounter()
+                                   .Name("sluice_rollout_weight_delta_fallbacks_total")
+                                   .Help("Delta downloads that failed, by reason (data_loss: it "
+                                         "did not apply or verify; unavailable: the stream "
+                                         "failed), after which the full version was fetched")
+                                   .Register(registry)) {}
 
   prometheus::Counter& tokens;
   prometheus::Counter& groups;
@@ -95,7 +122,26 @@ struct RolloutMetrics {
   prometheus::Gauge& tokens_per_second;
   prometheus::Histogram& batch_seconds;
   prometheus::Histogram& weight_sync_seconds;
+  prometheus::Family<prometheus::Counter>& weight_sync_wire_bytes;
+  prometheus::Family<prometheus::Counter>& weight_sync_full_bytes;
+  prometheus::Family<prometheus::Histogram>& weight_transfer_seconds;
+  prometheus::Family<prometheus::Gauge>& weight_sync_gigabytes_per_second;
+  prometheus::Family<prometheus::Counter>& weight_delta_fallbacks;
   std::atomic<double> recent_tokens_per_second{0};
+
+  void OnTransfer(const WeightTransfer& t) {
+    const std::map<std::string, std::string> labels = {{"transport", t.transport}};
+    weight_sync_wire_bytes.Add(labels).Increment(static_cast<double>(t.wire_bytes));
+    weight_sync_full_bytes.Add(labels).Increment(static_cast<double>(t.full_bytes));
+    weight_transfer_seconds
+        .Add(labels, prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.5,
+                                                             1, 5, 30})
+        .Observe(t.seconds);
+    if (t.seconds > 0) {
+      weight_sync_gigabytes_per_second.Add(labels).Set(static_cast<double>(t.wire_bytes) /
+                                                       t.seconds / 1e9);
+    }
+  }
 };
 
 struct RolloutWorkerServiceImpl::ActiveRun {
@@ -300,6 +346,10 @@ absl::Status RolloutWorkerServiceImpl::Start(const std::string& run_id,
     m->weight_sync_seconds.Observe(seconds);
   };
   deps.on_weights_refused = [m](int64_t) { m->weight_versions_refused.Increment(); };
+  deps.on_weights_transferred = [m](const WeightTransfer& t) { m->OnTransfer(t); };
+  deps.on_weight_delta_fallback = [m](const std::string& reason) {
+    m->weight_delta_fallbacks.Add({{"reason", reason}}).Increment();
+  };
   deps.on_mid_generation_swaps = [m](int64_t swaps) {
     m->mid_generation_swaps.Increment(static_cast<double>(swaps));
   };

@@ -203,6 +203,52 @@ INSTANTIATE_TEST_SUITE_P(Eta, LoopInvariantsTest, ::testing::Values(0, 2),
                            return "Eta" + std::to_string(info.param);
                          });
 
+// weight_sync: {dtype: bfloat16}: the trainer publishes bf16 versions, each
+// encoded as a sparse delta against the one before; the worker fetches
+// deltas and loads the rebuilt versions; the rollout verifier recomputes from
+// the same bf16 weights, so every group still verifies.
+TEST_F(LoopProcessTest, ABfloat16RunSyncsWeightsAsSparseDeltasAndSucceeds) {
+  v1::RunSpec spec = ShortSpec(1);
+  spec.mutable_weight_sync()->set_dtype(v1::DTYPE_BFLOAT16);
+  const std::string run_id = Submit(spec);
+  ASSERT_FALSE(run_id.empty());
+  const v1::Run run = Watch(run_id);
+  ASSERT_EQ(run.state(), v1::RUN_STATE_SUCCEEDED) << run.error_message();
+  const auto summary =
+      nlohmann::json::parse(testing::ReadFile(dir_ + "/runs/" + run_id + "/summary.json"));
+  EXPECT_EQ(summary["steps"].get<int64_t>(), 12);
+  EXPECT_EQ(summary["verification"]["groups_failed"].get<int64_t>(), 0);
+  EXPECT_GT(summary["verification"]["groups_verified"].get<int64_t>(), 0);
+
+  const std::string worker = Metrics("rollout_worker-0");
+  const std::string trainer = Metrics("trainer");
+  const auto sum = [](const std::string& text, const std::string& name, const std::string& t) {
+    return testing::MetricSum(text, name + "{transport=\"" + t + "\"}");
+  };
+  const double delta_wire =
+      sum(worker, "sluice_rollout_weight_sync_wire_bytes_total", "grpc_delta");
+  const double delta_full =
+      sum(worker, "sluice_rollout_weight_sync_full_bytes_total", "grpc_delta");
+  const double full_wire = sum(worker, "sluice_rollout_weight_sync_wire_bytes_total", "grpc");
+  EXPECT_GT(delta_wire, 0);
+  EXPECT_LT(delta_wire, delta_full);
+  // The first version came in full; versions the worker skipped too.
+  EXPECT_GT(full_wire, 0);
+  EXPECT_EQ(testing::MetricSum(worker, "sluice_rollout_weight_delta_fallbacks_total"), 0);
+  EXPECT_LT(sum(trainer, "sluice_trainer_weight_sync_wire_bytes_total", "grpc_delta"),
+            sum(trainer, "sluice_trainer_weight_sync_full_bytes_total", "grpc_delta"));
+  const double version_full =
+      testing::MetricSum(trainer, "sluice_trainer_weight_version_bytes{encoding=\"full\"}");
+  const double version_delta =
+      testing::MetricSum(trainer, "sluice_trainer_weight_version_bytes{encoding=\"delta\"}");
+  EXPECT_GT(version_delta, 0);
+  EXPECT_LT(version_delta, version_full);
+  std::printf("bf16 run: worker received %.0f delta bytes for %.0f bytes of versions (%.1f%%), "
+              "%.0f bytes of full versions; the last version: %.0f bytes full, %.0f as a delta\n",
+              delta_wire, delta_full, 100 * delta_wire / delta_full, full_wire, version_full,
+              version_delta);
+}
+
 TEST_F(LoopProcessTest, ARewardServerThatDiesFailsTheRunNamingIt) {
   v1::RunSpec spec = ShortSpec(1);
   spec.mutable_algorithm()->set_total_steps(100000);

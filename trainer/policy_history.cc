@@ -28,10 +28,20 @@ std::shared_ptr<const model::Transformer> PolicyHistory::Get(int64_t version) {
         model::Transformer::CreateUninitialized(config_);
     if (!model.ok()) return nullptr;
     std::vector<model::NamedTensor> weights;
+    // bf16 / f16 versions widened to float32 as the rollout worker widens
+    // them: the recomputation sees the weights the worker sampled with.
+    std::vector<std::string> widened(published->tensors.size());
     for (size_t i = 0; i < published->tensors.size(); ++i) {
       const v1::TensorSpec& spec = published->tensors[i];
+      const std::string* bytes = &published->bytes[i];
+      if (spec.dtype() == v1::DTYPE_BFLOAT16 || spec.dtype() == v1::DTYPE_FLOAT16) {
+        absl::StatusOr<std::string> float32 = PublishedFloat32Bytes(spec, *bytes);
+        if (!float32.ok()) return nullptr;
+        widened[i] = *std::move(float32);
+        bytes = &widened[i];
+      }
       absl::StatusOr<torch::Tensor> tensor = model::Float32TensorView(
-          std::vector<int64_t>(spec.shape().begin(), spec.shape().end()), published->bytes[i]);
+          std::vector<int64_t>(spec.shape().begin(), spec.shape().end()), *bytes);
       if (!tensor.ok()) return nullptr;
       weights.push_back({spec.name(), *std::move(tensor)});
     }

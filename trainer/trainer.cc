@@ -1,5 +1,8 @@
 #include "trainer/trainer.h"
 
+#include "common/run/run_placement.h"
+#include "common/run/run_weight_sync.h"
+#include "services/weights/weight_dtype.h"
 #include "trainer/trainer_impl.h"
 
 namespace sluice::trainer {
@@ -85,11 +88,20 @@ v1::TrainerStatus TrainerRun::Impl::Status() const {
 absl::Status TrainerRun::Impl::RunInner() {
   // Model, tokenizer, task: all deterministic in the run's spec and seed.
   const double load_start = Now();
+  {
+    absl::StatusOr<model::ModelPlacement> placement = run::RunModelPlacement(spec_.model(), true);
+    if (!placement.ok()) {
+      return absl::Status(placement.status().code(),
+                          absl::StrCat("model.device: ", placement.status().message()));
+    }
+    placement_ = *placement;
+    log::Info("model placement", {{"run_id", run_id_}, {"placement", placement_.DebugString()}});
+  }
   ASSIGN_OR_RETURN(tokenizer_, run::LoadRunTokenizer(spec_.model()));
   std::string model_name;
   if (spec_.model().has_hf_model_dir()) {
     model_name = spec_.model().hf_model_dir();
-    absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(model_name);
+    absl::StatusOr<model::HfModel> loaded = model::LoadHfModel(model_name, placement_);
     if (!loaded.ok()) {
       return absl::Status(loaded.status().code(),
                           absl::StrCat("model.hf_model_dir: ", loaded.status().message()));
@@ -98,7 +110,7 @@ absl::Status TrainerRun::Impl::RunInner() {
   } else {
     model_name = spec_.model().builtin();
     ASSIGN_OR_RETURN(model::ModelConfig config, run::LoadRunModelConfig(spec_.model()));
-    ASSIGN_OR_RETURN(model_, model::Transformer::Create(config, spec_.seed()));
+    ASSIGN_OR_RETURN(model_, model::Transformer::Create(config, spec_.seed(), placement_));
   }
   const model::ModelConfig& config = model_->config();
   stop_token_ids_ = run::StopTokenIds(config, *tokenizer_);
@@ -165,7 +177,8 @@ absl::Status TrainerRun::Impl::RunInner() {
     if (objective_.UsesReference()) {
       // The reference is the policy RL starts from, frozen (a resumed run
       // brought it with its checkpoint).
-      ASSIGN_OR_RETURN(reference_model_, model::Transformer::CreateUninitialized(config));
+      ASSIGN_OR_RETURN(reference_model_,
+                       model::Transformer::CreateUninitialized(config, placement_));
       RETURN_IF_ERROR(reference_model_->LoadWeights(model_->parameters()));
     }
   }
@@ -211,6 +224,8 @@ absl::Status TrainerRun::Impl::WarmStart() {
     RETURN_IF_ERROR(CheckBatchMemory(absl::StrCat("warm-start step ", step + 1), rows,
                                      {"warm_start.batch_size"}));
     PaddedBatch batch = PadRows(rows, pad_id_);
+    batch.targets = batch.targets.to(placement_.device);
+    batch.mask = batch.mask.to(placement_.device);
     SetLearningRate(optimizer, ws.learning_rate() * std::min(1.0, double(step + 1) / warmup));
     optimizer.zero_grad();
     torch::Tensor logits = model_->Forward(batch.inputs);
@@ -291,14 +306,27 @@ absl::Status TrainerRun::Impl::Publish(int64_t version) {
     return absl::InternalError(absl::StrCat("refusing to publish version ", version, ": ",
                                             *bad, " holds a non-finite value"));
   }
+  // The run's transfer dtype (weight_sync.dtype): bf16 / f16 versions are
+  // rounded from the float32 weights, which stay the trainer's own.
+  const run::WeightSync sync = run::ResolveWeightSync(spec_);
   auto published = std::make_shared<PublishedVersion>();
+  std::vector<std::string> float32_bytes;
   uint32_t checksum = 0;
   int64_t total = 0;
   for (const auto& [name, tensor] : model_->parameters()) {
     std::string bytes = model::TensorBytes(tensor.detach());
+    if (sync.dtype != v1::DTYPE_FLOAT32) {
+      absl::StatusOr<std::string> narrowed = weights::Float32BytesTo(sync.dtype, bytes);
+      if (!narrowed.ok()) {
+        return absl::InternalError(absl::StrCat("refusing to publish version ", version, ": ", name,
+                                                ": ", narrowed.status().message()));
+      }
+      float32_bytes.push_back(std::move(bytes));
+      bytes = *std::move(narrowed);
+    }
     v1::TensorSpec spec;
     spec.set_name(name);
-    spec.set_dtype(v1::DTYPE_FLOAT32);
+    spec.set_dtype(sync.dtype);
     for (int64_t d : tensor.sizes()) spec.add_shape(d);
     spec.set_size_bytes(static_cast<int64_t>(bytes.size()));
     spec.set_crc32c(Crc32c(bytes));
@@ -315,7 +343,14 @@ absl::Status TrainerRun::Impl::Publish(int64_t version) {
   info.set_total_size_bytes(total);
   info.set_tensor_count(static_cast<int32_t>(published->tensors.size()));
   info.set_checksum(absl::StrFormat("crc32c:%08x", checksum));
+  // Encoded once here, against the version before (the one an up-to-date
+  // worker holds), and served from the cache to every worker that asks.
+  if (sync.delta && last_published_ != nullptr && last_published_->info.version() < version) {
+    published->delta = EncodeVersionDelta(*last_published_, *published);
+  }
   last_published_ = published;
+  last_published_float32_ = std::move(float32_bytes);
+  if (deps_.on_published) deps_.on_published(*published);
   if (policy_history_ != nullptr) policy_history_->Add(published);
   deps_.weights->Publish(std::move(published));
   {
@@ -341,10 +376,13 @@ absl::Status TrainerRun::Impl::RestorePublishedWeights() {
   std::vector<model::NamedTensor> weights;
   for (size_t i = 0; i < last_published_->tensors.size(); ++i) {
     const v1::TensorSpec& spec = last_published_->tensors[i];
+    // The float32 weights a bf16 / f16 version was rounded from, so that a
+    // rollback loses no precision.
+    const std::string& bytes = last_published_float32_.empty() ? last_published_->bytes[i]
+                                                               : last_published_float32_[i];
     ASSIGN_OR_RETURN(torch::Tensor tensor,
                      model::Float32TensorView(
-                         std::vector<int64_t>(spec.shape().begin(), spec.shape().end()),
-                         last_published_->bytes[i]));
+                         std::vector<int64_t>(spec.shape().begin(), spec.shape().end()), bytes));
     weights.push_back({spec.name(), std::move(tensor)});
   }
   return model_->LoadWeights(weights);

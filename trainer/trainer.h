@@ -24,6 +24,9 @@ struct TrainerRunDeps {
   // Called after every RL step and evaluation (for the service's metrics).
   std::function<void(const v1::TrainingStepMetrics&)> on_step;
   std::function<void(const v1::EvalResult&)> on_eval;
+  // Called with every version published (its delta encoded), before any
+  // worker can fetch it.
+  std::function<void(const PublishedVersion&)> on_published;
   // The trainer's --memory-budget in bytes; <= 0 = none. Each training
   // batch (an RL minibatch, a warm-start batch) is checked against what it
   // leaves after the weights, optimizer state and published versions

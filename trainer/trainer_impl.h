@@ -192,6 +192,9 @@ class TrainerRun::Impl {
   int32_t pad_id_ = 0;
   // Tokenizer files every checkpoint carries (run::CheckpointSideFiles).
   std::map<std::string, std::string> checkpoint_side_files_;
+  // Where the run's models live (run_placement.h): the policy, its
+  // proximal and reference copies.
+  model::ModelPlacement placement_;
   std::unique_ptr<model::Transformer> model_;
   std::unique_ptr<model::Transformer> prox_model_;  // decoupled PPO, > 1 minibatch
   // The frozen policy RL started from (ObjectiveConfig::UsesReference).
@@ -201,6 +204,10 @@ class TrainerRun::Impl {
   // What Publish last published: the weights a step that went non-finite
   // goes back to.
   std::shared_ptr<const PublishedVersion> last_published_;
+  // Its float32 weights when it was published in bf16 / f16 (empty for a
+  // float32 version, whose bytes are them): one float32 copy of the model,
+  // against the published versions' halved size.
+  std::vector<std::string> last_published_float32_;
   std::vector<task::TaskItem> train_items_;
   std::vector<task::TaskItem> eval_items_;
   std::vector<task::TaskItem> dev_items_;

@@ -1,6 +1,7 @@
 #include "trainer/trainer_service.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/base/call_once.h"
@@ -178,6 +179,37 @@ struct TrainerMetrics {
                            .Help("Weight streams the trainer served")
                            .Register(registry)
                            .Add({})),
+        weight_sync_wire_bytes(prometheus::BuildCounter()
+                                   .Name("sluice_trainer_weight_sync_wire_bytes_total")
+                                   .Help("Weight bytes the trainer sent, by transport (grpc: full "
+                                         "versions, grpc_delta: sparse deltas)")
+                                   .Register(registry)),
+        weight_sync_full_bytes(prometheus::BuildCounter()
+                                   .Name("sluice_trainer_weight_sync_full_bytes_total")
+                                   .Help("What the weights the trainer sent take in full, by "
+                                         "transport: against wire bytes, what deltas saved")
+                                   .Register(registry)),
+        weight_sync_seconds(prometheus::BuildHistogram()
+                                .Name("sluice_trainer_weight_sync_seconds")
+                                .Help("Duration of one whole weight stream, by transport")
+                                .Register(registry)),
+        weight_sync_gigabytes_per_second(
+            prometheus::BuildGauge()
+                .Name("sluice_trainer_weight_sync_gigabytes_per_second")
+                .Help("Wire rate (1e9 bytes/s) of the latest whole weight stream, by transport")
+                .Register(registry)),
+        weight_version_bytes(prometheus::BuildGauge()
+                                 .Name("sluice_trainer_weight_version_bytes")
+                                 .Help("The latest published version's size, by encoding: full "
+                                       "(in weight_sync.dtype) and delta (against the version "
+                                       "before; absent without deltas)")
+                                 .Register(registry)),
+        weight_delta_encode_seconds(prometheus::BuildCounter()
+                                        .Name("sluice_trainer_weight_delta_encode_seconds_total")
+                                        .Help("Seconds spent encoding versions as sparse deltas "
+                                              "at publish")
+                                        .Register(registry)
+                                        .Add({})),
         weight_sources(prometheus::BuildCounter()
                            .Name("sluice_trainer_weight_sources_total")
                            .Help("GetWeightSource answers, by source: trainer (streamed from "
@@ -298,6 +330,34 @@ struct TrainerMetrics {
   prometheus::Histogram& step_seconds;
   prometheus::Counter& weight_bytes_sent;
   prometheus::Counter& weight_streams;
+  prometheus::Family<prometheus::Counter>& weight_sync_wire_bytes;
+  prometheus::Family<prometheus::Counter>& weight_sync_full_bytes;
+  prometheus::Family<prometheus::Histogram>& weight_sync_seconds;
+  prometheus::Family<prometheus::Gauge>& weight_sync_gigabytes_per_second;
+  prometheus::Family<prometheus::Gauge>& weight_version_bytes;
+  prometheus::Counter& weight_delta_encode_seconds;
+
+  // One whole weight stream (a cut one is counted in bytes only).
+  void OnWeightStream(const std::string& transport, double seconds, int64_t wire_bytes) {
+    weight_sync_seconds
+        .Add({{"transport", transport}},
+             prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30})
+        .Observe(seconds);
+    if (seconds > 0) {
+      weight_sync_gigabytes_per_second.Add({{"transport", transport}})
+          .Set(static_cast<double>(wire_bytes) / seconds / 1e9);
+    }
+  }
+
+  void OnPublished(const PublishedVersion& version) {
+    weight_version_bytes.Add({{"encoding", "full"}})
+        .Set(static_cast<double>(version.info.total_size_bytes()));
+    if (version.delta != nullptr) {
+      weight_version_bytes.Add({{"encoding", "delta"}})
+          .Set(static_cast<double>(version.delta->encoded_bytes));
+      weight_delta_encode_seconds.Increment(version.delta->encode_seconds);
+    }
+  }
   prometheus::Family<prometheus::Counter>& weight_sources;
   prometheus::Family<prometheus::Counter>& verified_groups;
   prometheus::Family<prometheus::Counter>& verification_failed_groups;
@@ -499,6 +559,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
   deps.on_eval = [metrics](const v1::EvalResult& e) {
     if (e.phase() != "warm_start") metrics->eval_accuracy.Set(e.accuracy());
   };
+  deps.on_published = [metrics](const PublishedVersion& v) { metrics->OnPublished(v); };
   active->run = std::make_unique<TrainerRun>(request->run_id(), std::move(spec), std::move(deps));
   TrainerRun* run = active->run.get();
   active->thread = std::thread([run] { run->Run().IgnoreError(); });
@@ -603,16 +664,54 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
   if (request->start_chunk() < 0) {
     return {grpc::StatusCode::INVALID_ARGUMENT, "start_chunk must be >= 0"};
   }
+  // A delta against the version the receiver holds, when this version was
+  // encoded against it at publish (the version before it); otherwise the
+  // full version, and the manifest says why.
+  const VersionDelta* delta = nullptr;
+  std::string full_reason;
+  if (request->has_base_version()) {
+    const int64_t base = request->base_version();
+    if (version->delta == nullptr) {
+      full_reason = absl::StrCat("version ", version->info.version(),
+                                 " has no delta (weight_sync.delta is off for this run, or no "
+                                 "version was published before it)");
+    } else if (version->delta->base_version != base) {
+      full_reason = absl::StrCat("version ", version->info.version(),
+                                 " is kept as a delta against version ",
+                                 version->delta->base_version, " only, not against ", base);
+    } else {
+      delta = version->delta.get();
+    }
+  }
+  const std::string transport = delta != nullptr ? "grpc_delta" : "grpc";
+  const absl::Time stream_start = absl::Now();
   metrics_->weight_streams.Increment();
+  const std::map<std::string, std::string> labels = {{"transport", transport}};
+  prometheus::Counter& wire_bytes = metrics_->weight_sync_wire_bytes.Add(labels);
+  prometheus::Counter& full_bytes = metrics_->weight_sync_full_bytes.Add(labels);
   v1::WeightsChunk first;
   first.set_version(version->info.version());
   *first.mutable_manifest()->mutable_version() = version->info;
-  for (size_t i : selected) *first.mutable_manifest()->add_tensors() = version->tensors[i];
+  for (size_t i : selected) {
+    *first.mutable_manifest()->add_tensors() =
+        delta != nullptr ? delta->tensors[i] : version->tensors[i];
+  }
+  if (delta != nullptr) first.mutable_manifest()->set_delta_base_version(delta->base_version);
+  first.mutable_manifest()->set_full_reason(full_reason);
   if (!writer->Write(first)) return grpc::Status::OK;
   int64_t index = 0;  // data chunks so far, sent or skipped (start_chunk)
+  int64_t sent = 0;
   for (size_t i : selected) {
-    const v1::TensorSpec& spec = version->tensors[i];
-    const std::string& bytes = version->bytes[i];
+    const v1::TensorSpec& spec = delta != nullptr ? delta->tensors[i] : version->tensors[i];
+    // A delta stream carries each tensor's encoding: the delta, or the
+    // version's own bytes for a tensor that went FULL. Deterministic for a
+    // (version, base, chunk size), so start_chunk resumes it.
+    const std::string& bytes = spec.encoding() == v1::TENSOR_ENCODING_SPARSE_DELTA
+                                   ? delta->encoded[i]
+                                   : version->bytes[i];
+    // What this tensor's chunks stand for in full, per byte sent.
+    const double full_per_byte =
+        bytes.empty() ? 0.0 : static_cast<double>(spec.size_bytes()) / bytes.size();
     int64_t offset = 0;
     do {
       if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "client cancelled"};
@@ -626,16 +725,20 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
       chunk.set_tensor_name(spec.name());
       chunk.set_dtype(spec.dtype());
       *chunk.mutable_shape() = spec.shape();
-      chunk.set_tensor_size_bytes(spec.size_bytes());
+      chunk.set_tensor_size_bytes(static_cast<int64_t>(bytes.size()));
       chunk.set_offset_bytes(offset);
       chunk.set_data(bytes.data() + offset, n);
       chunk.set_is_last_chunk_of_tensor(offset + n == static_cast<int64_t>(bytes.size()));
       chunk.set_crc32c(Crc32c(chunk.data()));
       if (!writer->Write(chunk)) return grpc::Status::OK;
       metrics_->weight_bytes_sent.Increment(static_cast<double>(n));
+      wire_bytes.Increment(static_cast<double>(n));
+      full_bytes.Increment(static_cast<double>(n) * full_per_byte);
+      sent += n;
       offset += n;
     } while (offset < static_cast<int64_t>(bytes.size()));
   }
+  metrics_->OnWeightStream(transport, absl::ToDoubleSeconds(absl::Now() - stream_start), sent);
   return grpc::Status::OK;
 }
 

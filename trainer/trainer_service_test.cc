@@ -2,18 +2,27 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unistd.h>
 
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "common/crc32c.h"
+#include "common/status_macros.h"
 #include "replay_buffer/replay_buffer_service.h"
+#include "services/weights/relay_fetcher.h"
+#include "services/weights/version_stream.h"
+#include "services/weights/weight_dtype.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
 
 namespace sluice::trainer {
@@ -283,6 +292,297 @@ TEST(TrainerServiceIncarnationTest, EachServiceHasItsOwnIncarnation) {
   ASSERT_TRUE(second.GetTrainerStatus(&context, nullptr, &b).ok());
   EXPECT_NE(a.status().incarnation(), 0u);
   EXPECT_LT(a.status().incarnation(), b.status().incarnation());
+}
+
+// ---- sparse weight deltas (weight_sync.delta) ------------------------------
+
+// A bf16 version of two tensors as Publish makes it: `scale` moves the
+// weights of the first tensor so that a few of its bf16 values change
+// between versions; the second tensor is new random bytes at every version
+// (a delta would not pay: it goes FULL).
+std::shared_ptr<PublishedVersion> Bf16Version(int64_t version, float scale) {
+  auto published = std::make_shared<PublishedVersion>();
+  uint32_t checksum = 0;
+  int64_t total = 0;
+  for (int t = 0; t < 2; ++t) {
+    const int64_t n = t == 0 ? 300000 : 20000;
+    std::string float32(static_cast<size_t>(4 * n), '\0');
+    for (int64_t i = 0; i < n; ++i) {
+      float w = t == 0 ? 0.02f * std::sin(0.37f * i) * (1 + scale * (i % 97 == 0))
+                       : 0.01f * std::cos(1.3f * i + version);
+      std::memcpy(float32.data() + 4 * i, &w, 4);
+    }
+    std::string bytes = *weights::Float32BytesTo(v1::DTYPE_BFLOAT16, float32);
+    v1::TensorSpec spec;
+    spec.set_name(t == 0 ? "layers.0.mlp.up.weight" : "embed.weight");
+    spec.set_dtype(v1::DTYPE_BFLOAT16);
+    spec.add_shape(n);
+    spec.set_size_bytes(static_cast<int64_t>(bytes.size()));
+    spec.set_crc32c(Crc32c(bytes));
+    checksum = Crc32c(bytes, checksum);
+    total += static_cast<int64_t>(bytes.size());
+    published->tensors.push_back(std::move(spec));
+    published->bytes.push_back(std::move(bytes));
+  }
+  published->info.set_run_id("run-d");
+  published->info.set_version(version);
+  published->info.set_total_size_bytes(total);
+  published->info.set_tensor_count(2);
+  published->info.set_checksum(absl::StrFormat("crc32c:%08x", checksum));
+  return published;
+}
+
+clients::FetchedWeights AsFetched(const PublishedVersion& v) {
+  clients::FetchedWeights fetched;
+  *fetched.manifest.mutable_version() = v.info;
+  for (const auto& spec : v.tensors) *fetched.manifest.add_tensors() = spec;
+  fetched.tensor_bytes = v.bytes;
+  return fetched;
+}
+
+// The trainer's StreamWeights over the in-process channel, as a worker's
+// fetcher sees it.
+class StubWeightSource final : public clients::WeightSource {
+ public:
+  explicit StubWeightSource(v1::TrainerService::Stub* stub) : stub_(stub) {}
+  absl::Status StreamWeights(
+      const v1::StreamWeightsRequest& request, absl::Duration,
+      const std::function<absl::Status(v1::WeightsChunk&)>& on_chunk) override {
+    requests.push_back(request);
+    grpc::ClientContext context;
+    auto reader = stub_->StreamWeights(&context, request);
+    v1::WeightsChunk chunk;
+    absl::Status problem;
+    while (problem.ok() && reader->Read(&chunk)) {
+      if (chunk.has_manifest()) manifests.push_back(chunk.manifest());
+      wire_bytes += static_cast<int64_t>(chunk.data().size());
+      problem = on_chunk(chunk);
+      if (!problem.ok()) context.TryCancel();
+    }
+    const grpc::Status status = reader->Finish();
+    if (!problem.ok()) return problem;
+    if (!status.ok()) return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                                          status.error_message());
+    return absl::OkStatus();
+  }
+  std::vector<v1::StreamWeightsRequest> requests;
+  std::vector<v1::WeightsManifest> manifests;
+  int64_t wire_bytes = 0;
+
+ private:
+  v1::TrainerService::Stub* stub_;
+};
+
+// GetWeightSource straight from the store: every download from the trainer.
+class StoreTrainerClient final : public clients::TrainerClient {
+ public:
+  explicit StoreTrainerClient(WeightStore& store) : store_(store) {}
+  absl::StatusOr<v1::PolicyVersionInfo> GetLatestVersion(const std::string&) override {
+    return absl::UnimplementedError("not used");
+  }
+  absl::StatusOr<v1::PolicyVersionInfo> WaitForVersionAfter(const std::string&, int64_t,
+                                                            absl::Duration) override {
+    return absl::UnimplementedError("not used");
+  }
+  absl::StatusOr<clients::FetchedWeights> FetchWeights(const std::string&, int64_t) override {
+    return absl::UnimplementedError("not used");
+  }
+  absl::StatusOr<v1::GetWeightSourceResponse> GetWeightSource(
+      const v1::GetWeightSourceRequest& request) override {
+    ASSIGN_OR_RETURN(std::shared_ptr<const PublishedVersion> latest,
+                     store_.Latest(request.run_id()));
+    v1::GetWeightSourceResponse response;
+    *response.mutable_version() = latest->info;
+    response.set_depth(1);
+    return response;
+  }
+
+ private:
+  WeightStore& store_;
+};
+
+class TrainerServiceDeltaTest : public TrainerServiceTest {
+ protected:
+  void SetUp() override {
+    TrainerServiceTest::SetUp();
+    v1_ = Bf16Version(1, 0.0f);
+    v2_ = Bf16Version(2, 0.5f);
+    v2_->delta = EncodeVersionDelta(*v1_, *v2_);
+    ASSERT_NE(v2_->delta, nullptr);
+    service_->weight_store().Reset("run-d");
+    service_->weight_store().Publish(v1_);
+  }
+
+  void PublishV2() { service_->weight_store().Publish(v2_); }
+
+  std::unique_ptr<weights::RelayFetcher> Fetcher(clients::TrainerClient& trainer,
+                                                 StubWeightSource** source) {
+    auto owned = std::make_unique<StubWeightSource>(stub_.get());
+    *source = owned.get();
+    weights::RelayFetcherOptions options;
+    options.worker_id = "w0";
+    options.chunk_size_bytes = 64 << 10;
+    options.trainer_backoff = absl::Milliseconds(1);
+    auto shared = std::make_shared<std::unique_ptr<StubWeightSource>>(std::move(owned));
+    return std::make_unique<weights::RelayFetcher>(
+        trainer, [shared](const std::string&) -> std::unique_ptr<clients::WeightSource> {
+          // One source, handed over once (the fetcher keeps it).
+          return std::move(*shared);
+        },
+        nullptr, options);
+  }
+
+  std::shared_ptr<PublishedVersion> v1_, v2_;
+};
+
+TEST_F(TrainerServiceDeltaTest, ADeltaStreamIsSmallAndRebuildsTheVersionsExactBytes) {
+  PublishV2();
+  StoreTrainerClient trainer(service_->weight_store());
+  StubWeightSource* source = nullptr;
+  std::unique_ptr<weights::RelayFetcher> fetcher = Fetcher(trainer, &source);
+  const clients::FetchedWeights held = AsFetched(*v1_);
+  absl::StatusOr<weights::RelayFetchResult> fetched = fetcher->FetchDelta("run-d", held);
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->delta);
+  EXPECT_EQ(fetched->version, 2);
+  EXPECT_TRUE(fetched->weights.tensor_bytes == v2_->bytes);
+  EXPECT_EQ(fetched->full_bytes, v2_->info.total_size_bytes());
+  // The first tensor travels as ~1/97 of its elements, the second in full.
+  ASSERT_EQ(source->manifests.size(), 1u);
+  const v1::WeightsManifest& manifest = source->manifests[0];
+  EXPECT_EQ(manifest.delta_base_version(), 1);
+  EXPECT_EQ(manifest.tensors(0).encoding(), v1::TENSOR_ENCODING_SPARSE_DELTA);
+  EXPECT_EQ(manifest.tensors(1).encoding(), v1::TENSOR_ENCODING_FULL);
+  EXPECT_EQ(manifest.tensors(0).crc32c(), Crc32c(v2_->bytes[0]));
+  EXPECT_LT(manifest.tensors(0).encoded_size_bytes(), v2_->tensors[0].size_bytes() / 20);
+  EXPECT_EQ(fetched->bytes_received, v2_->delta->encoded_bytes);
+  EXPECT_LT(fetched->bytes_received, v2_->info.total_size_bytes() / 5);
+  std::printf("delta stream: %lld bytes on the wire for a %lld-byte version\n",
+              static_cast<long long>(fetched->bytes_received),
+              static_cast<long long>(v2_->info.total_size_bytes()));
+  // Metrics: the stream is labelled grpc_delta, with its full-size equivalent.
+  bool wire = false, full = false;
+  for (const auto& family : registry_.Collect()) {
+    for (const auto& metric : family.metric) {
+      if (metric.label.empty() || metric.label[0].value != "grpc_delta") continue;
+      if (family.name == "sluice_trainer_weight_sync_wire_bytes_total") {
+        wire = metric.counter.value == static_cast<double>(v2_->delta->encoded_bytes);
+      }
+      if (family.name == "sluice_trainer_weight_sync_full_bytes_total") {
+        full = std::abs(metric.counter.value - v2_->info.total_size_bytes()) < 1;
+      }
+    }
+  }
+  EXPECT_TRUE(wire && full);
+}
+
+TEST_F(TrainerServiceDeltaTest, ADeltaStreamResumesFromAnyChunk) {
+  PublishV2();
+  const clients::FetchedWeights held = AsFetched(*v1_);
+  // The same chunks from 0 and, in a second stream, from chunk 1 on.
+  std::vector<v1::WeightsChunk> chunks[2];
+  for (int start : {0, 1}) {
+    grpc::ClientContext context;
+    v1::StreamWeightsRequest request;
+    request.set_run_id("run-d");
+    request.set_version(2);
+    request.set_base_version(1);
+    request.set_chunk_size_bytes(64 << 10);
+    request.set_start_chunk(start);
+    auto reader = stub_->StreamWeights(&context, request);
+    v1::WeightsChunk chunk;
+    while (reader->Read(&chunk)) {
+      if (!chunk.has_manifest()) chunks[start].push_back(chunk);
+    }
+    ASSERT_TRUE(reader->Finish().ok());
+  }
+  ASSERT_GE(chunks[0].size(), 2u);
+  ASSERT_EQ(chunks[1].size(), chunks[0].size() - 1);
+  for (size_t i = 1; i < chunks[0].size(); ++i) {
+    EXPECT_EQ(chunks[0][i].SerializeAsString(), chunks[1][i - 1].SerializeAsString());
+  }
+}
+
+TEST_F(TrainerServiceDeltaTest, WithoutTheBaseTheStreamIsTheFullVersionAndSaysWhy) {
+  PublishV2();
+  const auto manifest_for = [&](std::optional<int64_t> base, int64_t* data_bytes) {
+    grpc::ClientContext context;
+    v1::StreamWeightsRequest request;
+    request.set_run_id("run-d");
+    request.set_version(2);
+    if (base.has_value()) request.set_base_version(*base);
+    auto reader = stub_->StreamWeights(&context, request);
+    v1::WeightsChunk chunk;
+    v1::WeightsManifest manifest;
+    *data_bytes = 0;
+    while (reader->Read(&chunk)) {
+      if (chunk.has_manifest()) manifest = chunk.manifest();
+      *data_bytes += static_cast<int64_t>(chunk.data().size());
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return manifest;
+  };
+  int64_t bytes = 0;
+  // A base the trainer has no delta against (the worker skipped a version).
+  v1::WeightsManifest manifest = manifest_for(0, &bytes);
+  EXPECT_FALSE(manifest.has_delta_base_version());
+  EXPECT_THAT(manifest.full_reason(), HasSubstr("delta against version 1 only, not against 0"));
+  EXPECT_EQ(bytes, v2_->info.total_size_bytes());
+  EXPECT_EQ(manifest.tensors(0).encoding(), v1::TENSOR_ENCODING_UNSPECIFIED);
+  // No base asked: full, as always, and no reason to give.
+  manifest = manifest_for(std::nullopt, &bytes);
+  EXPECT_FALSE(manifest.has_delta_base_version());
+  EXPECT_TRUE(manifest.full_reason().empty());
+  EXPECT_EQ(bytes, v2_->info.total_size_bytes());
+  // A version without a delta (the first, or deltas off): full, saying so.
+  int64_t v1_bytes = 0;
+  grpc::ClientContext context;
+  v1::StreamWeightsRequest request;
+  request.set_run_id("run-d");
+  request.set_version(1);
+  request.set_base_version(0);
+  auto reader = stub_->StreamWeights(&context, request);
+  v1::WeightsChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk));
+  EXPECT_THAT(chunk.manifest().full_reason(), HasSubstr("has no delta"));
+  while (reader->Read(&chunk)) v1_bytes += static_cast<int64_t>(chunk.data().size());
+  EXPECT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(v1_bytes, v1_->info.total_size_bytes());
+
+  // At the worker: FetchDelta reports FAILED_PRECONDITION after reading only
+  // the manifest, and the full download follows.
+  StoreTrainerClient trainer(service_->weight_store());
+  StubWeightSource* source = nullptr;
+  std::unique_ptr<weights::RelayFetcher> fetcher = Fetcher(trainer, &source);
+  clients::FetchedWeights old = AsFetched(*v1_);
+  old.manifest.mutable_version()->set_version(0);
+  const absl::Status status = fetcher->FetchDelta("run-d", old).status();
+  EXPECT_TRUE(absl::IsFailedPrecondition(status)) << status;
+  EXPECT_LT(source->wire_bytes, 64 << 10) << "at most the first chunk arrived before the cancel";
+}
+
+TEST_F(TrainerServiceDeltaTest, ACorruptDeltaIsDataLossAndTheWorkerFallsBackToTheFullVersion) {
+  // v2's delta made against other bytes than v1's (a trainer bug, a
+  // republished base): every chunk's CRC is right, the result is not.
+  auto skewed = std::make_shared<PublishedVersion>(*v1_);
+  skewed->bytes[0][1000] ^= 0x01;
+  v2_->delta = EncodeVersionDelta(*skewed, *v2_);
+  PublishV2();
+  StoreTrainerClient trainer(service_->weight_store());
+  StubWeightSource* source = nullptr;
+  std::unique_ptr<weights::RelayFetcher> fetcher = Fetcher(trainer, &source);
+  const clients::FetchedWeights held = AsFetched(*v1_);
+  absl::StatusOr<weights::RelayFetchResult> delta = fetcher->FetchDelta("run-d", held);
+  ASSERT_TRUE(absl::IsDataLoss(delta.status())) << delta.status();
+  EXPECT_THAT(std::string(delta.status().message()), HasSubstr("wrong base"));
+  // The fallback, as the worker's follower takes it: the full version.
+  absl::StatusOr<weights::RelayFetchResult> full = fetcher->FetchLatest("run-d");
+  ASSERT_TRUE(full.ok()) << full.status();
+  EXPECT_FALSE(full->delta);
+  EXPECT_TRUE(full->weights.tensor_bytes == v2_->bytes);
+  EXPECT_EQ(full->full_bytes, v2_->info.total_size_bytes());
+  ASSERT_EQ(source->requests.size(), 2u);
+  EXPECT_FALSE(source->requests[1].has_base_version());
 }
 
 }  // namespace

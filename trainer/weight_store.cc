@@ -3,8 +3,55 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "services/weights/weight_delta.h"
+#include "services/weights/weight_dtype.h"
 
 namespace sluice::trainer {
+
+std::shared_ptr<const VersionDelta> EncodeVersionDelta(const PublishedVersion& base,
+                                                       const PublishedVersion& version) {
+  if (base.tensors.size() != version.tensors.size() || base.bytes.size() != base.tensors.size() ||
+      version.bytes.size() != version.tensors.size()) {
+    return nullptr;
+  }
+  const absl::Time start = absl::Now();
+  auto delta = std::make_shared<VersionDelta>();
+  delta->base_version = base.info.version();
+  for (size_t i = 0; i < version.tensors.size(); ++i) {
+    const v1::TensorSpec& from = base.tensors[i];
+    const v1::TensorSpec& to = version.tensors[i];
+    if (from.name() != to.name() || from.dtype() != to.dtype() ||
+        weights::WeightDtypeSize(to.dtype()) != 2 ||
+        base.bytes[i].size() != version.bytes[i].size()) {
+      return nullptr;
+    }
+    absl::StatusOr<weights::EncodedTensor> encoded =
+        weights::EncodeTensorDelta(base.bytes[i], version.bytes[i]);
+    if (!encoded.ok()) return nullptr;
+    v1::TensorSpec spec = to;
+    spec.set_encoding(encoded->encoding);
+    const int64_t size = encoded->encoding == v1::TENSOR_ENCODING_SPARSE_DELTA
+                             ? static_cast<int64_t>(encoded->bytes.size())
+                             : to.size_bytes();
+    spec.set_encoded_size_bytes(size);
+    delta->encoded_bytes += size;
+    delta->tensors.push_back(std::move(spec));
+    delta->encoded.push_back(std::move(encoded->bytes));
+  }
+  delta->encode_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  return delta;
+}
+
+absl::StatusOr<std::string> PublishedFloat32Bytes(const v1::TensorSpec& spec,
+                                                  const std::string& bytes) {
+  absl::StatusOr<std::string> converted = weights::BytesToFloat32(spec.dtype(), bytes);
+  if (!converted.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor ", spec.name(), ": ", converted.status().message()));
+  }
+  return converted;
+}
 
 void WeightStore::Publish(std::shared_ptr<const PublishedVersion> version) {
   absl::MutexLock lock(&mu_);

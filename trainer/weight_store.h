@@ -15,14 +15,48 @@
 
 namespace sluice::trainer {
 
+// A published version as a sparse delta against the version published
+// before it (services/weights/weight_delta.h), encoded once when the version
+// is published and served to every worker that holds that base
+// (StreamWeightsRequest.base_version), rather than once per stream.
+struct VersionDelta {
+  int64_t base_version = -1;
+  // Parallel to PublishedVersion::tensors: each with its encoding and
+  // encoded_size_bytes; crc32c and size_bytes are the version's own.
+  std::vector<v1::TensorSpec> tensors;
+  // The SPARSE_DELTA encodings; empty for a FULL tensor (its bytes are the
+  // version's).
+  std::vector<std::string> encoded;
+  // What a delta stream carries: the sum of encoded_size_bytes.
+  int64_t encoded_bytes = 0;
+  double encode_seconds = 0;
+};
+
 // One published weight version: its metadata, the tensor specs in manifest
-// order and each tensor's bytes. Immutable once published, so a weight stream
-// can pin it (shared_ptr) while the trainer moves on.
+// order and each tensor's bytes, in the run's weight_sync.dtype (float32,
+// or bf16 / f16 rounded from the trainer's float32 weights). Immutable once
+// published, so a weight stream can pin it (shared_ptr) while the trainer
+// moves on.
 struct PublishedVersion {
   v1::PolicyVersionInfo info;
   std::vector<v1::TensorSpec> tensors;
   std::vector<std::string> bytes;  // parallel to tensors
+  // Against the previous published version; null when deltas are off or
+  // there was none to compare with.
+  std::shared_ptr<const VersionDelta> delta;
 };
+
+// The delta of `version` against `base`; null when they do not line up
+// (other tensors, dtypes or sizes) or their dtype is not a 2-byte one.
+// O(bytes); pure.
+std::shared_ptr<const VersionDelta> EncodeVersionDelta(const PublishedVersion& base,
+                                                       const PublishedVersion& version);
+
+// A published tensor's bytes as float32 (a copy when they are bf16 / f16):
+// what the rollout worker and the rollout verifier load, so both see the
+// same rounded weights. INVALID_ARGUMENT for a dtype weights do not travel in.
+absl::StatusOr<std::string> PublishedFloat32Bytes(const v1::TensorSpec& spec,
+                                                  const std::string& bytes);
 
 // The versions a trainer serves to rollout workers for its current run.
 // Keeps the newest `retain` versions (older ones answer NOT_FOUND; workers

@@ -1,9 +1,14 @@
 #include "trainer/weight_store.h"
 
+#include <torch/torch.h>
+
+#include <cstring>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "common/model/transformer.h"
 #include "gtest/gtest.h"
+#include "services/weights/weight_dtype.h"
 
 namespace sluice::trainer {
 namespace {
@@ -61,6 +66,62 @@ TEST(WeightStoreTest, WaitTimesOutAndCloseWakesWaiters) {
   EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
   waiter.join();
   EXPECT_EQ(code, absl::StatusCode::kCancelled);
+}
+
+// The trainer rounds published versions with weights::Float32BytesTo (no
+// torch in the codec); it must round as torch does, so that a version is
+// what `.to(torch::kBFloat16)` of the weights would give.
+TEST(PublishedDtypeTest, RoundingMatchesTorchBitForBit) {
+  torch::manual_seed(5);
+  torch::Tensor values = torch::cat({torch::randn({100000}) * 0.05,
+                                     torch::randn({1000}) * 1e4,
+                                     torch::randn({1000}) * 1e-6});
+  // Ties: floats exactly halfway between two bf16 / f16 neighbours.
+  std::vector<float> halfway(2000);
+  for (uint32_t i = 0; i < halfway.size(); ++i) {
+    const uint32_t bits = ((0x3F80u + i) << 16) | 0x8000u;  // bf16 ties around 1..2^15
+    std::memcpy(&halfway[i], &bits, 4);
+  }
+  torch::Tensor ties = torch::from_blob(halfway.data(), {2000}, torch::kFloat32).clone();
+  values = torch::cat({values, ties});
+  const std::string float32 = model::TensorBytes(values);
+  for (const auto& [dtype, torch_dtype] :
+       {std::pair{v1::DTYPE_BFLOAT16, torch::kBFloat16},
+        std::pair{v1::DTYPE_FLOAT16, torch::kHalf}}) {
+    torch::Tensor in_range = dtype == v1::DTYPE_FLOAT16 ? values.clamp(-65000, 65000) : values;
+    absl::StatusOr<std::string> ours = weights::Float32BytesTo(dtype, model::TensorBytes(in_range));
+    ASSERT_TRUE(ours.ok()) << ours.status();
+    const std::string theirs = model::TensorBytes(in_range.to(torch_dtype));
+    EXPECT_TRUE(*ours == theirs) << v1::DType_Name(dtype);
+    // And back: exact widening.
+    absl::StatusOr<std::string> widened = weights::BytesToFloat32(dtype, *ours);
+    ASSERT_TRUE(widened.ok());
+    EXPECT_TRUE(*widened == model::TensorBytes(in_range.to(torch_dtype).to(torch::kFloat32)));
+  }
+}
+
+TEST(PublishedDtypeTest, DeltasOnlyBetweenVersionsThatLineUp) {
+  PublishedVersion a, b;
+  for (PublishedVersion* v : {&a, &b}) {
+    v1::TensorSpec spec;
+    spec.set_name("w");
+    spec.set_dtype(v1::DTYPE_BFLOAT16);
+    spec.set_size_bytes(8);
+    v->tensors.push_back(spec);
+    v->bytes.push_back(std::string(8, '\1'));
+  }
+  a.info.set_version(1);
+  b.bytes[0][2] = 7;
+  std::shared_ptr<const VersionDelta> delta = EncodeVersionDelta(a, b);
+  ASSERT_NE(delta, nullptr);
+  EXPECT_EQ(delta->base_version, 1);
+  EXPECT_EQ(delta->tensors[0].encoding(), v1::TENSOR_ENCODING_FULL) << "8 bytes: a delta is larger";
+  b.tensors[0].set_name("v");
+  EXPECT_EQ(EncodeVersionDelta(a, b), nullptr);
+  b.tensors[0].set_name("w");
+  a.tensors[0].set_dtype(v1::DTYPE_FLOAT32);
+  b.tensors[0].set_dtype(v1::DTYPE_FLOAT32);
+  EXPECT_EQ(EncodeVersionDelta(a, b), nullptr) << "float32: no deltas";
 }
 
 }  // namespace

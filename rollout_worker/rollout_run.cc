@@ -1,5 +1,6 @@
 #include "rollout_worker/rollout_run.h"
 
+#include "common/run/run_placement.h"
 #include "rollout_worker/rollout_run_impl.h"
 
 namespace sluice::rollout_worker {
@@ -11,6 +12,17 @@ using google::protobuf::util::TimeUtil;
 
 absl::Status RolloutRun::Impl::Run() {
   RETURN_IF_ERROR(Init());
+  // Where the model runs (model.device / model.dtype); a device this binary
+  // cannot use fails the run here, before any weights are fetched.
+  {
+    absl::StatusOr<model::ModelPlacement> placement =
+        run::RunModelPlacement(spec_.model(), /*training=*/false);
+    if (!placement.ok()) {
+      return absl::Status(placement.status().code(),
+                          absl::StrCat("model.device: ", placement.status().message()));
+    }
+    placement_ = *placement;
+  }
   // The model's config and tokenizer; its weights come from the trainer.
   ASSIGN_OR_RETURN(config_, run::LoadRunModelConfig(spec_.model()));
   ASSIGN_OR_RETURN(tokenizer_, run::LoadRunTokenizer(spec_.model()));

@@ -39,6 +39,15 @@ def main():
                 "roofline_decode_tokens_per_s": d["roofline_decode_tokens_per_second"],
                 "fraction_of_roofline": d["fraction_of_roofline"],
             }
+            row["cuda_graphs"] = d.get("cuda_graphs")
+            if d.get("graph_error"):
+                row["graph_error"] = d["graph_error"]
+            eager = [e for e in ours.get("decode_eager", []) if e.get("batch") == d["batch"]]
+            if eager and "error" not in eager[0]:
+                row["eager_decode_tokens_per_s"] = eager[0]["decode_tokens_per_second"]
+                row["eager_fraction_of_roofline"] = eager[0]["fraction_of_roofline"]
+                row["graphs_over_eager"] = (
+                    d["decode_tokens_per_second"] / eager[0]["decode_tokens_per_second"])
             h = hf_by_batch.get(d["batch"])
             if h:
                 row["transformers_total_tokens_per_s"] = h["total_tokens_per_second"]

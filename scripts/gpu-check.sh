@@ -13,6 +13,8 @@
 #                     Debian's -dev packages when the GPU machine has none
 #   BUILD_DIR         build directory (build-gpu)
 #   GPU_CHECK_QUICK=1 a small model, short runs (a smoke test)
+#   GPU_CHECK_STEPS   the steps to run, comma-separated (default
+#                     gpu_check,hf_baseline,handoff,model_test)
 #
 # It builds gpu/ (the model, the engine, the trainer's loss, common/cuda's
 # IPC / NCCL / CRC code: no gRPC, see gpu/CMakeLists.txt) against the
@@ -38,6 +40,8 @@ PY=${PYTHON:-python3}
 DEPS=${SLUICE_GPU_DEPS:-$ROOT/.gpu/sysroot/usr}
 BUILD=${BUILD_DIR:-$ROOT/build-gpu}
 QUICK=${GPU_CHECK_QUICK:-0}
+STEPS=",${GPU_CHECK_STEPS:-gpu_check,hf_baseline,handoff,model_test},"
+wants() { [[ "$STEPS" == *",$1,"* ]]; }
 failed=()
 step() { echo "== $(date +%T) $*" >&2; }
 
@@ -68,7 +72,7 @@ cmake -S "$ROOT/gpu" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release \
 timeout 300 ninja -C "$BUILD" -k 0 gpu_check model_test cuda_weight_handoff_check >"$OUT/build.log" 2>&1 ||
   { grep -E "error|Error" "$OUT/build.log" | head -40 >&2; failed+=(build); }
 
-if [ -x "$BUILD/bin/gpu_check" ]; then
+if wants gpu_check && [ -x "$BUILD/bin/gpu_check" ]; then
   step "gpu_check"
   quick=(); [ "$QUICK" = 1 ] && quick=(--quick)
   timeout 240 "$BUILD/bin/gpu_check" --device cuda --out "$OUT/gpu_check.json" "${quick[@]}" \
@@ -76,7 +80,7 @@ if [ -x "$BUILD/bin/gpu_check" ]; then
   [ "${PIPESTATUS[0]}" = 0 ] || failed+=(gpu_check)
 fi
 
-if [ "$QUICK" != 1 ]; then
+if wants hf_baseline && [ "$QUICK" != 1 ]; then
   step "hf_baseline"
   PYTHONUNBUFFERED=1 timeout 180 "$PY" "$ROOT/gpu/hf_baseline.py" --out "$OUT/hf_baseline.json" \
     2>&1 | tee "$OUT/hf_baseline.log" >&2
@@ -84,7 +88,9 @@ if [ "$QUICK" != 1 ]; then
 fi
 
 handoff=$(find "$BUILD" -name cuda_weight_handoff_check -type f -perm -u+x | head -1)
-if [ -n "$handoff" ]; then
+if ! wants handoff; then
+  :
+elif [ -n "$handoff" ]; then
   step "handoff"
   sizes=988,3087; [ "$QUICK" = 1 ] && sizes=64
   timeout 120 "$handoff" --sizes-mb "$sizes" --output "$OUT/handoff.json" \
@@ -93,7 +99,7 @@ else
   failed+=(handoff-missing)
 fi
 
-if [ -x "$BUILD/bin/model_test" ]; then
+if wants model_test && [ -x "$BUILD/bin/model_test" ]; then
   step "model_test"
   timeout 90 "$BUILD/bin/model_test" --gtest_brief=1 --gtest_output="json:$OUT/model_test.json" \
     >"$OUT/model_test.log" 2>&1 || { tail -30 "$OUT/model_test.log" >&2; failed+=(model_test); }

@@ -159,8 +159,14 @@ absl::Status Engine::Swap(const PolicySnapshot& policy) {
   has_policy_ = true;
   if (first) {
     cache_ = policy_.model->NewCache(options_.max_rows, capacity_);
+    if (options_.cuda_graphs && policy_.model->device().is_cuda()) {
+      ASSIGN_OR_RETURN(graphs_, MakeDecodeGraphs(config_, policy_.model->placement(),
+                                                 options_.max_rows, capacity_));
+    }
+    if (graphs_ != nullptr) graphs_->SetWeights(*policy_.model);
     return absl::OkStatus();
   }
+  if (graphs_ != nullptr) graphs_->SetWeights(*policy_.model);
   ++stats_.swaps;
   // Prompt KV kept for waiting samples was computed by the old weights:
   // a waiting sample has no token yet, so it starts under the new ones.
@@ -429,8 +435,22 @@ absl::StatusOr<std::vector<FinishedSample>> Engine::Step(const PolicySnapshot& p
   }
   // The step's inputs go to the device in two small copies; the longest row
   // is known here, so nothing is read back before the forward pass.
-  const torch::Tensor logits =
-      policy_.model->ForwardRows(ids, lengths, cache_, longest).squeeze(1);
+  torch::Tensor logits;
+  if (graphs_ != nullptr) {
+    try {
+      logits = graphs_->Forward(ids, lengths, longest, cache_);
+      stats_.graph_captures = graphs_->captures();
+      stats_.graph_replays = graphs_->replays();
+    } catch (const c10::Error& e) {
+      // A capture the device refused: this engine goes on eagerly (the
+      // step is recomputed below; its keys and values are rewritten).
+      stats_.graph_error = e.what_without_backtrace();
+      graphs_.reset();
+    }
+  }
+  if (!logits.defined()) {
+    logits = policy_.model->ForwardRows(ids, lengths, cache_, longest).squeeze(1);
+  }
   ++stats_.decode_steps;
   stats_.decoded_rows += batch;
   std::vector<Row*> all;

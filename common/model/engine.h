@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/decode_graphs.h"
 #include "common/model/generation.h"
 #include "common/model/transformer.h"
 
@@ -40,6 +41,11 @@ struct EngineOptions {
   // and is required when stop_strings is not empty.
   std::vector<std::string> stop_strings;
   std::function<std::string(const std::vector<int32_t>&)> detokenize;
+  // On a CUDA device, decode steps replay CUDA graphs (decode_graphs.h):
+  // one more copy of the weights on the device, a capture per (batch,
+  // width) bucket the first time it is used, and the launches of a step
+  // gone. false = eager steps. Ignored on the CPU.
+  bool cuda_graphs = true;
 };
 
 // One sample of a group.
@@ -76,6 +82,9 @@ struct EngineStats {
   int64_t recomputed_tokens = 0;  // of those, re-prefilled because of a swap or a resume
   int64_t swaps = 0;              // version changes seen by Step
   int64_t compactions = 0;        // rows moved to close a gap
+  int64_t graph_captures = 0;     // decode graphs captured (CUDA)
+  int64_t graph_replays = 0;      // decode steps replayed from a graph
+  std::string graph_error;        // why decode graphs were given up, if they were
 };
 
 // Continuous-batching generation. Sequences join and leave the running
@@ -193,6 +202,7 @@ class Engine {
   PolicySnapshot policy_;
   bool has_policy_ = false;
   KVCache cache_;  // max_rows x capacity, allocated at the first Step
+  std::unique_ptr<DecodeGraphs> graphs_;  // CUDA, options_.cuda_graphs; reads cache_
   std::map<int64_t, Group> groups_;
   std::deque<Waiting> queue_;
   std::vector<Row> rows_;  // row i is cache row i

@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/model/decode_graphs.h"
 #include "common/model/device_spec.h"
 #include "common/model/engine.h"
 #include "common/model/test_models.h"
@@ -233,6 +234,52 @@ TEST(CudaPlacementTest, TheEngineOnTheGpuDecodesAsOnTheCpu) {
   // device picks the same tokens unless a draw lands within rounding of a
   // CDF step.
   EXPECT_GE(same, static_cast<int>(cpu.size()) - 1);
+}
+
+TEST(DecodeGraphsTest, NoneOnTheCpu) {
+  absl::StatusOr<std::unique_ptr<DecodeGraphs>> graphs =
+      MakeDecodeGraphs(Config(), ModelPlacement{}, 8, 64);
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  EXPECT_EQ(*graphs, nullptr);
+}
+
+TEST(CudaPlacementTest, DecodeGraphsGiveTheEagerStepsTokens) {
+  if (!CudaVisible()) GTEST_SKIP() << "no CUDA device (" << TorchBuildName() << ")";
+  SamplingOptions sampling;
+  sampling.temperature = 1.0;
+  sampling.max_new_tokens = 20;
+  std::vector<SampleRequest> samples(5);
+  for (size_t i = 0; i < samples.size(); ++i) samples[i].seed = 40 + i;
+  std::shared_ptr<Transformer> gpu = Placed(ModelPlacement{torch::Device(torch::kCUDA, 0)});
+  auto run = [&](bool graphs, EngineStats* stats) {
+    EngineOptions options;
+    options.max_rows = 8;
+    options.cuda_graphs = graphs;
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(gpu->config(), options, sampling);
+    EXPECT_TRUE(engine.ok());
+    EXPECT_TRUE((*engine)->AddGroup({3, 7, 1}, samples).ok());
+    EXPECT_TRUE((*engine)->AddGroup({5, 5}, samples).ok());
+    std::vector<std::vector<int32_t>> tokens(10);
+    while (!(*engine)->idle()) {
+      absl::StatusOr<std::vector<FinishedSample>> done = (*engine)->Step(PolicySnapshot{gpu, 0});
+      EXPECT_TRUE(done.ok()) << done.status();
+      if (!done.ok()) break;
+      for (FinishedSample& f : *done) tokens[f.group * 5 + f.sample] = f.completion.tokens;
+    }
+    *stats = (*engine)->stats();
+    return tokens;
+  };
+  EngineStats graph_stats, eager_stats;
+  const auto with_graphs = run(true, &graph_stats);
+  const auto eager = run(false, &eager_stats);
+  EXPECT_EQ(graph_stats.graph_error, "");
+  EXPECT_GT(graph_stats.graph_replays, 0);
+  EXPECT_GT(graph_stats.graph_captures, 0);
+  EXPECT_EQ(eager_stats.graph_replays, 0);
+  int same = 0;
+  for (size_t i = 0; i < eager.size(); ++i) same += eager[i] == with_graphs[i];
+  EXPECT_GE(same, 9);
 }
 
 }  // namespace

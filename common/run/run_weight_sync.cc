@@ -57,6 +57,14 @@ void ValidateWeightSync(const v1::RunSpec& spec, std::vector<std::string>* probl
                                          " ", what, "; model.device is \"",
                                          device.empty() ? "cpu" : device,
                                          "\" (use grpc, or run on cuda)"));
+      } else {
+        // The hand-off itself exists and is measured (common/cuda,
+        // scripts/gpu-check.sh), but no service publishes or maps a version
+        // through it yet: refused rather than silently sent over gRPC.
+        problems->push_back(absl::StrCat(
+            "weight_sync.transport: ", ShortName(config.transport()),
+            " is not wired into the trainer and rollout workers yet (its hand-off is in "
+            "common/cuda and measured by scripts/gpu-check.sh, docs/gpu.md); use grpc"));
       }
       break;
     default:

@@ -43,7 +43,13 @@ TEST(RunWeightSyncTest, GpuTransportsOnCpuAreRefusedWithWhatToDo) {
   spec.mutable_model()->set_device("cpu");
   ASSERT_EQ(Problems(spec).size(), 1u);
   EXPECT_TRUE(absl::StrContains(Problems(spec)[0], "nccl"));
+  // On cuda they are refused too, saying so, until the services use them
+  // (not silently sent over gRPC).
   spec.mutable_model()->set_device("cuda");
+  ASSERT_EQ(Problems(spec).size(), 1u);
+  EXPECT_TRUE(absl::StrContains(Problems(spec)[0], "nccl is not wired into the trainer"))
+      << Problems(spec)[0];
+  spec.mutable_weight_sync()->set_transport(v1::WEIGHT_TRANSPORT_GRPC);
   EXPECT_TRUE(Problems(spec).empty());
   EXPECT_EQ(WeightTransportLabel(v1::WEIGHT_TRANSPORT_NCCL), "nccl");
   EXPECT_EQ(WeightTransportLabel(v1::WEIGHT_TRANSPORT_GRPC, true), "grpc_delta");

@@ -27,6 +27,28 @@ inline model::ModelConfig MidSizeQwen2() {
   return config;
 }
 
+// Qwen2.5-0.5B's shape (config.json of Qwen/Qwen2.5-0.5B: 494 M parameters,
+// tied embeddings), with the context cut to `context` positions (rotary
+// tables only): what the GPU decode and trainer measurements use
+// (gpu/gpu_check.cc, docs/gpu.md).
+inline model::ModelConfig Qwen25HalfB(int64_t context = 4096) {
+  model::ModelConfig config;
+  config.architecture = "Qwen2ForCausalLM";
+  config.vocab_size = 151936;
+  config.hidden_size = 896;
+  config.intermediate_size = 4864;
+  config.num_hidden_layers = 24;
+  config.num_attention_heads = 14;
+  config.num_key_value_heads = 2;
+  config.head_dim = 64;
+  config.max_position_embeddings = context;
+  config.rms_norm_eps = 1e-6;
+  config.rope_theta = 1000000.0;
+  config.tie_word_embeddings = true;
+  config.attention_bias = true;
+  return config;
+}
+
 }  // namespace sluice::bench
 
 #endif  // SLUICE_BENCHMARKS_MODEL_SHAPES_H_

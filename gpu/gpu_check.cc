@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "CLI/CLI.hpp"
+#include "benchmarks/model_shapes.h"
 #include "common/model/device_spec.h"
 #include "common/model/engine.h"
 #include "common/model/transformer.h"
@@ -50,25 +51,8 @@ double Now() {
 
 void Log(const std::string& line) { std::cerr << "[gpu_check] " << line << std::endl; }
 
-// Qwen2.5-0.5B's shape (config.json of Qwen/Qwen2.5-0.5B), context cut to
-// what the checks use (rotary tables only).
-ModelConfig Qwen05B() {
-  ModelConfig c;
-  c.architecture = "Qwen2ForCausalLM";
-  c.vocab_size = 151936;
-  c.hidden_size = 896;
-  c.intermediate_size = 4864;
-  c.num_hidden_layers = 24;
-  c.num_attention_heads = 14;
-  c.num_key_value_heads = 2;
-  c.head_dim = 64;
-  c.max_position_embeddings = 4096;
-  c.rms_norm_eps = 1e-6;
-  c.rope_theta = 1000000.0;
-  c.tie_word_embeddings = true;
-  c.attention_bias = true;
-  return c;
-}
+// Qwen2.5-0.5B's shape (benchmarks/model_shapes.h).
+ModelConfig Qwen05B() { return bench::Qwen25HalfB(); }
 
 // The same family, small enough for a CPU smoke run.
 ModelConfig Small() {

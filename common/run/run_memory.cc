@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/run/run_weight_sync.h"
 
 namespace sluice::run {
 namespace {
@@ -189,6 +190,13 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
           : absl::StrCat(Count(tokens), " tokens (prompt <= ", Count(prompt_tokens),
                          " + max new tokens, within the context of ", Count(context), ")");
 
+  // How versions travel (weight_sync): the store's and the workers' copies.
+  const WeightSync sync = ResolveWeightSync(spec);
+  const int64_t sync_bytes = sync.dtype == v1::DTYPE_FLOAT32 ? kFloat : 2;
+  const std::string sync_dtype =
+      sync.dtype == v1::DTYPE_FLOAT32 ? "float32"
+                                      : (sync.dtype == v1::DTYPE_FLOAT16 ? "float16" : "bfloat16");
+
   // Rollout worker.
   {
     ServiceMemoryEstimate& w = out.rollout_worker;
@@ -198,6 +206,11 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
     const int64_t sequences = Mul(groups, group_size);
     AddTerm(w, "weights", Mul(params, 2, kFloat),
             absl::StrCat(Count(params), " parameters, the current and an incoming version"));
+    if (sync.delta) {
+      AddTerm(w, "held version", Mul(params, sync_bytes),
+              absl::StrCat("the version held as it came (", sync_dtype,
+                           "), the base of the next delta"));
+    }
     w.batch_bytes = GenerationBatchBytes(config, sequences, prompt_tokens, tokens);
     AddTerm(w, "generation batch", w.batch_bytes,
             absl::StrCat(Count(sequences), " sequences (", Count(groups), " groups x ",
@@ -216,12 +229,18 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
     ServiceMemoryEstimate& t = out.trainer;
     AddTerm(t, "weights and optimizer", Mul(params, 4, kFloat),
             absl::StrCat(Count(params), " parameters: weights, gradients, AdamW's two moments"));
-    const int64_t store_bytes = spec.model().dtype() == v1::DTYPE_BFLOAT16 ||
-                                        spec.model().dtype() == v1::DTYPE_FLOAT16
-                                    ? 2
-                                    : kFloat;
-    AddTerm(t, "published versions", Mul(params, kRetainedVersions, store_bytes),
-            absl::StrCat(kRetainedVersions, " versions kept for the workers"));
+    // Versions are published in weight_sync.dtype (run_weight_sync.h).
+    AddTerm(t, "published versions", Mul(params, kRetainedVersions, sync_bytes),
+            absl::StrCat(kRetainedVersions, " versions kept for the workers, in ", sync_dtype));
+    if (sync.delta) {
+      // A tensor whose delta would pass half its size travels whole.
+      AddTerm(t, "version deltas", Mul(params, kRetainedVersions, sync_bytes) / 2,
+              "each kept version's sparse delta against the one before, at most half its size");
+    }
+    if (sync_bytes < kFloat) {
+      AddTerm(t, "float32 copy of the last version", Mul(params, kFloat),
+              "so that a rolled-back step loses nothing to the published rounding");
+    }
     const int minibatches = std::max(1, a.minibatches_per_batch());
     if (KeepsProximalPolicy(a)) {
       AddTerm(t, "proximal policy", Mul(params, kFloat), "a copy of the weights");

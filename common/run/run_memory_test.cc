@@ -151,6 +151,40 @@ TEST(RunMemoryTest, QwenWorkerKvCacheIsWhatVllmWouldReserve) {
   EXPECT_EQ(estimate.replay_buffer.bytes, 64 * StoredGroupBytes(8, 1024));
 }
 
+// weight_sync decides what the trainer's store and the workers hold: a
+// bf16 store is half a float32 one, plus deltas (at most half of it), plus
+// the trainer's float32 copy of the last version; with deltas each worker
+// keeps the version it holds as it came.
+TEST(RunMemoryTest, WeightSyncSetsTheStoreAndTheHeldVersion) {
+  auto term = [](const ServiceMemoryEstimate& e, const std::string& what) -> int64_t {
+    for (const auto& t : e.terms) {
+      if (t.what == what) return t.bytes;
+    }
+    return -1;
+  };
+  const int64_t params = Qwen05().ParameterCount();
+  v1::RunSpec spec = Spec(8, 16);
+  RunMemoryEstimate f32 = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_EQ(term(f32.trainer, "published versions"), params * 4 * 4);
+  EXPECT_EQ(term(f32.trainer, "version deltas"), -1);
+  EXPECT_EQ(term(f32.trainer, "float32 copy of the last version"), -1);
+  EXPECT_EQ(term(f32.rollout_worker, "held version"), -1);
+
+  spec.mutable_weight_sync()->set_dtype(v1::DTYPE_BFLOAT16);  // deltas on by default
+  RunMemoryEstimate bf16 = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_EQ(term(bf16.trainer, "published versions"), params * 4 * 2);
+  EXPECT_EQ(term(bf16.trainer, "version deltas"), params * 4);
+  EXPECT_EQ(term(bf16.trainer, "float32 copy of the last version"), params * 4);
+  EXPECT_EQ(term(bf16.rollout_worker, "held version"), params * 2);
+  EXPECT_EQ(bf16.rollout_worker.bytes, f32.rollout_worker.bytes + params * 2);
+
+  spec.mutable_weight_sync()->set_delta(false);
+  RunMemoryEstimate plain = EstimateRunMemory(spec, Qwen05(), 256);
+  EXPECT_EQ(term(plain.trainer, "version deltas"), -1);
+  EXPECT_EQ(term(plain.rollout_worker, "held version"), -1);
+  EXPECT_EQ(plain.trainer.bytes, f32.trainer.bytes - params * 4 * 2 + params * 4);
+}
+
 // The buffer checks a new table with the replay buffer's term alone, from
 // what ConfigureRun carries: it must agree with the controller's estimate.
 TEST(RunMemoryTest, ReplayBufferTermFromTheTableConfigIsTheRunEstimates) {

@@ -219,6 +219,15 @@ TEST_F(LoopProcessTest, ABfloat16RunSyncsWeightsAsSparseDeltasAndSucceeds) {
   EXPECT_EQ(summary["steps"].get<int64_t>(), 12);
   EXPECT_EQ(summary["verification"]["groups_failed"].get<int64_t>(), 0);
   EXPECT_GT(summary["verification"]["groups_verified"].get<int64_t>(), 0);
+  // summary.json's weight_sync: every RL version went out in bf16, those
+  // after the first with a delta smaller than the versions in full.
+  const auto& sync = summary["weight_sync"];
+  EXPECT_EQ(sync["transport"].get<std::string>(), "grpc");
+  EXPECT_EQ(sync["dtype"].get<std::string>(), "bfloat16");
+  EXPECT_TRUE(sync["delta"].get<bool>());
+  EXPECT_EQ(sync["versions"].get<int64_t>(), 12);
+  EXPECT_GT(sync["delta_versions"].get<int64_t>(), 0);
+  EXPECT_LT(sync["delta_bytes"].get<int64_t>(), sync["delta_versions_full_bytes"].get<int64_t>());
 
   const std::string worker = Metrics("rollout_worker-0");
   const std::string trainer = Metrics("trainer");

@@ -242,6 +242,13 @@ absl::StatusOr<v1::TrainingStepMetrics> TrainerRun::Impl::TrainStep(
   const double publish_start = Now();
   RETURN_IF_ERROR(Publish(step_));
   const double publish_seconds = Now() - publish_start;
+  if (last_published_ != nullptr) {
+    metrics.set_weight_version_bytes(last_published_->info.total_size_bytes());
+    if (last_published_->delta != nullptr) {
+      metrics.set_weight_delta_bytes(last_published_->delta->encoded_bytes);
+      metrics.set_weight_delta_encode_seconds(last_published_->delta->encode_seconds);
+    }
+  }
 
   metrics.set_step(step_);
   metrics.set_policy_version(step_);

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/run/run_weight_sync.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "services/controller/proto_json.h"
@@ -131,6 +132,7 @@ void RebuildFromAppendedFiles(const RunFiles& files, RunRecord* record) {
     summary.clear_max_staleness();
     summary.clear_final_reward_mean();
     summary.clear_verification();
+    summary.clear_weight_sync();
     progress.clear_groups_trained();
     record->recent_step_rewards.clear();
     int64_t last = 0;
@@ -339,6 +341,30 @@ void ApplyVerificationFigures(const v1::TrainingStepMetrics& step,
   for (const std::string& id : step.workers_quarantined()) worker(id).set_quarantined(true);
 }
 
+// The version the step published, added to the run's weight-sync figures;
+// the run's resolved weight_sync names what they are.
+void ApplyWeightSyncFigures(const v1::TrainingStepMetrics& step, const v1::RunSpec& spec,
+                            v1::RunSummary* summary) {
+  if (step.weight_version_bytes() <= 0) return;  // a trainer without the figures
+  v1::WeightSyncSummary* sync = summary->mutable_weight_sync();
+  const run::WeightSync resolved = run::ResolveWeightSync(spec);
+  sync->set_transport(run::WeightTransportLabel(resolved.transport));
+  sync->set_dtype(resolved.dtype == v1::DTYPE_FLOAT32
+                      ? "float32"
+                      : (resolved.dtype == v1::DTYPE_FLOAT16 ? "float16" : "bfloat16"));
+  sync->set_delta(resolved.delta);
+  sync->set_versions(sync->versions() + 1);
+  sync->set_version_bytes(sync->version_bytes() + step.weight_version_bytes());
+  if (step.weight_delta_bytes() > 0) {
+    sync->set_delta_versions(sync->delta_versions() + 1);
+    sync->set_delta_bytes(sync->delta_bytes() + step.weight_delta_bytes());
+    sync->set_delta_versions_full_bytes(sync->delta_versions_full_bytes() +
+                                        step.weight_version_bytes());
+    sync->set_delta_encode_seconds(sync->delta_encode_seconds() +
+                                   step.weight_delta_encode_seconds());
+  }
+}
+
 }  // namespace
 
 void ApplyStepFigures(const v1::TrainingStepMetrics& step, v1::Run* run,
@@ -359,6 +385,7 @@ void ApplyStepFigures(const v1::TrainingStepMetrics& step, v1::Run* run,
   summary.set_max_staleness(std::max(summary.max_staleness(), step.staleness_max()));
   progress.set_groups_trained(summary.groups_trained());
   ApplyVerificationFigures(step, summary.mutable_verification());
+  ApplyWeightSyncFigures(step, run->spec(), &summary);
   recent_step_rewards->push_back(step.reward_mean());
   while (recent_step_rewards->size() > kFinalRewardSteps) recent_step_rewards->pop_front();
   summary.set_final_reward_mean(

@@ -280,6 +280,42 @@ TEST(ApplyStepFiguresTest, VerificationIsSummedPerWorker) {
   EXPECT_TRUE(v.workers(1).quarantined());
 }
 
+// The versions the steps published, summed into summary.json's
+// weight_sync section under the run's resolved weight_sync.
+TEST(ApplyStepFiguresTest, WeightSyncSumsFullAndDeltaBytes) {
+  v1::Run run;
+  run.mutable_spec()->mutable_weight_sync()->set_dtype(v1::DTYPE_BFLOAT16);
+  std::deque<double> rewards;
+  v1::TrainingStepMetrics step;
+  step.set_step(1);
+  step.set_weight_version_bytes(1000);  // the first version: no delta
+  ApplyStepFigures(step, &run, &rewards);
+  step.set_step(2);
+  step.set_weight_delta_bytes(40);
+  step.set_weight_delta_encode_seconds(0.25);
+  ApplyStepFigures(step, &run, &rewards);
+  step.set_step(3);
+  step.set_weight_delta_bytes(60);
+  ApplyStepFigures(step, &run, &rewards);
+  const v1::WeightSyncSummary& w = run.summary().weight_sync();
+  EXPECT_EQ(w.transport(), "grpc");
+  EXPECT_EQ(w.dtype(), "bfloat16");
+  EXPECT_TRUE(w.delta());
+  EXPECT_EQ(w.versions(), 3);
+  EXPECT_EQ(w.version_bytes(), 3000);
+  EXPECT_EQ(w.delta_versions(), 2);
+  EXPECT_EQ(w.delta_bytes(), 100);
+  EXPECT_EQ(w.delta_versions_full_bytes(), 2000);
+  EXPECT_DOUBLE_EQ(w.delta_encode_seconds(), 0.5);
+
+  // A trainer that reports no version bytes leaves the section alone.
+  v1::Run old;
+  v1::TrainingStepMetrics bare;
+  bare.set_step(1);
+  ApplyStepFigures(bare, &old, &rewards);
+  EXPECT_FALSE(old.summary().has_weight_sync());
+}
+
 TEST(RunFilesTest, AtomicWriteReplacesTheWholeFile) {
   const std::string dir = ::testing::TempDir() + "/atomic";
   std::filesystem::create_directories(dir);

@@ -127,9 +127,12 @@ class RunRegistryTest : public ::testing::Test {
     std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
     const absl::Time deadline = absl::Now() + kWait;
     RunDriver::Snapshot snapshot = driver->Get();
-    // ... and the worker's joining was counted.
+    // ... and the worker's joining was counted: live (from its heartbeat)
+    // and joined (from its assignment event) are separate updates, which
+    // may land in either order.
     while ((snapshot.run.progress().phase() != "loading model" ||
-            snapshot.run.progress().workers_live() != 1) &&
+            snapshot.run.progress().workers_live() != 1 ||
+            snapshot.run.summary().recovery().workers_joined() != 1) &&
            absl::Now() < deadline) {
       driver->AwaitUpdate(snapshot.generation, snapshot.run.state(), absl::InfinitePast(),
                           deadline);
@@ -137,6 +140,7 @@ class RunRegistryTest : public ::testing::Test {
     }
     ASSERT_EQ(snapshot.run.progress().phase(), "loading model");
     ASSERT_EQ(snapshot.run.progress().workers_live(), 1);
+    ASSERT_EQ(snapshot.run.summary().recovery().workers_joined(), 1);
   }
 
   // Waits until the trainer was started `n` times.

@@ -33,12 +33,10 @@ class CudaDecodeGraphs final : public DecodeGraphs {
   }
 
   void SetWeights(const Transformer& policy) override {
-    torch::NoGradGuard no_grad;
-    const std::vector<NamedTensor>& from = policy.parameters();
-    const std::vector<NamedTensor>& to = model_->parameters();
-    TORCH_CHECK(from.size() == to.size(), "decode graphs: the policy has ", from.size(),
-                " parameters, the graphs' model ", to.size());
-    for (size_t i = 0; i < to.size(); ++i) to[i].tensor.detach().copy_(from[i].tensor.detach());
+    // Copied in place (device to device): the graphs keep reading the same
+    // parameter buffers.
+    const absl::Status loaded = model_->LoadWeights(policy.parameters());
+    TORCH_CHECK(loaded.ok(), "decode graphs: ", loaded.ToString());
   }
 
   torch::Tensor Forward(const torch::Tensor& ids, const torch::Tensor& lengths, int64_t longest,
@@ -48,15 +46,16 @@ class CudaDecodeGraphs final : public DecodeGraphs {
     const int64_t width = std::min(std::max<int64_t>(64, NextPowerOfTwo(longest + 1)), capacity_);
     TORCH_CHECK(longest + 1 <= width, "decode graphs: row length ", longest,
                 " does not fit the cache's ", capacity_, " positions");
-    // The step's inputs, padded, into the graphs' static buffers.
-    torch::Tensor host_ids = torch::zeros({rows, 1}, torch::kInt64);
-    torch::Tensor host_lengths = torch::zeros({rows}, torch::kInt64);
-    host_ids.narrow(0, 0, batch).copy_(ids);
-    host_lengths.narrow(0, 0, batch).copy_(lengths);
+    // The step's inputs into the graphs' static buffers; padded rows decode
+    // token 0 at position 0.
     torch::Tensor ids_view = ids_.narrow(0, 0, rows);
     torch::Tensor lengths_view = lengths_.narrow(0, 0, rows);
-    ids_view.copy_(host_ids);
-    lengths_view.copy_(host_lengths);
+    ids_view.narrow(0, 0, batch).copy_(ids);
+    lengths_view.narrow(0, 0, batch).copy_(lengths);
+    if (rows > batch) {
+      ids_view.narrow(0, batch, rows - batch).zero_();
+      lengths_view.narrow(0, batch, rows - batch).zero_();
+    }
     const std::pair<int64_t, int64_t> key(rows, width);
     auto it = graphs_.find(key);
     if (it == graphs_.end()) {

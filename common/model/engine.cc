@@ -163,10 +163,9 @@ absl::Status Engine::Swap(const PolicySnapshot& policy) {
       ASSIGN_OR_RETURN(graphs_, MakeDecodeGraphs(config_, policy_.model->placement(),
                                                  options_.max_rows, capacity_));
     }
-    if (graphs_ != nullptr) graphs_->SetWeights(*policy_.model);
-    return absl::OkStatus();
   }
   if (graphs_ != nullptr) graphs_->SetWeights(*policy_.model);
+  if (first) return absl::OkStatus();
   ++stats_.swaps;
   // Prompt KV kept for waiting samples was computed by the old weights:
   // a waiting sample has no token yet, so it starts under the new ones.

@@ -193,9 +193,7 @@ RunMemoryEstimate EstimateRunMemory(const v1::RunSpec& spec, const model::ModelC
   // How versions travel (weight_sync): the store's and the workers' copies.
   const WeightSync sync = ResolveWeightSync(spec);
   const int64_t sync_bytes = sync.dtype == v1::DTYPE_FLOAT32 ? kFloat : 2;
-  const std::string sync_dtype =
-      sync.dtype == v1::DTYPE_FLOAT32 ? "float32"
-                                      : (sync.dtype == v1::DTYPE_FLOAT16 ? "float16" : "bfloat16");
+  const std::string sync_dtype = WeightSyncDTypeName(sync.dtype);
 
   // Rollout worker.
   {

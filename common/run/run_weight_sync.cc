@@ -99,4 +99,15 @@ std::string WeightTransportLabel(v1::WeightTransport transport, bool delta) {
   return ShortName(transport);
 }
 
+std::string WeightSyncDTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT16:
+      return "float16";
+    case v1::DTYPE_BFLOAT16:
+      return "bfloat16";
+    default:
+      return "float32";
+  }
+}
+
 }  // namespace sluice::run

@@ -38,6 +38,10 @@ void ValidateWeightSync(const v1::RunSpec& spec, std::vector<std::string>* probl
 // `delta`, "grpc_delta" for a version that went as a sparse delta.
 std::string WeightTransportLabel(v1::WeightTransport transport, bool delta = false);
 
+// A resolved weight_sync.dtype as summaries and logs name it: "float32",
+// "bfloat16" or "float16".
+std::string WeightSyncDTypeName(v1::DType dtype);
+
 }  // namespace sluice::run
 
 #endif  // SLUICE_COMMON_RUN_RUN_WEIGHT_SYNC_H_

@@ -349,9 +349,7 @@ void ApplyWeightSyncFigures(const v1::TrainingStepMetrics& step, const v1::RunSp
   v1::WeightSyncSummary* sync = summary->mutable_weight_sync();
   const run::WeightSync resolved = run::ResolveWeightSync(spec);
   sync->set_transport(run::WeightTransportLabel(resolved.transport));
-  sync->set_dtype(resolved.dtype == v1::DTYPE_FLOAT32
-                      ? "float32"
-                      : (resolved.dtype == v1::DTYPE_FLOAT16 ? "float16" : "bfloat16"));
+  sync->set_dtype(run::WeightSyncDTypeName(resolved.dtype));
   sync->set_delta(resolved.delta);
   sync->set_versions(sync->versions() + 1);
   sync->set_version_bytes(sync->version_bytes() + step.weight_version_bytes());

@@ -11,6 +11,7 @@
 #include "common/logging.h"
 #include "common/run/run_memory.h"
 #include "common/run/run_model.h"
+#include "services/controller/run_conditions.h"
 #include "services/controller/run_spec.h"
 #include "services/controller/worker_registry.h"
 
@@ -76,6 +77,9 @@ RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
   last_persisted_at_ = absl::Now();
   run_ = std::move(record.run);
   run_.set_queue_position(0);
+  // Conditions describe the controller's view now; a restored run earns its
+  // own again.
+  RunConditions::ClearAll(&run_);
   const auto to_time = [](const google::protobuf::Timestamp& t) {
     return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
   };
@@ -534,6 +538,7 @@ bool RunDriver::TransitionLocked(v1::RunState state, const std::string& error) {
                                                         : "cancelled");
     if (feed_) feed_->MarkDone();
     FillFeedFiguresLocked(&run_);
+    RunConditions::ClearAll(&run_);
   }
   SetTimestamp(now, run_.mutable_updated_at());
   // The record first: a summary.json without it would be re-adopted as the
@@ -668,6 +673,18 @@ bool RunDriver::AwaitUpdate(int64_t seen_generation, v1::RunState seen_state,
   }
   if (absl::Now() >= deadline) return state_changed();
   return mu_.AwaitWithDeadline(absl::Condition(&anything_changed), deadline);
+}
+
+void RunDriver::SetCondition(absl::string_view kind, absl::string_view service,
+                             absl::string_view message) {
+  absl::MutexLock lock(&mu_);
+  if (IsTerminal(run_.state())) return;
+  if (RunConditions::Set(&run_, kind, service, message, Now())) TouchLocked();
+}
+
+void RunDriver::ClearCondition(absl::string_view kind, absl::string_view service) {
+  absl::MutexLock lock(&mu_);
+  if (RunConditions::Clear(&run_, kind, service)) TouchLocked();
 }
 
 bool RunDriver::IsQuarantinedLocked(const std::string& worker_id) const {

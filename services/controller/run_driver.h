@@ -3,8 +3,8 @@
 
 #include <cstdint>
 #include <deque>
-#include <map>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -62,7 +62,8 @@ struct RunDriverOptions {
   // use the real clock). Null = absl::Now.
   std::function<absl::Time()> clock;
   // The run's training prompts in task order. Null = BuildTrainingPrompts.
-  std::function<absl::StatusOr<std::vector<v1::Prompt>>(const v1::RunSpec&)> prompt_source;
+  std::function<absl::StatusOr<std::vector<v1::Prompt>>(const v1::RunSpec &)>
+      prompt_source;
   // state.json is rewritten on every state change, and for the counters in
   // between at most this often (real clock), by the driver thread on its
   // next wake-up (health_check_interval at the latest): a controller killed
@@ -79,11 +80,11 @@ struct RunDriverOptions {
 
 // Told about every change of every run (metrics).
 class RunObserver {
- public:
+public:
   virtual ~RunObserver() = default;
   // Called under the run's lock after each change: keep it short and call
   // nothing of the controller from it.
-  virtual void OnRunUpdated(const v1::Run& run) = 0;
+  virtual void OnRunUpdated(const v1::Run &run) = 0;
 };
 
 // One run, from QUEUED to a terminal state, and its own thread.
@@ -129,18 +130,19 @@ class RunObserver {
 //
 // Thread-safe.
 class RunDriver {
- public:
+public:
   // `record`: a run just submitted (NewRunRecord: QUEUED), or one restored
   // from its directory (LoadRunRecord): a terminal one stays as it is (its
   // files are not written again), a QUEUED one waits for Start(), an active
   // one for Adopt().
   RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
-            v1::ServiceEndpoints endpoints, RunDriverOptions options, RunObserver* observer);
+            v1::ServiceEndpoints endpoints, RunDriverOptions options,
+            RunObserver *observer);
   // Shutdown(): leaves a non-terminal run as it is and joins the thread.
   ~RunDriver();
 
-  RunDriver(const RunDriver&) = delete;
-  RunDriver& operator=(const RunDriver&) = delete;
+  RunDriver(const RunDriver &) = delete;
+  RunDriver &operator=(const RunDriver &) = delete;
 
   // Called at the end of the driver thread, once the run's services were
   // told to stop (and for a run cancelled while queued, by Start()). Set
@@ -169,7 +171,7 @@ class RunDriver {
   // True once the thread has exited, or the run ended before it started.
   bool Stopped() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  const std::string& run_id() const { return run_id_; }
+  const std::string &run_id() const { return run_id_; }
 
   // The run as of now (throughput and elapsed times computed now), and the
   // change counter it corresponds to.
@@ -184,17 +186,27 @@ class RunDriver {
   // `seen_generation` and it is `progress_not_before` or later. Returns true
   // then, false at `deadline`. Returns true at once once the driver is shut
   // down. Real clock.
-  bool AwaitUpdate(int64_t seen_generation, v1::RunState seen_state, absl::Time progress_not_before,
-                   absl::Time deadline) const ABSL_LOCKS_EXCLUDED(mu_);
+  bool AwaitUpdate(int64_t seen_generation, v1::RunState seen_state,
+                   absl::Time progress_not_before, absl::Time deadline) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Marks the run CANCELLED (Run.error_message = `reason`, or "cancelled by
   // user") and has the thread stop the trainer and the workers. A run that is
   // already terminal is left as it is. Returns the run after the call.
-  v1::Run Cancel(const std::string& reason) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::Run Cancel(const std::string &reason) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Fails an active run with `message` (the thread then stops its
   // services); no-op when terminal.
-  void Fail(const std::string& message) ABSL_LOCKS_EXCLUDED(mu_);
+  void Fail(const std::string &message) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // What holds the run back (Run.conditions, run_conditions.h): set while it
+  // lasts (again to update its message), cleared once it no longer holds.
+  // Watchers are woken on a change. Ignored once the run is terminal, which
+  // clears them all.
+  void SetCondition(absl::string_view kind, absl::string_view service,
+                    absl::string_view message) ABSL_LOCKS_EXCLUDED(mu_);
+  void ClearCondition(absl::string_view kind, absl::string_view service)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Controller stop (SIGTERM): leaves the run in its state for the next
   // controller to re-adopt (its record and feed journal flushed and
@@ -214,22 +226,25 @@ class RunDriver {
   // (ReportTrainerProgressRequest.quarantined_worker_ids, or the summary's
   // verification section, which a restored run rebuilds) is
   // PERMISSION_DENIED naming the quarantine.
-  absl::StatusOr<v1::LeasePromptsResponse> LeasePrompts(const v1::LeasePromptsRequest& request)
+  absl::StatusOr<v1::LeasePromptsResponse>
+  LeasePrompts(const v1::LeasePromptsRequest &request) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ReportRolloutProgressResponse
+  ReportRolloutProgress(const v1::ReportRolloutProgressRequest &request)
       ABSL_LOCKS_EXCLUDED(mu_);
-  v1::ReportRolloutProgressResponse ReportRolloutProgress(
-      const v1::ReportRolloutProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
-  v1::ReportTrainerProgressResponse ReportTrainerProgress(
-      const v1::ReportTrainerProgressRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+  v1::ReportTrainerProgressResponse
+  ReportTrainerProgress(const v1::ReportTrainerProgressRequest &request)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // A supervisor gave up restarting a service (ReportServiceFailure): a
   // singleton fails the run; a rollout worker fails it only when fewer than
   // rollout.min_workers remain. Returns true when the run failed.
-  bool OnServiceFailure(const std::string& service, const std::string& description,
-                        const std::string& worker_id) ABSL_LOCKS_EXCLUDED(mu_);
+  bool OnServiceFailure(const std::string &service,
+                        const std::string &description,
+                        const std::string &worker_id) ABSL_LOCKS_EXCLUDED(mu_);
 
- private:
+private:
   struct HealthTarget {
-    std::string name;  // "trainer", "replay_buffer", "reward_server"
+    std::string name; // "trainer", "replay_buffer", "reward_server"
     std::string address;
     // When the current outage began; InfiniteFuture while healthy.
     absl::Time failing_since = absl::InfiniteFuture();
@@ -253,9 +268,11 @@ class RunDriver {
   // back), failures, and the rollout.min_workers floor.
   void ReconcileWorkers();
   // Counts restarts of the buffer and the reward server (incarnations).
-  void NoteIncarnation(const std::string& service, uint64_t incarnation, uint64_t* known);
+  void NoteIncarnation(const std::string &service, uint64_t incarnation,
+                       uint64_t *known);
   // Adds to RunSummary.recovery under the lock.
-  void AddRestartLocked(const std::string& service) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddRestartLocked(const std::string &service)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the run when it made no progress for options_.stall_timeout.
   void CheckStall();
   void RefreshBufferStats();
@@ -275,7 +292,7 @@ class RunDriver {
   // `call` until it succeeds or fails otherwise than UNAVAILABLE /
   // DEADLINE_EXCEEDED; only a re-adopted run retries (its services may be
   // restarting too), for at most options_.adoption_timeout.
-  absl::Status CallWhileAdopting(const std::function<absl::Status()>& call)
+  absl::Status CallWhileAdopting(const std::function<absl::Status()> &call)
       ABSL_LOCKS_EXCLUDED(mu_);
   // The record as of now, and state.json written from it (`durable`: with
   // the directory fsync). Write errors are logged.
@@ -287,38 +304,44 @@ class RunDriver {
   // RPC handlers (the workers' reports) never wait for the disk.
   void FlushState() ABSL_LOCKS_EXCLUDED(mu_, files_mu_);
   // RecoveryStats from the prompt feed (re-issued prompts, expired leases).
-  void FillFeedFiguresLocked(v1::Run* run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillFeedFiguresLocked(v1::Run *run) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Moves to `state`, with the bookkeeping of terminal states (summary.json,
   // no more prompts). False (and nothing changes) when already terminal.
-  bool TransitionLocked(v1::RunState state, const std::string& error)
+  bool TransitionLocked(v1::RunState state, const std::string &error)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records a change: counter, updated_at, observer.
   void TouchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records progress for the stall check (real clock).
   void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyEvalLocked(const v1::EvalResult& eval) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyStepLocked(v1::TrainingStepMetrics step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest& request)
+  void ApplyEvalLocked(const v1::EvalResult &eval)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotePolicyVersionLocked(int64_t version) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  double TokensPerSecondLocked(absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FillLiveFiguresLocked(v1::Run* run, absl::Time now) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyStepLocked(v1::TrainingStepMetrics step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest &request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotePolicyVersionLocked(int64_t version)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  double TokensPerSecondLocked(absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FillLiveFiguresLocked(v1::Run *run, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string run_id_;
   const v1::RunSpec spec_;
-  const std::string request_id_;  // Kept in the record.
-  const int64_t sequence_;        // Kept in the record.
+  const std::string request_id_; // Kept in the record.
+  const int64_t sequence_;       // Kept in the record.
   const RunFiles files_;
   const ServiceClients clients_;
   const v1::ServiceEndpoints endpoints_;
   const RunSizes sizes_;
   const RunDriverOptions options_;
-  RunObserver* const observer_;
+  RunObserver *const observer_;
   // Only the driver thread touches these.
   std::vector<HealthTarget> health_targets_;
   bool trainer_started_ = false;
   bool workers_offered_ = false;
-  bool adopting_ = false;  // Set by Adopt() before the thread starts.
+  bool adopting_ = false; // Set by Adopt() before the thread starts.
   int trainer_mismatches_ = 0;
   // What StartTraining carried, re-sent to a restarted trainer.
   v1::StartTrainingRequest start_training_;
@@ -354,13 +377,17 @@ class RunDriver {
   absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t max_policy_version_ ABSL_GUARDED_BY(mu_) = -1;
-  v1::TrainerState last_trainer_state_ ABSL_GUARDED_BY(mu_) = v1::TRAINER_STATE_UNSPECIFIED;
-  std::deque<double> recent_step_rewards_ ABSL_GUARDED_BY(mu_);  // Last 10 steps.
+  v1::TrainerState
+      last_trainer_state_ ABSL_GUARDED_BY(mu_) = v1::TRAINER_STATE_UNSPECIFIED;
+  std::deque<double>
+      recent_step_rewards_ ABSL_GUARDED_BY(mu_); // Last 10 steps.
   // Workers the trainer reported quarantined (besides those the summary
   // marks); their prompt leases were given back.
   std::set<std::string> quarantined_workers_ ABSL_GUARDED_BY(mu_);
-  bool IsQuarantinedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::deque<std::pair<absl::Time, int64_t>> token_reports_ ABSL_GUARDED_BY(mu_);
+  bool IsQuarantinedLocked(const std::string &worker_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::deque<std::pair<absl::Time, int64_t>>
+      token_reports_ ABSL_GUARDED_BY(mu_);
 
   // Serialises the writes of state.json (taken after mu_ where both are).
   absl::Mutex files_mu_ ABSL_ACQUIRED_AFTER(mu_);
@@ -377,10 +404,10 @@ bool IsTerminal(v1::RunState state);
 // unreachable: ..." for transport failures, else "trainer (127.0.0.1:5)
 // refused StartTraining: CODE: ...".
 std::string CallFailure(absl::string_view service, absl::string_view address,
-                        absl::string_view method, const absl::Status& status);
+                        absl::string_view method, const absl::Status &status);
 
-void SetTimestamp(absl::Time time, google::protobuf::Timestamp* timestamp);
+void SetTimestamp(absl::Time time, google::protobuf::Timestamp *timestamp);
 
-}  // namespace sluice::controller
+} // namespace sluice::controller
 
-#endif  // SLUICE_SERVICES_CONTROLLER_RUN_DRIVER_H_
+#endif // SLUICE_SERVICES_CONTROLLER_RUN_DRIVER_H_

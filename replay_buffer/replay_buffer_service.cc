@@ -148,9 +148,16 @@ grpc::Status ReplayBufferServiceImpl::ReleaseGenerationSlots(
   return grpc::Status::OK;
 }
 
-grpc::Status ReplayBufferServiceImpl::InsertGroups(
+std::vector<runtime::BoundedStreamMethod> ReplayBufferServiceImpl::BoundedStreams() {
+  return {runtime::BoundedStream(this, "/sluice.v1.ReplayBufferService/InsertGroups",
+                                 &ReplayBufferServiceImpl::InsertGroupsStream),
+          runtime::BoundedStream(this, "/sluice.v1.ReplayBufferService/Sample",
+                                 &ReplayBufferServiceImpl::SampleStream)};
+}
+
+grpc::Status ReplayBufferServiceImpl::InsertGroupsStream(
     grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) {
+    grpc::ServerReaderWriterInterface<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) {
   SLUICE_RETURN_IF_DENIED(context);
   runtime::StreamGate::Slot stream_slot;
   SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "InsertGroups", &stream_slot));
@@ -204,9 +211,9 @@ grpc::Status ReplayBufferServiceImpl::InsertGroups(
   return status;
 }
 
-grpc::Status ReplayBufferServiceImpl::Sample(
+grpc::Status ReplayBufferServiceImpl::SampleStream(
     grpc::ServerContext* context,
-    grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) {
+    grpc::ServerReaderWriterInterface<v1::SampleResponse, v1::SampleRequest>* stream) {
   SLUICE_RETURN_IF_DENIED(context);
   runtime::StreamGate::Slot stream_slot;
   SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "Sample", &stream_slot));

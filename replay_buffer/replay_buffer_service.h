@@ -2,6 +2,7 @@
 #define SLUICE_REPLAY_BUFFER_REPLAY_BUFFER_SERVICE_H_
 
 #include <memory>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_set.h"
@@ -11,6 +12,7 @@
 #include "prometheus/registry.h"
 #include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_metrics.h"
+#include "services/runtime/bounded_methods.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 
 namespace sluice::replay_buffer {
@@ -36,7 +38,8 @@ namespace sluice::replay_buffer {
 //
 // Runs on gRPC's synchronous server: a blocked Sample or AcquireGenerationSlots
 // holds one server thread while it waits. Thread-safe.
-class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Service {
+class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Service,
+                                      public runtime::BoundedService {
  public:
   struct Options {
     // Sample wait when a request says timeout_ms = 0.
@@ -66,12 +69,27 @@ class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Se
   grpc::Status ReleaseGenerationSlots(grpc::ServerContext* context,
                                       const v1::ReleaseGenerationSlotsRequest* request,
                                       v1::ReleaseGenerationSlotsResponse* response) override;
+  // The streams, as ServiceMain serves them: each message bounded before it
+  // is parsed (runtime::BoundedStream).
+  grpc::Status InsertGroupsStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriterInterface<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream);
+  grpc::Status SampleStream(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriterInterface<v1::SampleResponse, v1::SampleRequest>* stream);
+  std::vector<runtime::BoundedStreamMethod> BoundedStreams() override;
+  // The generated methods (a server built without ServiceMain) forward to
+  // the streams above.
   grpc::Status InsertGroups(
       grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) override;
+      grpc::ServerReaderWriter<v1::InsertGroupsResponse, v1::InsertGroupsRequest>* stream) override {
+    return InsertGroupsStream(context, stream);
+  }
   grpc::Status Sample(
       grpc::ServerContext* context,
-      grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) override;
+      grpc::ServerReaderWriter<v1::SampleResponse, v1::SampleRequest>* stream) override {
+    return SampleStream(context, stream);
+  }
   grpc::Status UpdatePolicyVersion(grpc::ServerContext* context,
                                    const v1::UpdatePolicyVersionRequest* request,
                                    v1::UpdatePolicyVersionResponse* response) override;

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "prometheus/registry.h"
@@ -11,6 +12,7 @@
 #include "reward_server/sandbox/sandbox_pool.h"
 #include "reward_server/sandbox_admission.h"
 #include "reward_server/scorer.h"
+#include "services/runtime/bounded_methods.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
 
 namespace sluice::reward_server {
@@ -45,7 +47,8 @@ struct RewardServiceOptions {
 // was created (at process start) in Unix nanoseconds, distinct for every
 // start, which tells a caller (the controller) that the server restarted.
 // Thread-safe.
-class RewardServerServiceImpl final : public v1::RewardService::Service {
+class RewardServerServiceImpl final : public v1::RewardService::Service,
+                                      public runtime::BoundedService {
  public:
   // `registry` receives the sluice_reward_* metrics and must outlive the
   // service. `options` must be valid.
@@ -59,6 +62,12 @@ class RewardServerServiceImpl final : public v1::RewardService::Service {
                           v1::ScoreBatchResponse* response) override;
   grpc::Status ListVerifiers(grpc::ServerContext* context, const v1::ListVerifiersRequest* request,
                              v1::ListVerifiersResponse* response) override;
+
+  // A ScoreBatch's items are bounded by --max-batch-items before the
+  // request is parsed (runtime::BoundEveryMethod).
+  std::vector<runtime::FieldElementLimit> FieldElementLimits() const override {
+    return {{"sluice.v1.ScoreBatchRequest.items", options_.max_batch_items, "--max-batch-items"}};
+  }
 
   // Sets the scorer's gauges (queued items, busy and abandoned verifier
   // threads) and the sandbox pool's to their state now; run before each

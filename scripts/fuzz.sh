@@ -25,6 +25,7 @@
 #   model_config   common/model: Hugging Face config.json
 #   tokenizer      common/tokenizer: tokenizer.json, then encoding with it
 #   insert_groups  replay_buffer: InsertGroupsRequest, validated and inserted
+#   message_bounds services/runtime: any request's bytes, bounded before parsing
 #
 # Builds only the fuzz binaries and what they link, with clang, in build-fuzz/
 # (ccache keeps rebuilds quick). A crash, leak, sanitizer report, timeout
@@ -47,12 +48,13 @@ declare -A corpus_of=(
   [model_config]=common/model/fuzz/corpus/model_config
   [tokenizer]=common/tokenizer/fuzz/corpus/tokenizer
   [insert_groups]=replay_buffer/fuzz/corpus/insert_groups
+  [message_bounds]=services/runtime/fuzz/corpus/message_bounds
 )
 declare -A max_len_of=(
   [math]=4096 [run_spec]=4096 [dataset]=8192 [safetensors]=4096 [model_config]=4096
-  [tokenizer]=16384 [insert_groups]=8192
+  [tokenizer]=16384 [insert_groups]=8192 [message_bounds]=8192
 )
-all_targets=(math run_spec dataset safetensors model_config tokenizer insert_groups)
+all_targets=(math run_spec dataset safetensors model_config tokenizer insert_groups message_bounds)
 
 seconds=${1:-${SLUICE_FUZZ_SECONDS:-20}}
 shift || true

@@ -57,7 +57,7 @@ RefusalCounter::RefusalCounter(prometheus::Registry* registry)
                            .Register(*registry);
   // Present from the start, so that a rate() over them is defined.
   for (const char* reason : {"streams_per_peer", "streams_total", "id_too_long", "too_many_items",
-                             "value_out_of_range"}) {
+                             "value_out_of_range", "request_too_large", "malformed_request"}) {
     counters_->family->Add({{"reason", reason}});
   }
 }
@@ -174,6 +174,8 @@ void InstallRequestLimits(const RequestLimits& limits, prometheus::Registry* reg
 }
 
 const RequestLimits& ProcessRequestLimits() { return Process().limits; }
+
+void CountRefusal(absl::string_view reason) { Process().refusals->Refused(reason); }
 
 grpc::Status AcquireStreamSlot(grpc::ServerContext* context, absl::string_view method,
                                StreamGate::Slot* slot) {

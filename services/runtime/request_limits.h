@@ -66,7 +66,9 @@ class RefusalCounter {
   explicit RefusalCounter(prometheus::Registry* registry);
   ~RefusalCounter();
   // `reason` is one of "streams_per_peer", "streams_total", "id_too_long",
-  // "too_many_items", "value_out_of_range".
+  // "too_many_items", "value_out_of_range", "request_too_large" (a request
+  // over its method's size, or one whose parse would cost too much),
+  // "malformed_request" (bounded_methods.h).
   void Refused(absl::string_view reason);
 
  private:
@@ -134,6 +136,10 @@ const RequestLimits& ProcessRequestLimits();
 // ("held"): a client that waits for initial metadata can tell an established
 // stream from a refused one before the first message.
 inline constexpr char kStreamSlotMetadataKey[] = "sluice-stream-slot";
+
+// Counts a call refused for `reason` on the process-wide counter
+// (sluice_requests_refused_total{reason}).
+void CountRefusal(absl::string_view reason);
 
 // Handler helpers over the process-wide limits; each counts what it refuses.
 // A stream slot for this call (keep it until the handler returns), or

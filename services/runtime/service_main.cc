@@ -21,6 +21,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "nlohmann/json.hpp"
 #include "services/runtime/auth.h"
+#include "services/runtime/bounded_methods.h"
 #include "services/runtime/config_file.h"
 #include "services/runtime/metrics.h"
 #include "services/runtime/request_limits.h"
@@ -281,7 +282,17 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   interceptors.push_back(std::make_unique<RpcMetricsInterceptorFactory>(&metrics.rpc()));
   if (auth.enforced()) interceptors.push_back(std::make_unique<AuthInterceptorFactory>(auth));
   builder.experimental().SetInterceptorCreators(std::move(interceptors));
-  for (const auto& [service, name] : context.services()) builder.RegisterService(service.get());
+  for (const auto& [service, name] : context.services()) {
+    // Every method authorizes its caller before reading a byte of its
+    // request, and bounds the request before parsing it.
+    if (absl::Status bounded = BoundEveryMethod(*service, name, options_.max_message_size_bytes);
+        !bounded.ok()) {
+      log::Error("cannot start", {{"error", std::string(bounded.message())}});
+      std::cerr << info_.binary << ": " << bounded.message() << "\n";
+      return 1;
+    }
+    builder.RegisterService(service.get());
+  }
 
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || grpc_port == 0) {

@@ -35,3 +35,15 @@ add_test(NAME python_client_tls_process_test
   COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/client_tls_process_test.py)
 set_tests_properties(python_client_tls_process_test PROPERTIES
   ENVIRONMENT "${sluice_python_test_env}" LABELS integration TIMEOUT 600)
+
+# The package as a user installs it: the build's wheel, and `pip install
+# ./python` from a copy of the checkout, each into a fresh venv (offline:
+# --system-site-packages over Debian's modules, --no-deps); then configs/
+# smoke.yaml submitted and watched from the wheel's venv against a real
+# `sluice up`, and `sluice-report` on that run. The test process itself has no
+# PYTHONPATH to the build tree.
+add_test(NAME python_package_test
+  COMMAND ${SLUICE_PYTHON3} ${CMAKE_CURRENT_SOURCE_DIR}/tests/package_test.py)
+set_tests_properties(python_package_test PROPERTIES
+  ENVIRONMENT "SLUICE_BIN_DIR=${CMAKE_BINARY_DIR}/bin;SLUICE_SOURCE_DIR=${CMAKE_SOURCE_DIR};SLUICE_PYTHON_WHEEL=${SLUICE_PYTHON_WHEEL};PYTHONDONTWRITEBYTECODE=1"
+  LABELS integration TIMEOUT 900)

@@ -2,7 +2,7 @@
 
     python3 -m sluice.report RUN_DIR [--out DIR] [--format png|svg|both]
 
-Reads what the controller writes to <runs-dir>/<run-id>/ (README "## Runs"):
+Reads what the controller writes to <runs-dir>/<run-id>/ (docs/runs.md):
 metrics.jsonl (one TrainingStepMetrics per RL step), evals.jsonl (one
 EvalResult per evaluation), summary.json (RunSummary) and spec.json (the
 resolved RunSpec), and writes to --out (default RUN_DIR/report/):

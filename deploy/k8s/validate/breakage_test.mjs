@@ -3,6 +3,7 @@
 //   node deploy/k8s/validate/breakage_test.mjs --k8s-dir deploy/k8s --bin-dir build/bin
 //
 // Copies deploy/k8s (node_modules linked, not copied) once per breakage,
+// with deploy/grafana beside it (the Grafana component renders its files),
 // makes one edit a person could plausibly make, runs validate.mjs on the
 // copy and asserts that it exits 1 naming the problem. The unbroken copy
 // must pass first, so that each failure below is the edit's doing.
@@ -90,12 +91,29 @@ const BREAKAGES = [
    "minAvailable 1 with 1 replicas blocks drains"],
   ["a missing resource", "base/kustomization.yaml", "  - trainer.yaml", "  - trainr.yaml",
    "kubectl kustomize failed"],
+  // The Grafana component (rendered with each overlay) and deploy/grafana.
+  ["a dashboard left out of Kubernetes", "../grafana/kustomization.yaml",
+   "      - dashboards/sluice-grpc.json\n", "",
+   "dashboard sluice-grpc.json is not in ConfigMap"],
+  ["Grafana's datasource outside Prometheus's namespace",
+   "components/grafana/datasources/prometheus.yml", "prometheus-operated.monitoring.svc",
+   "prometheus-operated.observability.svc", "is in namespace observability"],
+  ["Grafana as root", "components/grafana/grafana.yaml", "runAsNonRoot: true", "runAsNonRoot: false",
+   "sluice-grafana: runAsNonRoot must be true"],
   // docker-compose.yml (a copy), when the repository has one.
   ["compose on another metrics port", "compose:", "--metrics-port=9093", "--metrics-port=9193",
    "sluice-reward-server ports 50053/9093, docker-compose reward-server 50053/9193"],
   ["compose dialing another port", "compose:", "--trainer-address=trainer:50055",
    "--trainer-address=trainer:50056", "--trainer-address port 50055, docker-compose 50056"],
 ];
+
+// deploy/k8s at DIR/k8s, and deploy/grafana at DIR/grafana when there is one.
+function copyDeploy(dir) {
+  copyTree(k8sDir, path.join(dir, "k8s"));
+  const grafana = path.join(k8sDir, "..", "grafana");
+  if (fs.existsSync(grafana)) copyTree(grafana, path.join(dir, "grafana"));
+  return path.join(dir, "k8s");
+}
 
 function copyTree(from, to) {
   fs.mkdirSync(to, { recursive: true });
@@ -128,8 +146,7 @@ function validate(dir, composeFile) {
 let failures = 0;
 const hasCompose = fs.existsSync(compose);
 try {
-  const clean = path.join(work, "clean");
-  copyTree(k8sDir, clean);
+  const clean = copyDeploy(path.join(work, "clean"));
   const baseline = await validate(clean, hasCompose ? compose : undefined);
   if (baseline.status !== 0) {
     console.error(`the unbroken manifests fail:\n${baseline.output}`);
@@ -139,8 +156,7 @@ try {
   const queue = BREAKAGES.map((breakage, i) => [breakage, i]);
   const lines = new Array(BREAKAGES.length);
   const one = async ([[what, file, from, to, expected], i]) => {
-    const dir = path.join(work, `broken-${i}`);
-    copyTree(k8sDir, dir);
+    const dir = copyDeploy(path.join(work, `broken-${i}`));
     let composeFile;
     let target = path.join(dir, file);
     if (file === "compose:") {

@@ -13,7 +13,9 @@
 // ConfigMap's YAML (an unknown key makes a binary exit 2), on loopback ports,
 // and must report SERVING through gRPC health and exit 0 on SIGTERM.
 // With a docker-compose.yml, the ports and addresses of each service must
-// agree with it. Exits 1 listing every problem found.
+// agree with it. Optional components that no overlay includes (Grafana) are
+// rendered with each overlay too, and checked with their own rules. Exits 1
+// listing every problem found.
 
 import { execFileSync, spawn, spawnSync } from "node:child_process";
 import fs from "node:fs";
@@ -116,6 +118,15 @@ if (args.helpCache && !fs.existsSync(args.helpCache)) {
 }
 
 // --- Rendering and schema validation.
+// Components an overlay may add that neither shipped overlay includes: each
+// is rendered on top of each overlay ("overlays/cpu-demo+components/grafana")
+// through a kustomization written to a temporary directory, in the overlay's
+// namespace.
+const OPTIONAL_COMPONENTS = ["components/grafana"];
+const wrapperRoot = fs.mkdtempSync(path.join(os.tmpdir(), "sluice-k8s-optional-"));
+process.on("exit", () => fs.rmSync(wrapperRoot, { recursive: true, force: true }));
+const renderPaths = new Map();
+
 function kustomizations() {
   const dirs = ["base"];
   const overlays = path.join(args.k8sDir, "overlays");
@@ -124,11 +135,35 @@ function kustomizations() {
       dirs.push(`overlays/${entry}`);
     }
   }
+  for (const overlay of dirs.filter((d) => d.startsWith("overlays/"))) {
+    const kustomization = YAML.parse(
+        fs.readFileSync(path.join(args.k8sDir, overlay, "kustomization.yaml"), "utf8")) ?? {};
+    for (const component of OPTIONAL_COMPONENTS) {
+      if (!fs.existsSync(path.join(args.k8sDir, component))) continue;
+      const included = (kustomization.components ?? []).some(
+          (c) => path.resolve(args.k8sDir, overlay, c) === path.resolve(args.k8sDir, component));
+      if (included) continue;
+      const label = `${overlay}+${component}`;
+      const wrapper = path.join(wrapperRoot, label.replace(/[/+]/g, "_"));
+      fs.mkdirSync(wrapper);
+      const relative = (target) => path.relative(wrapper, path.join(args.k8sDir, target));
+      fs.writeFileSync(path.join(wrapper, "kustomization.yaml"), YAML.stringify({
+        apiVersion: "kustomize.config.k8s.io/v1beta1",
+        kind: "Kustomization",
+        ...(kustomization.namespace ? { namespace: kustomization.namespace } : {}),
+        resources: [relative(overlay)],
+        components: [relative(component)],
+      }));
+      renderPaths.set(label, wrapper);
+      dirs.push(label);
+    }
+  }
   return dirs;
 }
 
 function render(dir) {
-  const text = execFileSync(args.kubectl, ["kustomize", path.join(args.k8sDir, dir)],
+  const where = renderPaths.get(dir) ?? path.join(args.k8sDir, dir);
+  const text = execFileSync(args.kubectl, ["kustomize", where],
                             { encoding: "utf8", stdio: ["ignore", "pipe", "pipe"] });
   const docs = YAML.parseAllDocuments(text);
   for (const doc of docs) {
@@ -255,8 +290,9 @@ function checkRendering(dir, objects) {
   const services = byKind("Service");
   const workloads = objects.filter((o) => WORKLOAD_KINDS.has(o.kind));
   const pvcs = new Set(byKind("PersistentVolumeClaim").map((o) => o.metadata.name));
-  const isGpu = dir.endsWith("/gpu");
-  const isCpuDemo = dir.endsWith("/cpu-demo");
+  const overlay = dir.split("+")[0];
+  const isGpu = overlay.endsWith("/gpu");
+  const isCpuDemo = overlay.endsWith("/cpu-demo");
   const namespaces = byKind("Namespace");
   const enforcesRestricted = namespaces.some(
       (n) => n.metadata.labels?.["pod-security.kubernetes.io/enforce"] === "restricted");
@@ -274,6 +310,7 @@ function checkRendering(dir, objects) {
     const spec = podSpec(workload);
     const labels = podLabels(workload);
     const name = workload.metadata.name;
+    if (name === GRAFANA) continue; // checkGrafana's
     if (workload.spec?.selector?.matchLabels &&
         !matches(workload.spec.selector.matchLabels, labels)) {
       problem(where, "selector does not match its pod template's labels");
@@ -681,7 +718,147 @@ function checkRendering(dir, objects) {
   } else if (isGpu) {
     problem(dir, "the GPU overlay includes the Prometheus Operator monitors");
   }
+  if (dir.includes("components/grafana") || workloads.some((w) => w.metadata.name === GRAFANA)) {
+    checkGrafana(dir, objects, policies);
+  }
   return containersByService;
+}
+
+// --- Grafana (components/grafana): the dashboards and provisioning of
+// deploy/grafana, a datasource that matches docker-compose's and points at
+// the namespace the NetworkPolicies let Prometheus in from, and the pod
+// security every pod of the namespace has.
+const GRAFANA = "sluice-grafana";
+const GRAFANA_DIR = path.resolve(args.k8sDir, "..", "grafana");
+
+function checkGrafana(dir, objects, policies) {
+  const where = `${dir}: ${GRAFANA}`;
+  const workloads = objects.filter((o) => WORKLOAD_KINDS.has(o.kind) && o.metadata.name === GRAFANA);
+  if (workloads.length !== 1) {
+    problem(where, `expected one workload ${GRAFANA}, found ${workloads.length}`);
+    return;
+  }
+  const workload = workloads[0];
+  const spec = podSpec(workload);
+  const labels = podLabels(workload);
+  if (labels["app.kubernetes.io/name"] !== GRAFANA) {
+    problem(where, `pod label app.kubernetes.io/name must be ${GRAFANA}`);
+  }
+  if (spec.automountServiceAccountToken !== false) {
+    problem(where, "automountServiceAccountToken must be false (Grafana calls no Kubernetes API)");
+  }
+  if ((workload.spec.replicas ?? 1) !== 1) problem(where, "one replica (its state is an emptyDir)");
+  const container = spec.containers.find((c) => c.name === "grafana");
+  if (!container) {
+    problem(where, "no container named grafana");
+    return;
+  }
+  if (!/^(.*\/)?grafana\/grafana:\d+\.\d+\.\d+$/.test(container.image ?? "")) {
+    problem(where, `image ${container.image} must be grafana/grafana at a pinned version`);
+  }
+  const http = (container.ports ?? []).find((p) => p.name === "http");
+  if (http?.containerPort !== 3000) problem(where, "containerPort http must be 3000");
+  for (const probe of ["livenessProbe", "readinessProbe"]) {
+    const p = container[probe];
+    if (p?.httpGet?.path !== "/api/health" || ![3000, "http"].includes(p?.httpGet?.port)) {
+      problem(where, `${probe} must GET /api/health on the http port`);
+    }
+  }
+  const resources = container.resources ?? {};
+  for (const kind of ["requests", "limits"]) {
+    for (const r of ["cpu", "memory"]) {
+      if (resources[kind]?.[r] === undefined) problem(where, `no resources.${kind}.${r}`);
+    }
+  }
+  // The restricted Pod Security Standard, as for Sluice's own pods (its own
+  // uid: the image's).
+  const sc = container.securityContext ?? {};
+  const podSc = spec.securityContext ?? {};
+  if ((sc.runAsNonRoot ?? podSc.runAsNonRoot) !== true) problem(where, "runAsNonRoot must be true");
+  if (sc.allowPrivilegeEscalation !== false) problem(where, "allowPrivilegeEscalation must be false");
+  if (!(sc.capabilities?.drop ?? []).includes("ALL")) problem(where, "capabilities must drop ALL");
+  if (sc.readOnlyRootFilesystem !== true) problem(where, "readOnlyRootFilesystem must be true");
+  if ((sc.seccompProfile ?? podSc.seccompProfile)?.type !== "RuntimeDefault") {
+    problem(where, "seccompProfile must be RuntimeDefault");
+  }
+  if (spec.hostNetwork || spec.hostPID || spec.hostIPC) problem(where, "host namespaces");
+
+  // What is mounted where.
+  const configMaps = new Map(objects.filter((o) => o.kind === "ConfigMap").map((o) => [o.metadata.name, o]));
+  const mounted = (mountPath) => {
+    const mount = (container.volumeMounts ?? []).find((m) => m.mountPath === mountPath);
+    const volume = mount && (spec.volumes ?? []).find((v) => v.name === mount.name);
+    return { mount, volume, configMap: volume?.configMap && configMaps.get(volume.configMap.name) };
+  };
+  for (const writable of ["/var/lib/grafana", "/tmp"]) {
+    if (!mounted(writable).volume?.emptyDir) problem(where, `${writable} must be an emptyDir (the root is read-only)`);
+  }
+  const readYaml = (file) => YAML.parse(fs.readFileSync(file, "utf8"));
+
+  // The datasource: compose's, but for the cluster's Prometheus.
+  const datasourceMount = mounted("/etc/grafana/provisioning/datasources");
+  const composeDatasources = readYaml(path.join(GRAFANA_DIR, "provisioning", "datasources", "prometheus.yml")).datasources;
+  if (!datasourceMount.configMap) {
+    problem(where, "no ConfigMap of the rendering at /etc/grafana/provisioning/datasources");
+  } else {
+    const files = Object.values(datasourceMount.configMap.data ?? {});
+    const datasources = files.flatMap((text) => YAML.parse(text)?.datasources ?? []);
+    for (const want of composeDatasources) {
+      const got = datasources.find((d) => d.uid === want.uid);
+      if (!got) {
+        problem(where, `no datasource uid ${want.uid} (docker-compose's, which the dashboards use)`);
+        continue;
+      }
+      for (const key of ["name", "type", "isDefault", "access"]) {
+        if (got[key] !== want[key]) problem(where, `datasource ${want.uid}: ${key} ${got[key]}, docker-compose's ${want[key]}`);
+      }
+      const host = /^https?:\/\/([^:/]+)/.exec(got.url ?? "")?.[1] ?? "";
+      const namespace = /^[^.]+\.([^.]+)\.svc(\.cluster\.local)?$/.exec(host)?.[1];
+      const allowed = new Set(policies.flatMap((p) => (p.spec.ingress ?? []).flatMap((r) => (r.from ?? []).map(
+          (peer) => peer.namespaceSelector?.matchLabels?.["kubernetes.io/metadata.name"]))).filter(Boolean));
+      if (!namespace) {
+        problem(where, `datasource url ${got.url} is not a Service in a namespace (<service>.<namespace>.svc)`);
+      } else if (!allowed.has(namespace)) {
+        problem(where, `datasource url ${got.url} is in namespace ${namespace}, but the NetworkPolicies ` +
+                       `let Prometheus scrape from [${[...allowed]}]`);
+      }
+    }
+  }
+
+  // The dashboards: every file of deploy/grafana/dashboards, as it is, where
+  // the provider looks.
+  const providerMount = mounted("/etc/grafana/provisioning/dashboards");
+  if (!providerMount.configMap) {
+    problem(where, "no ConfigMap of the rendering at /etc/grafana/provisioning/dashboards");
+    return;
+  }
+  const providers = Object.values(providerMount.configMap.data ?? {}).flatMap((t) => YAML.parse(t)?.providers ?? []);
+  const dashboardFiles = fs.readdirSync(path.join(GRAFANA_DIR, "dashboards")).filter((f) => f.endsWith(".json"));
+  for (const provider of providers) {
+    const dashboards = mounted(provider.options?.path);
+    if (!dashboards.configMap) {
+      problem(where, `dashboard provider ${provider.name} reads ${provider.options?.path}, where no ConfigMap is mounted`);
+      continue;
+    }
+    for (const file of dashboardFiles) {
+      const text = dashboards.configMap.data?.[file];
+      if (text === undefined) {
+        problem(where, `dashboard ${file} is not in ConfigMap ${dashboards.configMap.metadata.name} ` +
+                       "(deploy/grafana/kustomization.yaml lists each file)");
+      } else if (text !== fs.readFileSync(path.join(GRAFANA_DIR, "dashboards", file), "utf8")) {
+        problem(where, `dashboard ${file} differs from deploy/grafana/dashboards/${file}`);
+      }
+    }
+  }
+  if (providers.length === 0) problem(where, "no dashboard provider");
+  const service = objects.find((o) => o.kind === "Service" && o.metadata.name === GRAFANA);
+  if (!service?.spec.ports?.some((p) => p.name === "http" && p.port === 3000)) {
+    problem(where, "no Service sluice-grafana with port http 3000");
+  }
+  if (!policies.some((p) => matches(p.spec.podSelector?.matchLabels, labels) &&
+                            (p.spec.ingress ?? []).some((r) => (r.ports ?? []).some((port) => port.port === "http")))) {
+    problem(where, "no NetworkPolicy lets anyone reach Grafana's http port (the namespace denies by default)");
+  }
 }
 
 // --- docker-compose: ports and addresses agree.

@@ -81,7 +81,7 @@ void AddRequestLimitFlags(CLI::App& app, RequestLimits& limits) {
 }  // namespace
 
 void AddSecurityFlags(CLI::App& app, ServerOptions& options) {
-  const char* group = "Security (TLS and tokens; see the README's security section)";
+  const char* group = "Security (TLS and tokens; see docs/security.md)";
   app.add_option("--tls-cert", options.tls.cert_file,
                  "certificate (PEM) served to clients and presented as this service's client "
                  "certificate; its common name <role>:<identity> is who this service is")

@@ -53,12 +53,14 @@ std::string DialHost(const std::string& host) {
 void AddRequestLimitFlags(CLI::App& app, RequestLimits& limits) {
   const char* group = "Request limits (what one client may ask; see request_limits.h)";
   app.add_option("--max-streams-per-peer", limits.max_streams_per_peer,
-                 "streams (watches, samples, inserts, weight downloads) one client host may hold "
-                 "open at once; more are refused RESOURCE_EXHAUSTED")
+                 "streams (watches, samples, inserts, weight downloads) one client connection "
+                 "may hold open at once; more are refused RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->group(group);
   app.add_option("--max-streams", limits.max_streams,
-                 "streams open at once on this service, all clients together")
+                 "streams open at once on this service from users and anonymous callers "
+                 "together; authenticated services (worker, trainer, controller) have a pool of "
+                 "this size of their own")
       ->capture_default_str()
       ->group(group);
   app.add_option("--max-id-bytes", limits.max_id_bytes,

@@ -81,6 +81,35 @@ void AddRequestLimitFlags(CLI::App& app, RequestLimits& limits) {
 
 }  // namespace
 
+void ServiceHealth::SetServing(const std::string& full_name, bool serving) {
+  absl::MutexLock lock(&mu_);
+  if (detached_) return;
+  serving_[full_name] = serving;
+  if (health_ != nullptr) health_->SetServingStatus(full_name, serving);
+}
+
+bool ServiceHealth::serving(const std::string& full_name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = serving_.find(full_name);
+  return it == serving_.end() || it->second;
+}
+
+void ServiceHealth::Attach(grpc::HealthCheckServiceInterface* health,
+                           const std::vector<std::string>& names) {
+  absl::MutexLock lock(&mu_);
+  health_ = health;
+  for (const std::string& name : names) {
+    auto it = serving_.find(name);
+    health_->SetServingStatus(name, it == serving_.end() || it->second);
+  }
+}
+
+void ServiceHealth::Detach() {
+  absl::MutexLock lock(&mu_);
+  detached_ = true;
+  health_ = nullptr;
+}
+
 void AddSecurityFlags(CLI::App& app, ServerOptions& options) {
   const char* group = "Security (TLS and tokens; see the README's security section)";
   app.add_option("--tls-cert", options.tls.cert_file,
@@ -295,7 +324,9 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus("", true);
-  for (const auto& [service, name] : context.services()) health->SetServingStatus(name, true);
+  std::vector<std::string> service_names;
+  for (const auto& [service, name] : context.services()) service_names.push_back(name);
+  context.health()->Attach(health, service_names);
   for (const auto& callback : context.started_callbacks()) callback(grpc_port);
 
   const std::string dial_host = DialHost(listen.host);
@@ -364,6 +395,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
     std::_Exit(1);
   }).detach();
 
+  context.health()->Detach();
   health->SetServingStatus(false);
   for (const auto& callback : context.shutdown_callbacks()) callback();
   server->Shutdown(std::chrono::system_clock::now() +

@@ -81,6 +81,11 @@ int main(int argc, char** argv) {
     durability.on_snapshot = [durability_metrics](const rb::durability::SnapshotInfo& info) {
       durability_metrics->ObserveSnapshot(info);
     };
+    // NOT_SERVING while the data directory cannot be written (WriteHealth);
+    // the whole server stays SERVING: a restart would not mend a full disk.
+    durability.on_write_health = [health = context.health()](const absl::Status& status) {
+      health->SetServing(sluice::v1::ReplayBufferService::service_full_name(), status.ok());
+    };
     absl::StatusOr<std::unique_ptr<rb::ReplayBuffer>> created =
         rb::ReplayBuffer::Create(options, durability);
     if (!created.ok()) {

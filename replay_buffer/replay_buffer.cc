@@ -50,6 +50,14 @@ absl::Status DurabilityOptions::Validate() const {
     problems.push_back(absl::StrCat("data_dir_lock_wait_ms: must be >= 0, got ",
                                     absl::ToInt64Milliseconds(data_dir_lock_wait)));
   }
+  if (write_retry_interval <= absl::ZeroDuration()) {
+    problems.push_back(absl::StrCat("write_retry_interval: must be > 0, got ",
+                                    absl::FormatDuration(write_retry_interval)));
+  }
+  if (write_warning_interval <= absl::ZeroDuration()) {
+    problems.push_back(absl::StrCat("write_warning_interval: must be > 0, got ",
+                                    absl::FormatDuration(write_warning_interval)));
+  }
   if (keep_snapshots < 1) {
     problems.push_back(absl::StrCat("keep_snapshots: must be >= 1, got ", keep_snapshots));
   }
@@ -341,9 +349,13 @@ absl::Status ReplayBuffer::SnapshotLocked() {
 void ReplayBuffer::SnapshotLoop() {
   absl::MutexLock lock(&snapshot_mu_);
   while (!snapshot_stop_) {
-    // Wakes at least every second to look at the log's size.
-    snapshot_mu_.AwaitWithTimeout(absl::Condition(&snapshot_stop_), absl::Seconds(1));
+    // Wakes at least every second to look at the log's size (and as often
+    // as asked to look at its health).
+    snapshot_mu_.AwaitWithTimeout(absl::Condition(&snapshot_stop_),
+                                  std::min(absl::Seconds(1), durability_.write_retry_interval));
     if (snapshot_stop_) break;
+    CheckWritesLocked();
+    if (!wal_->error().ok()) continue;  // No snapshot of a log that cannot take records.
     const uint64_t grown = wal_->stats().bytes_appended - wal_bytes_at_snapshot_;
     const bool by_time = durability_.snapshot_interval > absl::ZeroDuration() &&
                          absl::Now() - last_snapshot_time_ >= durability_.snapshot_interval;
@@ -354,6 +366,72 @@ void ReplayBuffer::SnapshotLoop() {
       last_snapshot_time_ = absl::Now();  // retried at the next interval, not in a tight loop
     }
   }
+}
+
+void ReplayBuffer::CheckWritesLocked() {
+  const absl::Status error = wal_->error();
+  const absl::Time now = absl::Now();
+  const std::string& dir = durability_.data_dir;
+  if (error.ok()) return;
+  WriteHealth health = write_health();
+  if (health.error.ok()) {
+    // Just found: nothing can be stored until it is mended.
+    log::Error(
+        "replay buffer cannot write its data directory: inserts and every other change "
+        "are refused (RETRYABLE_ERROR) until it can; nothing acknowledged is lost, and the "
+        "buffer resumes by itself once the directory takes writes again",
+        {{"data_dir", dir}, {"error", std::string(error.message())}});
+    {
+      absl::MutexLock lock(&health_mu_);
+      write_health_ = {error, now};
+    }
+    last_write_warning_ = now;
+    write_retry_backoff_ = durability_.write_retry_interval;
+    next_write_retry_ = now + write_retry_backoff_;
+    if (durability_.on_write_health) durability_.on_write_health(error);
+    return;
+  }
+  if (now < next_write_retry_) return;
+  // A small write first: a full disk is refused cheaply, before a snapshot
+  // of everything is tried.
+  constexpr uint64_t kProbeBytes = 64 << 10;
+  absl::Status retried = durability::ProbeWritable(dir, kProbeBytes);
+  // The snapshot covers what the failure kept out of the log (a change
+  // applied in memory, records a failed sync may have lost), so that the
+  // log may go on from here.
+  bool snapshot_failed = false;
+  if (retried.ok()) {
+    retried = SnapshotLocked();
+    snapshot_failed = !retried.ok();
+  }
+  if (retried.ok()) retried = wal_->Recover();
+  if (!retried.ok()) {
+    if (snapshot_failed) {
+      write_retry_backoff_ =
+          std::min(2 * write_retry_backoff_, 32 * durability_.write_retry_interval);
+    }
+    next_write_retry_ = now + write_retry_backoff_;
+    if (now - last_write_warning_ >= durability_.write_warning_interval) {
+      last_write_warning_ = now;
+      log::Warning("replay buffer still cannot write its data directory; inserts are refused",
+                   {{"data_dir", dir},
+                    {"for_s", absl::ToInt64Seconds(now - health.since)},
+                    {"error", std::string(retried.message())}});
+    }
+    return;
+  }
+  log::Info("replay buffer writes its data directory again; inserts are stored",
+            {{"data_dir", dir}, {"outage_ms", absl::ToInt64Milliseconds(now - health.since)}});
+  {
+    absl::MutexLock lock(&health_mu_);
+    write_health_ = WriteHealth();
+  }
+  if (durability_.on_write_health) durability_.on_write_health(absl::OkStatus());
+}
+
+WriteHealth ReplayBuffer::write_health() const {
+  absl::MutexLock lock(&health_mu_);
+  return write_health_;
 }
 
 DurabilityStats ReplayBuffer::durability_stats() const {

@@ -50,6 +50,17 @@ struct DurabilityOptions {
   // Observers for metrics (cheap; may run on any thread).
   std::function<void(absl::Duration)> on_fsync;
   std::function<void(const durability::SnapshotInfo&)> on_snapshot;
+  // Told when the buffer finds that it cannot write its data directory (the
+  // error) and again, with OK, once it can (WriteHealth). From the
+  // background thread; keep it cheap.
+  std::function<void(const absl::Status&)> on_write_health;
+  // While the data directory cannot be written, how often the buffer tries
+  // whether it can again (a small probe write, then a snapshot), doubling
+  // after each failed snapshot up to 32 times this. > 0.
+  absl::Duration write_retry_interval = absl::Seconds(1);
+  // The first failure is logged at once (ERROR), then a reminder at most
+  // this often while it lasts, and the recovery once. > 0.
+  absl::Duration write_warning_interval = absl::Seconds(60);
 
   absl::Status Validate() const;
 };
@@ -67,6 +78,24 @@ struct RestoreReport {
   std::string torn_tail;
   std::vector<std::string> warnings;
   absl::Duration duration;
+};
+
+// Whether the buffer can write its data directory now.
+//
+// A write that fails (a full or read-only disk, an I/O error) fails the
+// write-ahead log: from then on every insert and every other change is
+// refused RETRYABLE_ERROR / UNAVAILABLE, so that nothing is acknowledged
+// that a restart would not find, while what is in memory still serves
+// Sample. The buffer notices within write_retry_interval, logs it, and then
+// tries by itself: once a probe write succeeds it takes a snapshot (which
+// covers whatever the failure kept out of the log) and repairs the log in
+// place (WalWriter::Recover), and inserts are stored again. No restart is
+// needed; a restart on a still-full disk would fail.
+struct WriteHealth {
+  // OK while the data directory can be written (or there is none).
+  absl::Status error;
+  // When the current failure was first seen; InfiniteFuture while OK.
+  absl::Time since = absl::InfiniteFuture();
 };
 
 // Durability figures for metrics and stats.
@@ -152,6 +181,8 @@ class ReplayBuffer {
   absl::Status SnapshotNow() ABSL_LOCKS_EXCLUDED(mu_, snapshot_mu_);
 
   const RestoreReport& restore_report() const { return restore_report_; }
+  // See WriteHealth. Lock-free of the tables and snapshots; O(1).
+  WriteHealth write_health() const ABSL_LOCKS_EXCLUDED(health_mu_);
   DurabilityStats durability_stats() const ABSL_LOCKS_EXCLUDED(snapshot_mu_);
 
   // Shuts every table down (see RunTable::Shutdown), and the tables that
@@ -169,6 +200,11 @@ class ReplayBuffer {
   // ConfigureRun's memory check of a new table (see there).
   absl::Status CheckNewTableMemory(const RunConfig& config) const;
   void SnapshotLoop() ABSL_LOCKS_EXCLUDED(mu_, snapshot_mu_);
+  // The snapshot thread's look at the log, every write_retry_interval: a
+  // failure found is logged and reported (on_write_health); a failed log is
+  // probed, snapshotted and recovered once the directory takes writes.
+  void CheckWritesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_, health_mu_);
   absl::Status SnapshotLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(snapshot_mu_) ABSL_LOCKS_EXCLUDED(mu_);
 
   RunTableOptions options_;  // journal set by Create when durable
@@ -191,7 +227,16 @@ class ReplayBuffer {
   absl::Time last_snapshot_time_ ABSL_GUARDED_BY(snapshot_mu_);
   int64_t snapshots_taken_ ABSL_GUARDED_BY(snapshot_mu_) = 0;
   durability::SnapshotInfo last_snapshot_ ABSL_GUARDED_BY(snapshot_mu_);
+  // While the log has failed: when to try to recover next, the wait after
+  // that, and when the failure was last logged.
+  absl::Time next_write_retry_ ABSL_GUARDED_BY(snapshot_mu_) = absl::InfinitePast();
+  absl::Duration write_retry_backoff_ ABSL_GUARDED_BY(snapshot_mu_);
+  absl::Time last_write_warning_ ABSL_GUARDED_BY(snapshot_mu_) = absl::InfinitePast();
   std::thread snapshot_thread_;
+
+  // write_health(), apart from snapshot_mu_ (held for whole snapshots).
+  mutable absl::Mutex health_mu_ ABSL_ACQUIRED_AFTER(snapshot_mu_);
+  WriteHealth write_health_ ABSL_GUARDED_BY(health_mu_);
 };
 
 }  // namespace sluice::replay_buffer

@@ -329,6 +329,12 @@ grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
   response->set_memory_budget_bytes(buffer_->memory_budget_bytes());
   response->set_memory_used_bytes(buffer_->memory_used_bytes());
   response->set_incarnation(incarnation_);
+  if (const WriteHealth health = buffer_->write_health(); !health.error.ok()) {
+    response->set_write_error(std::string(health.error.message()));
+    const int64_t since_ns = absl::ToUnixNanos(health.since);
+    response->mutable_write_error_since()->set_seconds(since_ns / 1000000000);
+    response->mutable_write_error_since()->set_nanos(static_cast<int32_t>(since_ns % 1000000000));
+  }
   if (request->run_id().empty()) {
     for (const std::string& run_id : buffer_->RunIds()) {
       absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id);

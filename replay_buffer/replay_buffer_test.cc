@@ -1,5 +1,8 @@
 #include "replay_buffer/replay_buffer.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/run/run_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "common/run/run_memory.h"
 #include "replay_buffer/test_util.h"
 
 namespace sluice::replay_buffer {
@@ -205,6 +210,92 @@ TEST(ReplayBufferTest, ADataDirectoryBringsEveryRunBack) {
   EXPECT_GT((*replayed)->restore_report().wal_records_replayed, 0);
   check(**replayed);
   replayed->reset();
+  std::filesystem::remove_all(dir);
+}
+
+// In a child process (the file size limit binds the whole process): the
+// log's segment may grow only a little, as on a nearly full disk. Inserts
+// are stored until one no longer fits, then refused RETRYABLE_ERROR and the
+// buffer reports it cannot write; once the limit is lifted (space freed)
+// it recovers by itself and stores again, with no restart. Exits with the
+// number of groups it stored (0 and 100+ are failures).
+[[noreturn]] void FillTheDiskThenFreeIt(const std::string& dir) {
+  ::signal(SIGXFSZ, SIG_IGN);  // EFBIG instead of a signal
+  absl::Notification failed;
+  absl::Notification recovered;
+  DurabilityOptions durability;
+  durability.data_dir = dir;
+  durability.fsync_policy = durability::FsyncPolicy::kNever;
+  durability.write_retry_interval = absl::Milliseconds(20);
+  durability.on_write_health = [&](const absl::Status& status) {
+    if (!status.ok() && !failed.HasBeenNotified()) failed.Notify();
+    if (status.ok() && failed.HasBeenNotified() && !recovered.HasBeenNotified()) {
+      recovered.Notify();
+    }
+  };
+  auto created = ReplayBuffer::Create({}, durability);
+  if (!created.ok()) ::_exit(101);
+  std::unique_ptr<ReplayBuffer> buffer = *std::move(created);
+  if (!buffer->ConfigureRun(Config("a", 4, 1000)).ok()) ::_exit(102);
+  // Room for a few groups more than the segment holds now, but not for the
+  // recovery's 64 KiB probe.
+  const uint64_t used = buffer->durability_stats().wal.disk_bytes;
+  const rlimit limit = {used + 20000, RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(103);
+  int stored = 0;
+  int i = 0;
+  for (; i < 50; ++i) {
+    const InsertResult result =
+        buffer->Insert({MakeGroup("a", absl::StrCat("g", i), 2, 0, /*tokens=*/300)})[0];
+    if (result.status == InsertStatus::kStored) {
+      ++stored;
+      continue;
+    }
+    if (result.status != InsertStatus::kRetryableError) ::_exit(104);
+    break;
+  }
+  if (stored == 0 || i == 50) ::_exit(105);
+  if (!failed.WaitForNotificationWithTimeout(absl::Seconds(30))) ::_exit(106);
+  if (buffer->write_health().error.ok()) ::_exit(107);
+  // Still full: refused, and not recovered.
+  if (buffer->Insert({MakeGroup("a", absl::StrCat("g", i), 2, 0, 300)})[0].status !=
+      InsertStatus::kRetryableError) {
+    ::_exit(108);
+  }
+  if (recovered.WaitForNotificationWithTimeout(absl::Milliseconds(200))) ::_exit(109);
+  const rlimit lifted = {RLIM_INFINITY, RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_FSIZE, &lifted) != 0) ::_exit(110);
+  if (!recovered.WaitForNotificationWithTimeout(absl::Seconds(30))) ::_exit(111);
+  if (!buffer->write_health().error.ok()) ::_exit(112);
+  if (buffer->Insert({MakeGroup("a", absl::StrCat("g", i), 2, 0, 300)})[0].status !=
+      InsertStatus::kStored) {
+    ::_exit(113);
+  }
+  ++stored;
+  buffer.reset();
+  ::_exit(stored);
+}
+
+TEST(ReplayBufferDeathTest, AFullDataDirectoryRefusesInsertsAndRecoversOnceFreed) {
+  const std::string dir =
+      ::testing::TempDir() + "/replay-buffer-full-" + std::to_string(::getpid());
+  std::filesystem::remove_all(dir);
+  int stored = 0;
+  EXPECT_EXIT(
+      FillTheDiskThenFreeIt(dir),
+      [&](int status) {
+        stored = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        return stored > 0 && stored < 100;
+      },
+      "");
+  // Every group it acknowledged is there after a restart, none it refused.
+  DurabilityOptions durability;
+  durability.data_dir = dir;
+  durability.fsync_policy = durability::FsyncPolicy::kNever;
+  auto restored = ReplayBuffer::Create({}, durability);
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ((*restored)->GetRun("a").value()->Stats().size_groups, stored);
+  restored->reset();
   std::filesystem::remove_all(dir);
 }
 

@@ -245,17 +245,19 @@ absl::Status RolloutRun::Impl::FinishGroups(std::vector<InFlightGroup>& groups) 
   }
   int64_t inserted = 0;
   absl::Status fatal;
+  std::string insert_error;
   if (insert.groups_size() > 0) {
-    fatal = Insert(std::move(insert), &completed, &abandoned, &inserted);
+    fatal = Insert(std::move(insert), &completed, &abandoned, &inserted, &insert_error);
   }
   if (deps_.on_groups_inserted && inserted > 0) deps_.on_groups_inserted(inserted);
-  absl::Status reported = Report(completed, abandoned, inserted);
+  absl::Status reported = Report(completed, abandoned, inserted, insert_error);
   return fatal.ok() ? reported : fatal;
 }
 
 absl::Status RolloutRun::Impl::Insert(v1::InsertGroupsRequest request,
                                       std::vector<std::string>* completed,
-                                      std::vector<std::string>* abandoned, int64_t* stored) {
+                                      std::vector<std::string>* abandoned, int64_t* stored,
+                                      std::string* insert_error) {
   std::vector<v1::Group> groups;
   groups.reserve(request.groups_size());
   for (v1::Group& group : *request.mutable_groups()) groups.push_back(std::move(group));
@@ -284,6 +286,7 @@ absl::Status RolloutRun::Impl::Insert(v1::InsertGroupsRequest request,
       dropped(0);
     }
     Release(slot_leases, "insert failed");
+    *insert_error = outcome.status().ToString();
     return clients::PrefixMessage(outcome.status(), "inserting groups");
   }
   *stored = 0;
@@ -322,6 +325,8 @@ absl::Status RolloutRun::Impl::Insert(v1::InsertGroupsRequest request,
     dropped(0);
   }
   if (!outcome->status.ok()) {
+    // The controller shows it in the run's status (Run.conditions).
+    *insert_error = outcome->status.ToString();
     log::Warning("groups not confirmed by the buffer; their prompts go back to the pool",
                  {{"run_id", run_id_},
                   {"groups", unconfirmed_leases.size()},
@@ -345,7 +350,7 @@ absl::Status RolloutRun::Impl::Insert(v1::InsertGroupsRequest request,
 
 absl::Status RolloutRun::Impl::Report(const std::vector<std::string>& completed,
                                       const std::vector<std::string>& abandoned,
-                                      int64_t groups_inserted) {
+                                      int64_t groups_inserted, const std::string& insert_error) {
   v1::ReportRolloutProgressRequest report;
   report.set_run_id(run_id_);
   report.set_worker_id(deps_.worker_id);
@@ -357,6 +362,7 @@ absl::Status RolloutRun::Impl::Report(const std::vector<std::string>& completed,
   report.set_tokens_generated(tokens_reported);
   report.set_groups_inserted(groups_inserted);
   report.set_late_groups_refused(late_reported);
+  report.set_insert_error(insert_error);
   report.set_policy_version(Latest().version);
   auto response = deps_.controller->ReportRolloutProgress(report);
   if (!response.ok()) {

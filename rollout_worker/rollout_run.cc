@@ -107,6 +107,12 @@ absl::Status RolloutRun::Impl::Init() {
                                              {"attempts", attempts},
                                              {"backoff", absl::FormatDuration(backoff)},
                                              {"error", std::string(why.message())}});
+    // The controller shows it in the run's status while the retries go on
+    // (they may last the whole retry deadline), not only once they end.
+    if (absl::Now() - last_insert_error_report_ >= kInsertErrorReportInterval) {
+      last_insert_error_report_ = absl::Now();
+      Report({}, {}, 0, why.ToString()).IgnoreError();
+    }
   };
   ASSIGN_OR_RETURN(inserter_, clients::GroupInserter::Create(*deps_.buffer, std::move(options)));
   return absl::OkStatus();

@@ -236,18 +236,23 @@ class RolloutRun::Impl {
   //
   // Returns the error that should end the run: a fatal InsertGroups error
   // (GroupInserter makes it sticky, so every later batch would fail too), or
-  // the buffer unreachable for the whole retry deadline.
+  // the buffer unreachable for the whole retry deadline. `insert_error` gets
+  // why the insert gave up with groups not stored (its stream refused, the
+  // buffer answering RETRYABLE_ERROR until the retries ran out), fatal or
+  // not; it is left empty when every group was answered.
   absl::Status Insert(v1::InsertGroupsRequest request, std::vector<std::string>* completed,
-                      std::vector<std::string>* abandoned, int64_t* stored);
+                      std::vector<std::string>* abandoned, int64_t* stored,
+                      std::string* insert_error);
 
   // Tells the controller which prompts are done and which go back to the
   // pool. A controller away is waited for by the client (it retries); one
   // away for the whole retry deadline ends the run (the error returned).
   // Other failures are logged: the prompt leases expire and are handed out
   // again, and a group of theirs already stored makes the next one a
-  // DUPLICATE.
+  // DUPLICATE. `insert_error`: ReportRolloutProgressRequest.insert_error.
   absl::Status Report(const std::vector<std::string>& completed,
-                      const std::vector<std::string>& abandoned, int64_t groups_inserted);
+                      const std::vector<std::string>& abandoned, int64_t groups_inserted,
+                      const std::string& insert_error = "");
   const std::string run_id_;
   const v1::RunSpec spec_;
   RolloutRunDeps deps_;
@@ -265,6 +270,10 @@ class RolloutRun::Impl {
   std::unique_ptr<model::Engine> engine_;
   std::map<int64_t, InFlightGroup> in_flight_;
   std::vector<InFlightGroup> ready_;
+  // When an insert's retry last told the controller why it retries (the
+  // finisher's thread only), and how often it may.
+  static constexpr absl::Duration kInsertErrorReportInterval = absl::Seconds(5);
+  absl::Time last_insert_error_report_ = absl::InfinitePast();
   // When TopUp last warned that slots or prompts could not be had.
   absl::Time last_acquire_warning_ = absl::InfinitePast();
   absl::Time last_lease_warning_ = absl::InfinitePast();

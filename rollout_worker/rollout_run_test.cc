@@ -194,6 +194,7 @@ class FakeController : public clients::ControllerClient {
     abandoned += request.abandoned_prompt_ids_size();
     tokens += request.tokens_generated();
     late_groups_refused += request.late_groups_refused();
+    insert_errors.push_back(request.insert_error());
     for (const auto& id : request.abandoned_prompt_ids()) abandoned_ids.push_back(id);
     return v1::ReportRolloutProgressResponse();
   }
@@ -212,6 +213,8 @@ class FakeController : public clients::ControllerClient {
   int64_t tokens ABSL_GUARDED_BY(mu) = 0;
   int64_t late_groups_refused ABSL_GUARDED_BY(mu) = 0;
   std::vector<std::string> abandoned_ids ABSL_GUARDED_BY(mu);
+  // ReportRolloutProgressRequest.insert_error of every report, in order.
+  std::vector<std::string> insert_errors ABSL_GUARDED_BY(mu);
   // Prompts completed when each lease was asked for.
   std::vector<int> completed_at_lease ABSL_GUARDED_BY(mu);
   // Every lease hands out the first lease's prompt ids again, as the
@@ -525,6 +528,19 @@ TEST(RolloutInsertTest, TransientFailureIsRetried) {
   EXPECT_EQ(controller.abandoned, 0);
   EXPECT_EQ(run.Status().groups_inserted(), 3);
   EXPECT_EQ(run.Status().groups_dropped(), 0);
+}
+
+TEST(RolloutInsertTest, StoredInsertsReportNoInsertError) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  FakeController controller(/*batches=*/1);
+  FakeReward reward;
+  RolloutRun run("run-stored", Spec(), {&trainer, &buffer, &controller, &reward, "w1", 1});
+  ASSERT_TRUE(run.Run().ok());
+  absl::MutexLock lock(&controller.mu);
+  ASSERT_FALSE(controller.insert_errors.empty());
+  for (const std::string& error : controller.insert_errors) EXPECT_EQ(error, "");
 }
 
 TEST(RolloutInsertTest, RefusedGroupAbandonsItsPrompt) {
@@ -872,6 +888,38 @@ TEST(RolloutServicesAwayTest, ABufferGoneForTheWholeRetryDeadlineFailsTheRunNami
   EXPECT_EQ(status->code(), absl::StatusCode::kUnavailable) << *status;
   EXPECT_THAT(std::string(status->message()),
               ::testing::HasSubstr("acquiring generation slots: replay_buffer unreachable for"));
+}
+
+// Inserts the buffer refuses for the whole retry deadline (every stream
+// refused: another client holds the streams) are reported to the controller
+// with why, so that the run's status can say it; a stored insert reports
+// none.
+TEST(RolloutInsertTest, InsertsRefusedUntilTheDeadlineAreReportedWithTheReason) {
+  FakeTrainer trainer;
+  trainer.Publish(0);
+  FakeBuffer buffer(0);
+  buffer.hook = [](const v1::InsertGroupsRequest&,
+                   int) -> absl::StatusOr<v1::InsertGroupsResponse> {
+    return absl::ResourceExhaustedError(
+        "InsertGroups: the connection of ipv4:127.0.0.1:4000 already has 256 streams open");
+  };
+  FakeController controller(/*batches=*/3);
+  FakeReward reward;
+  RolloutRunDeps deps{&trainer, &buffer, &controller, &reward, "w1", 1};
+  deps.retry_deadline = absl::Milliseconds(500);
+  RolloutRun run("run-refused", Spec(), deps);
+  ASSERT_TRUE(RunWithin(run, absl::Seconds(60)).has_value()) << "the run did not end";
+  absl::MutexLock lock(&controller.mu);
+  // While the insert retries, and once it gave up.
+  std::vector<std::string> said;
+  for (const std::string& error : controller.insert_errors) {
+    if (!error.empty()) said.push_back(error);
+  }
+  ASSERT_GE(said.size(), 2u);
+  EXPECT_THAT(said.front(), ::testing::HasSubstr("RESOURCE_EXHAUSTED"));
+  for (const std::string& error : said) {
+    EXPECT_THAT(error, ::testing::HasSubstr("256 streams open"));
+  }
 }
 
 // Inserts that never reach the buffer end the run once the retry deadline

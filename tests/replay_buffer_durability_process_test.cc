@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -31,6 +32,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "replay_buffer/test_util.h"
+#include "services/runtime/health_client.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 #include "tests/test_support.h"
 
@@ -473,6 +475,147 @@ TEST(ReplayBufferDurabilityTest, AStartingBufferWaitsForTheLockAndASecondLiveOne
   absl::StatusOr<ExitStatus> exit = (*first)->Wait(Soon());
   ASSERT_TRUE(exit.ok());
   EXPECT_EQ(exit->ToString(), "exited with code 0") << testing::ReadFile(dir + "/first.log");
+}
+
+// Polls `probe` until it returns true or `timeout` passes (the buffer looks
+// at its log every write_retry_interval, a second). False at the deadline.
+bool Eventually(const std::function<bool()>& probe, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!probe()) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  return true;
+}
+
+// The data directory on a small real file system (a tmpfs), filled while
+// groups are inserted: the buffer refuses what it cannot store (nothing
+// acknowledged is lost), says so in its health, its statistics and its own
+// log, and once space is freed it stores again by itself, with no restart;
+// a restart then finds every group it acknowledged.
+TEST(ReplayBufferDurabilityTest, AFullDataDirectoryIsReportedAndRecoversOnceFreed) {
+  const std::string dir = testing::MakeTempDir("full-disk");
+  absl::StatusOr<std::unique_ptr<testing::TmpfsMount>> disk =
+      testing::TmpfsMount::Mount(dir + "/disk", 16 << 20);
+  if (!disk.ok()) {
+    testing::SkipOrFailWithoutRoot(disk.status(), "a full data directory (a small tmpfs)");
+    return;
+  }
+  const std::string data_dir = dir + "/disk/data";
+  const std::vector<std::string> flags = {"--fsync=always", "--snapshot-interval-s=0"};
+  Buffer buffer = StartBuffer(data_dir, dir + "/buffer.log", flags);
+  ASSERT_NE(buffer.process, nullptr);
+  auto channel = grpc::CreateChannel(buffer.grpc, grpc::InsecureChannelCredentials());
+  auto stub = v1::ReplayBufferService::NewStub(channel);
+  {
+    grpc::ClientContext context;
+    v1::ConfigureRunRequest request;
+    request.set_run_id(kRun);
+    request.set_batch_size_groups(4);
+    request.set_max_staleness(1000000);
+    request.set_group_size(2);
+    v1::ConfigureRunResponse response;
+    const grpc::Status status = stub->ConfigureRun(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  int next_group = 0;
+  // Inserts one group of about 16 KiB; returns its status.
+  const auto insert = [&]() {
+    v1::InsertGroupsRequest request;
+    *request.add_groups() = replay_buffer::testing::MakeGroup(kRun, absl::StrCat("g", next_group++),
+                                                              2, 0, /*tokens=*/1000);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    auto stream = stub->InsertGroups(&context);
+    EXPECT_TRUE(stream->Write(request));
+    stream->WritesDone();
+    v1::InsertGroupsResponse response;
+    const bool answered = stream->Read(&response);
+    EXPECT_TRUE(stream->Finish().ok());
+    return answered && response.results_size() == 1 ? response.results(0) : v1::InsertGroupResult();
+  };
+  const auto stats = [&]() {
+    grpc::ClientContext context;
+    v1::GetStatsRequest request;
+    request.set_run_id(kRun);
+    v1::GetStatsResponse response;
+    EXPECT_TRUE(stub->GetStats(&context, request, &response).ok());
+    return response;
+  };
+  const auto health = [&](const std::string& service) {
+    return runtime::CheckHealth(buffer.grpc, service, absl::Seconds(20)).value_or("unreachable");
+  };
+  std::vector<std::string> acknowledged;
+  const auto insert_acknowledged = [&]() {
+    const v1::InsertGroupResult result = insert();
+    if (result.status() == v1::INSERT_STATUS_STORED) {
+      acknowledged.push_back(result.idempotency_key());
+    }
+    return result;
+  };
+  for (int i = 0; i < 10; ++i) {
+    ASSERT_EQ(insert_acknowledged().status(), v1::INSERT_STATUS_STORED);
+  }
+
+  // Ballast takes all but ~200 KiB of the disk; the log takes the rest.
+  const std::string ballast = dir + "/disk/ballast";
+  {
+    std::ofstream out(ballast, std::ios::binary);
+    const std::string chunk(1 << 16, 'b');
+    const int64_t chunks =
+        ((*disk)->FreeBytes() - (200 << 10)) / static_cast<int64_t>(chunk.size());
+    for (int64_t i = 0; i < chunks; ++i) out << chunk;
+  }
+  v1::InsertGroupResult refused;
+  for (int i = 0; i < 200; ++i) {
+    refused = insert_acknowledged();
+    if (refused.status() != v1::INSERT_STATUS_STORED) break;
+  }
+  ASSERT_EQ(refused.status(), v1::INSERT_STATUS_RETRYABLE_ERROR) << refused.message();
+  EXPECT_THAT(refused.message(), ::testing::HasSubstr("No space left on device"));
+
+  // Said: NOT_SERVING for the service (the process is alive: the server's
+  // overall health stays SERVING), the error in GetStats, and in its log.
+  EXPECT_TRUE(Eventually([&] { return health("sluice.v1.ReplayBufferService") == "NOT_SERVING"; },
+                         absl::Seconds(30)));
+  EXPECT_EQ(health(""), "SERVING");
+  const v1::GetStatsResponse full = stats();
+  EXPECT_THAT(full.write_error(), ::testing::HasSubstr("No space left on device"));
+  EXPECT_TRUE(full.has_write_error_since());
+  EXPECT_THAT(testing::ReadFile(buffer.log_path),
+              ::testing::HasSubstr("replay buffer cannot write its data directory"));
+  // Still full: still refused.
+  EXPECT_EQ(insert_acknowledged().status(), v1::INSERT_STATUS_RETRYABLE_ERROR);
+
+  // Space freed: it stores again by itself.
+  ASSERT_TRUE(fs::remove(ballast));
+  const absl::Time freed_at = absl::Now();
+  EXPECT_TRUE(Eventually([&] { return health("sluice.v1.ReplayBufferService") == "SERVING"; },
+                         absl::Seconds(30)))
+      << testing::ReadFile(buffer.log_path);
+  std::printf("full data directory: %zu groups acknowledged before it filled; SERVING again %s "
+              "after space was freed, without a restart\n",
+              acknowledged.size(),
+              absl::FormatDuration(absl::Trunc(absl::Now() - freed_at, absl::Milliseconds(10)))
+                  .c_str());
+  EXPECT_EQ(stats().write_error(), "");
+  EXPECT_THAT(testing::ReadFile(buffer.log_path),
+              ::testing::HasSubstr("replay buffer writes its data directory again"));
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_EQ(insert_acknowledged().status(), v1::INSERT_STATUS_STORED);
+  }
+
+  // And every acknowledged group survives kill -9.
+  ASSERT_TRUE(buffer.process->Signal(SIGKILL).ok());
+  ASSERT_TRUE(buffer.process->Wait(Soon()).ok());
+  Buffer restarted = StartBuffer(data_dir, dir + "/restarted.log", flags);
+  ASSERT_NE(restarted.process, nullptr);
+  int64_t held = 0;
+  const std::set<std::string> keys = HeldKeys(restarted.grpc, &held);
+  EXPECT_EQ(held, static_cast<int64_t>(acknowledged.size()));
+  for (const std::string& key : acknowledged) EXPECT_EQ(keys.count(key), 1u) << key;
+  ASSERT_TRUE(restarted.process->Signal(SIGTERM).ok());
+  ASSERT_TRUE(restarted.process->Wait(Soon()).ok());
 }
 
 }  // namespace

@@ -2,16 +2,20 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
@@ -31,6 +35,39 @@ std::string MakeTempDir(const std::string& name) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir.string();
+}
+
+absl::StatusOr<std::unique_ptr<TmpfsMount>> TmpfsMount::Mount(const std::string& dir,
+                                                              int64_t size_bytes) {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  if (error) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", error.message()));
+  const std::string options = absl::StrCat("size=", size_bytes);
+  if (::mount("tmpfs", dir.c_str(), "tmpfs", 0, options.c_str()) != 0) {
+    const int mount_error = errno;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot mount a tmpfs (", options, ") on ", dir, ": ", std::strerror(mount_error),
+        "; that needs root (CAP_SYS_ADMIN), and this process has euid ", ::geteuid()));
+  }
+  return std::unique_ptr<TmpfsMount>(new TmpfsMount(dir));
+}
+
+TmpfsMount::~TmpfsMount() { ::umount2(dir_.c_str(), MNT_DETACH); }
+
+int64_t TmpfsMount::FreeBytes() const {
+  struct statvfs stats;
+  if (::statvfs(dir_.c_str(), &stats) != 0) return -1;
+  return static_cast<int64_t>(stats.f_bavail) * static_cast<int64_t>(stats.f_frsize);
+}
+
+void SkipOrFailWithoutRoot(const absl::Status& mount_status, const std::string& why) {
+  if (std::getenv("SLUICE_REQUIRE_ROOT") != nullptr) {
+    ADD_FAILURE() << "SLUICE_REQUIRE_ROOT is set but this test of " << why
+                  << " cannot run: " << mount_status;
+    return;
+  }
+  GTEST_SKIP() << "needs root for " << why
+               << " (set SLUICE_REQUIRE_ROOT to fail instead): " << mount_status;
 }
 
 std::string ReadFile(const std::string& path) {

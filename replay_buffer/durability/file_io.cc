@@ -192,6 +192,25 @@ absl::Status RemoveFileIfExists(const std::string& path) {
   return absl::OkStatus();
 }
 
+absl::Status ProbeWritable(const std::string& dir, uint64_t bytes) {
+  const std::string path = JoinPath(dir, ".write-probe");
+  absl::Status status;
+  {
+    absl::StatusOr<ScopedFd> fd = OpenFile(path, O_WRONLY | O_CREAT | O_TRUNC);
+    if (!fd.ok()) return fd.status();
+    const std::string chunk(std::min<uint64_t>(bytes, uint64_t{1} << 20), '\0');
+    for (uint64_t left = bytes; left > 0 && status.ok();) {
+      const uint64_t n = std::min<uint64_t>(left, chunk.size());
+      status = WriteFully(fd->get(), absl::string_view(chunk.data(), n), path);
+      left -= n;
+    }
+    // A file system that allocates at writeback reports a full disk here.
+    if (status.ok()) status = SyncFileData(fd->get(), path);
+  }
+  absl::Status removed = RemoveFileIfExists(path);
+  return status.ok() ? removed : status;
+}
+
 absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) return PosixError(errno, "fstat", path);

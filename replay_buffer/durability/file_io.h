@@ -77,6 +77,12 @@ absl::StatusOr<std::vector<std::string>> ListDirectory(const std::string& dir);
 // unlink(2); a file that is already gone is OK.
 absl::Status RemoveFileIfExists(const std::string& path);
 
+// Whether `dir` can take a write of `bytes` bytes now: writes them to a
+// scratch file there (".write-probe"), syncs and removes it. The write's
+// error when it cannot (RESOURCE_EXHAUSTED for a full disk), naming the
+// file. For telling when a full directory has room again.
+absl::Status ProbeWritable(const std::string& dir, uint64_t bytes);
+
 // Size of the open file, via fstat(2).
 absl::StatusOr<uint64_t> FileSize(int fd, absl::string_view path);
 

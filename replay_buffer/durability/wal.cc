@@ -261,8 +261,12 @@ absl::Status WalWriter::OpenNewSegmentLocked() {
   if (!fd.ok()) return fd.status();
   if (options_.fsync_policy != FsyncPolicy::kNever) {
     // The new file's name must be durable before records in it are
-    // acknowledged as durable.
-    RETURN_IF_ERROR(SyncDirectory(dir_));
+    // acknowledged as durable. If it cannot be, the file goes (a retry,
+    // Recover, creates it again).
+    if (absl::Status synced = SyncDirectory(dir_); !synced.ok()) {
+      RemoveFileIfExists(path).IgnoreError();
+      return synced;
+    }
   }
   fd_ = *std::move(fd);
   active_path_ = path;
@@ -274,15 +278,71 @@ absl::Status WalWriter::CheckWritableLocked() const {
   if (closed_) return absl::FailedPreconditionError(absl::StrCat("WAL ", dir_, " is closed"));
   if (!error_.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "WAL ", dir_,
-        " refuses appends after an earlier write error (reopen to recover): ", error_.ToString()));
+        "WAL ", dir_, " refuses appends after an earlier write error, until it is recovered: ",
+        error_.ToString()));
   }
   return absl::OkStatus();
 }
 
-absl::Status WalWriter::FailLocked(absl::Status status) {
+absl::Status WalWriter::FailLocked(absl::Status status, bool may_lose) {
   if (error_.ok()) error_ = status;
+  error_may_lose_ = error_may_lose_ || may_lose;
   return status;
+}
+
+absl::Status WalWriter::error() const {
+  absl::MutexLock lock(&mu_);
+  return error_;
+}
+
+absl::Status WalWriter::Recover() {
+  absl::MutexLock lock(&mu_);
+  if (error_.ok() || closed_) return absl::OkStatus();
+  mu_.Await(absl::Condition(this, &WalWriter::SyncIdle));
+  Segment& active = segments_.back();
+  // What the file holds of complete records: a failed write leaves a torn
+  // one after them, a failed sync may have lost some.
+  absl::StatusOr<SegmentScan> scan =
+      ScanSegment({active.first_lsn, active_path_}, /*is_last=*/true, /*from_lsn=*/0,
+                  /*callback=*/nullptr);
+  // (A failed rotation left no active file open. A failed sync can have
+  // lost only records of the active segment: a rotation syncs the old one
+  // first.)
+  const bool in_place = fd_.valid() && scan.ok() && scan->next_lsn == next_lsn_ &&
+                        (!error_may_lose_ || active.first_lsn == next_lsn_);
+  if (in_place) {
+    if (::ftruncate(fd_.get(), static_cast<off_t>(scan->valid_bytes)) != 0) {
+      return PosixError(errno, absl::StrCat("ftruncate to ", scan->valid_bytes, " bytes"),
+                        active_path_);
+    }
+    if (options_.fsync_policy != FsyncPolicy::kNever) {
+      const absl::Time start = absl::Now();
+      const absl::Status synced = SyncFileData(fd_.get(), active_path_);
+      ObserveSync(absl::Now() - start);
+      RETURN_IF_ERROR(synced);
+    }
+    disk_bytes_ = disk_bytes_ - active.bytes + scan->valid_bytes;
+    active.bytes = scan->valid_bytes;
+  } else {
+    // Step over whatever the old segment holds: records from next_lsn_ on
+    // go to a new one (the caller's snapshot covers those before).
+    if (fd_.valid() && scan.ok() && scan->valid_bytes < scan->file_bytes &&
+        ::ftruncate(fd_.get(), static_cast<off_t>(scan->valid_bytes)) == 0) {
+      disk_bytes_ = disk_bytes_ - active.bytes + scan->valid_bytes;
+      active.bytes = scan->valid_bytes;
+    }
+    ScopedFd old_fd = std::move(fd_);
+    if (absl::Status opened = OpenNewSegmentLocked(); !opened.ok()) {
+      fd_ = std::move(old_fd);
+      return opened;
+    }
+  }
+  // In place, the sync above covers every record; in a new segment, the
+  // caller's snapshot does.
+  if (options_.fsync_policy != FsyncPolicy::kNever) synced_lsn_ = next_lsn_ - 1;
+  error_ = absl::OkStatus();
+  error_may_lose_ = false;
+  return absl::OkStatus();
 }
 
 bool WalWriter::NeedsRotationLocked(uint64_t batch_bytes) const {
@@ -295,7 +355,7 @@ absl::Status WalWriter::SyncActiveSegmentLocked() {
     const absl::Time start = absl::Now();
     const absl::Status synced = SyncFileData(fd_.get(), active_path_);
     ObserveSync(absl::Now() - start);
-    if (!synced.ok()) return FailLocked(synced);
+    if (!synced.ok()) return FailLocked(synced, /*may_lose=*/true);
     synced_lsn_ = next_lsn_ - 1;
   }
   return absl::OkStatus();
@@ -442,7 +502,7 @@ absl::Status WalWriter::SyncUpToLocked(uint64_t lsn) {
     sync_in_progress_ = false;
     // After a failed fsync the kernel may have dropped the dirty pages
     // (and cleared the error), so a retry could falsely succeed: sticky.
-    if (!synced.ok()) return FailLocked(synced);
+    if (!synced.ok()) return FailLocked(synced, /*may_lose=*/true);
     synced_lsn_ = std::max(synced_lsn_, covered);
   }
   return absl::OkStatus();

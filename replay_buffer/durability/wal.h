@@ -166,7 +166,7 @@ class WalWriter {
   // written and the writer stays usable). Any I/O error (ENOSPC, EIO, a
   // failed sync) is returned once and makes the writer refuse every later
   // Append with FAILED_PRECONDITION: the file may end in a torn record,
-  // which only reopening repairs.
+  // which only Recover (or reopening) repairs.
   absl::StatusOr<uint64_t> Append(absl::string_view payload) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Appends a batch with one writev(2) (up to IOV_MAX / 2 records per call)
@@ -209,6 +209,27 @@ class WalWriter {
   // Blocks appenders only to read the segment list; O(segments removed).
   absl::Status RemoveSegmentsBefore(uint64_t lsn) ABSL_LOCKS_EXCLUDED(mu_, remove_mu_);
 
+  // The sticky error of an earlier failed write or sync (OK while there is
+  // none): while it is set, every Append is refused FAILED_PRECONDITION.
+  absl::Status error() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Makes a writer that failed (error()) accept appends again, without a
+  // reopen: cuts the active segment back to its last complete record (what
+  // a failed write left behind), syncs it (unless kNever), and clears the
+  // error; the next Append gets next_lsn(). When the failure may have lost
+  // records already appended (a failed sync: the kernel may drop their
+  // pages), or the segment cannot be cut back, appends go on in a new
+  // segment named after next_lsn(), leaving a gap that reads across report
+  // as DATA_LOSS. So call it only after a snapshot covering every record
+  // appended so far (LSN next_lsn() - 1) was committed: the restore starts
+  // from it and never reads across the gap. It does not tell whether the
+  // directory can take more (the caller probes first, ProbeWritable): an
+  // Append that fails again fails the writer again. The I/O error when the
+  // repair itself fails (the writer stays failed); OK and nothing done when
+  // there is no error. Must not race with Close. O(active segment) to find
+  // its last complete record.
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Stops the interval thread, syncs the active segment (unless kNever or
   // after an error), closes it and releases the directory lock. Appends
   // after Close are FAILED_PRECONDITION. Must not race with Append.
@@ -246,8 +267,11 @@ class WalWriter {
   // Group commit: returns once synced_lsn_ >= lsn. Either leads a sync
   // (releasing mu_ during fdatasync) or waits for the one in progress.
   absl::Status SyncUpToLocked(uint64_t lsn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The first error sets error_ (sticky); returns `status`.
-  absl::Status FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The first error sets error_ (sticky); returns `status`. `may_lose`: the
+  // failure may have lost records already counted as appended (a failed
+  // sync), which Recover must step over.
+  absl::Status FailLocked(absl::Status status, bool may_lose = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SyncIdle() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !sync_in_progress_; }
   void IntervalSyncLoop() ABSL_LOCKS_EXCLUDED(mu_);
   void ObserveSync(absl::Duration latency);
@@ -270,7 +294,9 @@ class WalWriter {
   // True while a thread runs fdatasync on fd_ without mu_; fd_ must not be
   // closed or replaced meanwhile.
   bool sync_in_progress_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status error_ ABSL_GUARDED_BY(mu_);  // sticky
+  absl::Status error_ ABSL_GUARDED_BY(mu_);  // sticky until Recover
+  // error_ came from a failed sync: records below next_lsn_ may be gone.
+  bool error_may_lose_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t bytes_appended_ ABSL_GUARDED_BY(mu_) = 0;

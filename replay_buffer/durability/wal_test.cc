@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -578,6 +579,80 @@ TEST(WalDeathTest, WriteErrorIsStickyAndReopenRecovers) {
   auto writer = OpenOrDie(dir.path(), NoSync());
   EXPECT_EQ(writer->recovery().truncated_bytes, 1000u);
   EXPECT_EQ(writer->Append("recovered").value(), 4u);
+}
+
+// In a child process: the file size limit makes the fourth 64 KiB record
+// fail half-written, as a full disk does; once the limit is lifted (space
+// freed), Recover makes the same writer take appends again, with no reopen.
+// Exits with a code the parent checks (0 = every step as expected).
+[[noreturn]] void FailThenRecoverWithoutReopening(const std::string& dir) {
+  ::signal(SIGXFSZ, SIG_IGN);
+  auto writer = WalWriter::Open(dir, NoSync());
+  if (!writer.ok()) ::_exit(101);
+  const std::string payload(64 << 10, 'p');
+  const rlimit limit = {3 * (kRecordHeaderBytes + payload.size()) + 1000, RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(102);
+  for (int i = 0; i < 3; ++i) {
+    if (!(*writer)->Append(payload).ok()) ::_exit(103);
+  }
+  if ((*writer)->Append(payload).ok()) ::_exit(104);
+  if ((*writer)->error().ok()) ::_exit(105);
+  // Still full: nothing is written, and the error stays.
+  if ((*writer)->Append("tiny").status().code() != absl::StatusCode::kFailedPrecondition) {
+    ::_exit(106);
+  }
+  const rlimit lifted = {RLIM_INFINITY, RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_FSIZE, &lifted) != 0) ::_exit(107);
+  if (!(*writer)->Recover().ok()) ::_exit(108);
+  if (!(*writer)->error().ok()) ::_exit(109);
+  const absl::StatusOr<uint64_t> lsn = (*writer)->Append("after recovery");
+  if (!lsn.ok() || *lsn != 4) ::_exit(110);
+  if ((*writer)->stats().segment_count != 1) ::_exit(111);  // repaired in place
+  if (!(*writer)->Close().ok()) ::_exit(112);
+  ::_exit(0);
+}
+
+TEST(WalDeathTest, AFailedWriteIsRepairedInPlaceOnceWritesSucceedAgain) {
+  TempDirectory dir;
+  EXPECT_EXIT(FailThenRecoverWithoutReopening(dir.path()), ::testing::ExitedWithCode(0), "");
+  // The torn record is gone; the record after the recovery follows the
+  // three acknowledged ones.
+  WalReadResult result;
+  const std::vector<Record> records = ReadAll(dir.path(), 0, &result).value();
+  ASSERT_EQ(records.size(), 4u);
+  EXPECT_EQ(records[3], (Record{4, "after recovery"}));
+  EXPECT_EQ(result.torn_tail_bytes, 0u);
+}
+
+TEST(WalTest, RecoverIsANoOpWithoutAnError) {
+  TempDirectory dir;
+  auto writer = OpenOrDie(dir.path(), NoSync());
+  ASSERT_EQ(writer->Append("one").value(), 1u);
+  EXPECT_TRUE(writer->Recover().ok());
+  EXPECT_TRUE(writer->error().ok());
+  EXPECT_EQ(writer->Append("two").value(), 2u);
+}
+
+// A rotation that cannot create its segment (here a directory in the way;
+// on a full disk, no room for the file) leaves no active segment open;
+// Recover starts it once it can, and the log reads on without a gap.
+TEST(WalTest, AFailedRotationIsRecoveredInANewSegment) {
+  TempDirectory dir;
+  WalOptions options = NoSync();
+  options.segment_size_bytes = 100;
+  auto writer = OpenOrDie(dir.path(), options);
+  ASSERT_EQ(writer->Append(Payload(1, 80)).value(), 1u);
+  const std::string blocker = dir.Sub(WalSegmentFileName(2));
+  ASSERT_EQ(::mkdir(blocker.c_str(), 0755), 0);
+  EXPECT_FALSE(writer->Append(Payload(2, 80)).ok());
+  EXPECT_FALSE(writer->error().ok());
+  EXPECT_FALSE(writer->Recover().ok()) << "the directory is still in the way";
+  ASSERT_EQ(::rmdir(blocker.c_str()), 0);
+  ASSERT_TRUE(writer->Recover().ok());
+  ASSERT_EQ(writer->Append(Payload(2, 80)).value(), 2u);
+  ASSERT_TRUE(writer->Close().ok());
+  EXPECT_THAT(ReadAll(dir.path()).value(),
+              ElementsAre(Record{1, Payload(1, 80)}, Record{2, Payload(2, 80)}));
 }
 
 TEST(WalTest, SegmentFileNames) {

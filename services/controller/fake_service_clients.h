@@ -297,6 +297,7 @@ class FakeBuffer : public ReplayBufferClient {
     if (!stats_error_.ok()) return stats_error_;
     v1::GetStatsResponse response;
     response.set_incarnation(incarnation_);
+    response.set_write_error(write_error_);
     v1::BufferStats& stats = *response.mutable_stats();
     stats.set_run_id(run_id);
     v1::EvictionCount* stale = stats.add_evictions();
@@ -322,6 +323,11 @@ class FakeBuffer : public ReplayBufferClient {
   void FailStats(absl::Status status) {
     absl::MutexLock lock(&mu_);
     stats_error_ = std::move(status);
+  }
+  // GetStatsResponse.write_error from now on ("" = it can write).
+  void SetWriteError(std::string error) {
+    absl::MutexLock lock(&mu_);
+    write_error_ = std::move(error);
   }
   // "<run_id>/<worker_id>" of every ReleaseWorkerSlots call.
   std::vector<std::string> released() const {
@@ -350,6 +356,7 @@ class FakeBuffer : public ReplayBufferClient {
   v1::ConfigureRunRequest configure_ ABSL_GUARDED_BY(mu_);
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Status stats_error_ ABSL_GUARDED_BY(mu_);
+  std::string write_error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -322,6 +322,17 @@ absl::Status PromptFeed::SyncJournal() {
   return journal_ == nullptr ? absl::OkStatus() : journal_->Sync();
 }
 
+absl::Status PromptFeed::journal_error() const {
+  absl::MutexLock lock(&mu_);
+  return journal_ == nullptr ? absl::OkStatus() : journal_->error();
+}
+
+absl::Status PromptFeed::RepairJournal() {
+  absl::MutexLock lock(&mu_);
+  if (journal_ == nullptr || journal_->error().ok()) return absl::OkStatus();
+  return journal_->Rewrite(CheckpointLocked());
+}
+
 void PromptFeed::SyncIfDue() {
   int fd = -1;
   {

@@ -171,6 +171,16 @@ class PromptFeed {
   // fdatasyncs the journal (a graceful controller stop); OK without one.
   absl::Status SyncJournal() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Why the journal stopped being written (PromptFeedJournal::error: a full
+  // disk), OK while it is written (or there is none). Meanwhile the feed
+  // goes on in memory and its events are not journaled.
+  absl::Status journal_error() const ABSL_LOCKS_EXCLUDED(mu_);
+  // When the journal stopped: rewrites it as one checkpoint of the feed as
+  // it is now (covering the events it missed), after which events are
+  // journaled again. OK when nothing needed repair; else the write's error.
+  // O(prompts outstanding).
+  absl::Status RepairJournal() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct LeaseRecord {
     std::string worker_id;

@@ -14,7 +14,7 @@ namespace sluice::controller {
 namespace {
 
 absl::Status PosixError(absl::string_view what, const std::string& path) {
-  return absl::InternalError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(errno)));
+  return PosixFileError(errno, what, path);
 }
 
 int OpenForAppend(const std::string& path) {
@@ -56,6 +56,9 @@ absl::StatusOr<std::vector<nlohmann::json>> PromptFeedJournal::Read(const std::s
 }
 
 absl::Status PromptFeedJournal::Append(const nlohmann::json& event) {
+  // After a failed write the file may end in part of a line: another line
+  // after it would make a line no restore can read.
+  if (!error_.ok()) return error_;
   std::string line = event.dump();
   line.push_back('\n');
   absl::string_view rest = line;
@@ -63,7 +66,8 @@ absl::Status PromptFeedJournal::Append(const nlohmann::json& event) {
     const ssize_t written = ::write(fd_, rest.data(), rest.size());
     if (written < 0) {
       if (errno == EINTR) continue;
-      return PosixError("append to", options_.path);
+      error_ = PosixError("append to", options_.path);
+      return error_;
     }
     rest.remove_prefix(static_cast<size_t>(written));
   }
@@ -106,6 +110,7 @@ absl::Status PromptFeedJournal::Rewrite(const nlohmann::json& checkpoint) {
   if (fd < 0) return PosixError("reopen", options_.path);
   ::close(fd_);
   fd_ = fd;
+  error_ = absl::OkStatus();
   events_since_checkpoint_ = 0;
   dirty_ = false;
   last_sync_ = absl::Now();

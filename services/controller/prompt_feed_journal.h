@@ -58,8 +58,14 @@ class PromptFeedJournal {
   ~PromptFeedJournal();
 
   // One line, one write(2); fdatasync here only with a zero
-  // options.sync_interval (else see BeginSync).
+  // options.sync_interval (else see BeginSync). A write that fails (a full
+  // disk) may leave part of a line at the end, which a restore leaves out:
+  // the journal then refuses every later Append with the same error,
+  // without writing, until a Rewrite succeeds (events in between are lost
+  // from the file; the rewrite's checkpoint covers them).
   absl::Status Append(const nlohmann::json& event);
+  // The error that stopped Append (OK while appends are written).
+  const absl::Status& error() const { return error_; }
   // When an fdatasync is due (written since the last one, which is
   // options.sync_interval old): a duplicate of the file's descriptor for
   // the caller to fdatasync and close outside its lock, counted as done;
@@ -68,7 +74,8 @@ class PromptFeedJournal {
   int BeginSync();
   // Replaces the whole file by `checkpoint` (one line) atomically: a
   // temporary file, fsync, rename, directory fsync. A partial last line of
-  // the old file goes with it. Resets events_since_checkpoint().
+  // the old file goes with it. Resets events_since_checkpoint() and clears
+  // error().
   absl::Status Rewrite(const nlohmann::json& checkpoint);
   // fdatasync now (a graceful shutdown).
   absl::Status Sync();
@@ -89,6 +96,7 @@ class PromptFeedJournal {
   int64_t events_since_checkpoint_ = 0;
   int64_t syncs_ = 0;
   bool dirty_ = false;  // Written since the last fdatasync.
+  absl::Status error_;  // Sticky until a Rewrite; see Append.
   absl::Time last_sync_ = absl::InfinitePast();
   absl::Time last_rewrite_ = absl::InfinitePast();
 };

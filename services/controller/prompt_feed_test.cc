@@ -1,5 +1,7 @@
 #include "services/controller/prompt_feed.h"
 
+#include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
@@ -394,6 +397,41 @@ TEST_F(PromptFeedJournalTest, LeaseIdsAreNotReusedAfterARestart) {
     before = feed->Lease("w", 1, 1, kT0).lease_id;
   }
   EXPECT_NE(OpenFeed()->Lease("w", 1, 1, kT0).lease_id, before);
+}
+
+// In a child process (the file size limit binds it all): the journal cannot
+// grow (a full disk) when a lease's prompts complete, so that event is not
+// written; the feed says so, and once there is room the repair's checkpoint
+// records the completions. Exits 0 when every step went as expected.
+[[noreturn]] void CompleteWhileTheJournalCannotGrow(const std::string& path) {
+  ::signal(SIGXFSZ, SIG_IGN);
+  PromptFeedJournalOptions journal;
+  journal.path = path;
+  journal.sync_interval = absl::InfiniteDuration();
+  absl::StatusOr<std::unique_ptr<PromptFeed>> feed =
+      PromptFeed::Open(Pool(10), /*seed=*/5, absl::Seconds(10), journal);
+  if (!feed.ok()) ::_exit(101);
+  const PromptLease lease = (*feed)->Lease("w", 1, 3, kT0);
+  const rlimit limit = {std::filesystem::file_size(path), RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_FSIZE, &limit) != 0) ::_exit(102);
+  if ((*feed)->Complete(Ids(lease)) != 3) ::_exit(103);
+  const absl::Status error = (*feed)->journal_error();
+  if (error.ok() || !absl::StrContains(error.message(), path)) ::_exit(104);
+  // Still no room: the repair fails and says why.
+  if ((*feed)->RepairJournal().ok()) ::_exit(105);
+  const rlimit lifted = {RLIM_INFINITY, RLIM_INFINITY};
+  if (::setrlimit(RLIMIT_FSIZE, &lifted) != 0) ::_exit(106);
+  if (!(*feed)->RepairJournal().ok()) ::_exit(107);
+  if (!(*feed)->journal_error().ok()) ::_exit(108);
+  ::_exit(0);
+}
+
+TEST_F(PromptFeedJournalTest, CompletionsNotJournaledOnAFullDiskAreRecordedByTheRepair) {
+  EXPECT_EXIT(CompleteWhileTheJournalCannotGrow(path_), ::testing::ExitedWithCode(0), "");
+  std::unique_ptr<PromptFeed> feed = OpenFeed();
+  const PromptFeedStats stats = feed->stats();
+  EXPECT_EQ(stats.completed, 3);
+  EXPECT_EQ(stats.waiting_reissue, 0) << "completed prompts would be handed out again";
 }
 
 TEST_F(PromptFeedJournalTest, ACorruptJournalIsRefusedNamingTheLine) {

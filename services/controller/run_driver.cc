@@ -20,6 +20,10 @@ namespace {
 
 double Seconds(absl::Duration duration) { return absl::ToDoubleSeconds(duration); }
 
+// Run.conditions kinds this file sets (run_conditions.h).
+constexpr char kRecordNotDurable[] = "record_not_durable";
+constexpr char kInsertsRefused[] = "inserts_refused";
+
 }  // namespace
 
 std::string CallFailure(absl::string_view service, absl::string_view address,
@@ -59,6 +63,7 @@ RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
       request_id_(record.request_id),
       sequence_(record.sequence),
       files_(std::move(files)),
+      record_(files_, options.record),
       clients_(std::move(clients)),
       endpoints_(std::move(endpoints)),
       sizes_(record.sizes),
@@ -245,6 +250,7 @@ void RunDriver::Main() {
   }
   // A run left by a stopping controller keeps its services for the next one.
   if (state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED) StopServices();
+  AwaitRecordWritten();
   {
     absl::MutexLock lock(&mu_);
     thread_exited_ = true;
@@ -544,12 +550,9 @@ bool RunDriver::TransitionLocked(v1::RunState state, const std::string& error) {
   // The record first: a summary.json without it would be re-adopted as the
   // active run it no longer is.
   PersistLocked(/*durable=*/true);
-  if (IsTerminal(state)) {
-    if (absl::Status written = files_.WriteSummary(summary); !written.ok()) {
-      log::Warning("cannot write summary.json",
-                   {{"run_id", run_id_}, {"error", std::string(written.message())}});
-    }
-  }
+  // Written now, or kept until the runs directory takes it (the driver
+  // thread retries: AwaitRecordWritten).
+  if (IsTerminal(state)) record_.WriteSummary(summary);
   log::Info("run state", {{"run_id", run_id_}, {"state", v1::RunState_Name(state)}});
   TouchLocked();
   return true;
@@ -585,10 +588,7 @@ void RunDriver::FlushState() {
   // A state change written meanwhile (PersistLocked) is newer: keep it.
   if (generation <= written_generation_) return;
   written_generation_ = generation;
-  if (absl::Status written = files_.WriteState(text, /*durable=*/false); !written.ok()) {
-    log::Warning("cannot write state.json; a restarted controller would see an older state",
-                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
-  }
+  record_.WriteState(std::move(text), /*durable=*/false);
 }
 
 RunRecord RunDriver::RecordLocked() const {
@@ -614,9 +614,52 @@ void RunDriver::PersistLocked(bool durable) {
   const std::string text = EncodeRunState(RecordLocked());
   absl::MutexLock files(&files_mu_);
   written_generation_ = std::max(written_generation_, generation_);
-  if (absl::Status written = files_.WriteState(text, durable); !written.ok()) {
-    log::Warning("cannot write state.json; a restarted controller would see an older state",
-                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
+  record_.WriteState(std::move(text), durable);
+}
+
+void RunDriver::KeepRecordDurable() {
+  std::shared_ptr<PromptFeed> feed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (IsTerminal(run_.state())) return;
+    feed = feed_;
+  }
+  // The feed's journal first: its repair is a checkpoint of the feed as it
+  // is now, which covers the events it could not write.
+  bool journal_written = true;
+  if (feed != nullptr && !feed->journal_error().ok()) {
+    if (absl::Status repaired = feed->RepairJournal(); !repaired.ok()) {
+      record_.NoteFailure(files_.Path(RunFiles::kPromptFeed), repaired);
+      journal_written = false;
+    }
+  }
+  if (journal_written) record_.Retry().IgnoreError();  // Health says the rest.
+  const RunRecordWriter::Health health = record_.health();
+  if (!health.behind) {
+    ClearCondition(kRecordNotDurable, "controller");
+    return;
+  }
+  SetCondition(kRecordNotDurable, "controller",
+               absl::StrCat(health.error.message(), "; the run is paused (no new prompts) until ",
+                            "its record in ", files_.dir(),
+                            " can be written again, and fails if it cannot for ",
+                            absl::FormatDuration(options_.record_unwritable_timeout)));
+  if (absl::Now() - health.since >= options_.record_unwritable_timeout) {
+    Fail(absl::StrCat(
+        "the run's record in ", files_.dir(), " could not be written for ",
+        absl::FormatDuration(absl::Trunc(absl::Now() - health.since, absl::Seconds(1))), ": ",
+        health.error.message(),
+        " (free space in the runs directory, --runs-dir; the record, summary.json "
+        "included, is written once it can be)"));
+  }
+}
+
+void RunDriver::AwaitRecordWritten() {
+  while (!record_.Retry().ok()) {
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&shut_down_), options_.health_check_interval)) {
+      return;  // The next controller finds what was written.
+    }
   }
 }
 
@@ -687,6 +730,55 @@ void RunDriver::ClearCondition(absl::string_view kind, absl::string_view service
   if (RunConditions::Clear(&run_, kind, service)) TouchLocked();
 }
 
+namespace {
+
+// Sets or clears the inserts_refused condition from the workers whose
+// inserts are refused; true when the run changed.
+bool SyncInsertRefusals(const std::map<std::string, std::pair<std::string, absl::Time>>& refusals,
+                        absl::string_view buffer_address, absl::Time now, v1::Run* run) {
+  if (refusals.empty()) return RunConditions::Clear(run, kInsertsRefused, "replay_buffer");
+  const auto& [worker, refusal] = *refusals.begin();
+  std::string message = absl::StrCat("rollout worker ", worker, ": the replay buffer (",
+                                     buffer_address, ") refuses its inserts: ", refusal.first);
+  if (refusals.size() > 1) {
+    absl::StrAppend(&message, " (and ", refusals.size() - 1, " other worker(s))");
+  }
+  return RunConditions::Set(run, kInsertsRefused, "replay_buffer", message, now);
+}
+
+}  // namespace
+
+std::string RunDriver::BufferAddress() const {
+  return clients_.replay_buffer != nullptr ? clients_.replay_buffer->address() : "";
+}
+
+void RunDriver::NoteInsertOutcomeLocked(const v1::ReportRolloutProgressRequest& request) {
+  bool changed = false;
+  if (!request.insert_error().empty()) {
+    insert_refusals_[request.worker_id()] = {request.insert_error(), absl::Now()};
+    changed = true;
+  } else if (request.groups_inserted() > 0) {
+    changed = insert_refusals_.erase(request.worker_id()) > 0;
+  }
+  if (changed && SyncInsertRefusals(insert_refusals_, BufferAddress(), Now(), &run_)) {
+    TouchLocked();
+  }
+}
+
+void RunDriver::ExpireInsertRefusals() {
+  absl::MutexLock lock(&mu_);
+  if (insert_refusals_.empty() || IsTerminal(run_.state())) return;
+  const size_t before = insert_refusals_.size();
+  const absl::Time oldest = absl::Now() - options_.insert_refusal_ttl;
+  for (auto it = insert_refusals_.begin(); it != insert_refusals_.end();) {
+    it = it->second.second < oldest ? insert_refusals_.erase(it) : std::next(it);
+  }
+  if (insert_refusals_.size() != before &&
+      SyncInsertRefusals(insert_refusals_, BufferAddress(), Now(), &run_)) {
+    TouchLocked();
+  }
+}
+
 bool RunDriver::IsQuarantinedLocked(const std::string& worker_id) const {
   if (quarantined_workers_.count(worker_id) > 0) return true;
   for (const v1::WorkerVerification& w : run_.summary().verification().workers()) {
@@ -711,7 +803,9 @@ absl::StatusOr<v1::LeasePromptsResponse> RunDriver::LeasePrompts(
           ": the trainer's rollout verification found its groups' log-probs, tokens or "
           "versions forged; it is leased no more prompts for the rest of the run"));
     }
-    if (run_.state() == v1::RUN_STATE_TRAINING) feed = feed_;
+    // Paused while its record cannot be written (KeepRecordDurable): no
+    // new work whose results the record could not keep.
+    if (run_.state() == v1::RUN_STATE_TRAINING && !record_.behind()) feed = feed_;
   }
   if (feed == nullptr) {
     response.set_retry_after_ms(absl::ToInt64Milliseconds(options_.lease_retry_after));
@@ -762,6 +856,7 @@ v1::ReportRolloutProgressResponse RunDriver::ReportRolloutProgress(
     response.set_lease_ttl_ms(absl::ToInt64Milliseconds(feed_->lease_ttl()));
     response.set_run_done(feed_->done());
   }
+  NoteInsertOutcomeLocked(request);
   if (request.late_groups_refused() > 0) {
     v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
     recovery.set_late_groups_refused(recovery.late_groups_refused() + request.late_groups_refused());
@@ -803,10 +898,7 @@ void RunDriver::ApplyEvalLocked(const v1::EvalResult& eval) {
   }
   ProgressLocked();
   ApplyEvalFigures(eval, &run_);
-  if (absl::Status written = files_.AppendEval(eval); !written.ok()) {
-    log::Warning("cannot append to evals.jsonl",
-                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
-  }
+  record_.AppendEval(eval);
 }
 
 void RunDriver::ApplyStepLocked(v1::TrainingStepMetrics step) {
@@ -822,10 +914,7 @@ void RunDriver::ApplyStepLocked(v1::TrainingStepMetrics step) {
   if (rl_started_at_ != absl::InfinitePast()) {
     run_.mutable_summary()->set_rl_seconds(Seconds(now - rl_started_at_));
   }
-  if (absl::Status written = files_.AppendMetrics(step); !written.ok()) {
-    log::Warning("cannot append to metrics.jsonl",
-                 {{"run_id", run_id_}, {"error", std::string(written.message())}});
-  }
+  record_.AppendMetrics(step);
 }
 
 void RunDriver::ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest& request) {

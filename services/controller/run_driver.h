@@ -21,6 +21,7 @@
 #include "services/controller/prompt_feed.h"
 #include "services/controller/run_files.h"
 #include "services/controller/run_record.h"
+#include "services/controller/run_record_writer.h"
 #include "services/controller/service_clients.h"
 #include "sluice/v1/controller.pb.h"
 
@@ -76,6 +77,17 @@ struct RunDriverOptions {
   // A re-adopted run whose buffer or trainer is unreachable (restarting
   // too) keeps asking this long before it fails naming it.
   absl::Duration adoption_timeout = absl::Minutes(2);
+  // A run whose record cannot be written (its runs directory full or
+  // failing: RunRecordWriter) is paused, no new prompts leased, and fails
+  // once it has been so this long. Its record is written when it can,
+  // summary.json included.
+  absl::Duration record_unwritable_timeout = absl::Minutes(10);
+  // How the record's writes are retried and their failures logged.
+  RunRecordWriterOptions record;
+  // A worker's report that its inserts are refused (ReportRolloutProgress
+  // insert_error) shows in Run.conditions until it inserts again, or for
+  // this long after its last such report (a worker gone quiet).
+  absl::Duration insert_refusal_ttl = absl::Minutes(1);
 };
 
 // Told about every change of every run (metrics).
@@ -275,6 +287,24 @@ private:
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the run when it made no progress for options_.stall_timeout.
   void CheckStall();
+  // The run's record on disk (each tick): writes what it owes (RunRecordWriter
+  // and the prompt feed's journal); while it cannot, the run is paused (no
+  // prompts leased) with a record_not_durable condition saying why, and it
+  // fails after options_.record_unwritable_timeout.
+  void KeepRecordDurable() ABSL_LOCKS_EXCLUDED(mu_);
+  // After the run ended: retries what its record owes (summary.json) until
+  // it is written or the controller stops.
+  void AwaitRecordWritten() ABSL_LOCKS_EXCLUDED(mu_);
+  // Run.conditions from a worker's report (inserts_refused) and from the
+  // buffer's statistics (buffer_cannot_write); the former expire after
+  // options_.insert_refusal_ttl.
+  void NoteInsertOutcomeLocked(const v1::ReportRolloutProgressRequest &request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ExpireInsertRefusals() ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteBufferWriteHealth(const v1::GetStatsResponse &stats)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The replay buffer's address, for messages ("" without one).
+  std::string BufferAddress() const;
   void RefreshBufferStats();
   // The trainer said FINISHED: stop workers, read the buffer, SUCCEEDED.
   void Finish();
@@ -332,6 +362,8 @@ private:
   const std::string request_id_; // Kept in the record.
   const int64_t sequence_;       // Kept in the record.
   const RunFiles files_;
+  // Every write of the record but the prompt feed's journal goes through it.
+  RunRecordWriter record_;
   const ServiceClients clients_;
   const v1::ServiceEndpoints endpoints_;
   const RunSizes sizes_;
@@ -388,6 +420,10 @@ private:
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::deque<std::pair<absl::Time, int64_t>>
       token_reports_ ABSL_GUARDED_BY(mu_);
+  // Workers whose last report said their inserts are refused: the error and
+  // when (real clock).
+  std::map<std::string, std::pair<std::string, absl::Time>>
+      insert_refusals_ ABSL_GUARDED_BY(mu_);
 
   // Serialises the writes of state.json (taken after mu_ where both are).
   absl::Mutex files_mu_ ABSL_ACQUIRED_AFTER(mu_);

@@ -42,6 +42,8 @@ void RunDriver::Watch() {
       ReconcileTrainer();
       ReconcileWorkers();
       RefreshBufferStats();
+      ExpireInsertRefusals();
+      KeepRecordDurable();
       CheckStall();
       next_check = absl::Now() + options_.health_check_interval;
     }
@@ -91,6 +93,18 @@ void RunDriver::CheckHealth() {
       return;
     }
   }
+}
+
+void RunDriver::NoteBufferWriteHealth(const v1::GetStatsResponse& stats) {
+  constexpr char kBufferCannotWrite[] = "buffer_cannot_write";
+  if (stats.write_error().empty()) {
+    ClearCondition(kBufferCannotWrite, "replay_buffer");
+    return;
+  }
+  SetCondition(kBufferCannotWrite, "replay_buffer",
+               absl::StrCat("replay_buffer (", BufferAddress(),
+                            ") cannot write its data directory: ", stats.write_error(),
+                            "; it refuses inserts until it can, and resumes by itself then"));
 }
 
 void RunDriver::AddRestartLocked(const std::string& service) {
@@ -362,6 +376,7 @@ void RunDriver::RefreshBufferStats() {
     return;  // Not fatal; the health check judges reachability.
   }
   NoteIncarnation("replay_buffer", response->incarnation(), &buffer_incarnation_);
+  NoteBufferWriteHealth(*response);
   if (clients_.reward_server != nullptr) {
     if (absl::StatusOr<uint64_t> reward = clients_.reward_server->Incarnation(); reward.ok()) {
       NoteIncarnation("reward_server", *reward, &reward_incarnation_);

@@ -19,9 +19,7 @@ namespace fs = std::filesystem;
 namespace {
 
 absl::Status PosixError(absl::string_view what, const std::string& path) {
-  const int error = errno;
-  const std::string message = absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(error));
-  return error == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  return PosixFileError(errno, what, path);
 }
 
 // Closes on scope exit.
@@ -54,6 +52,26 @@ absl::Status WriteAll(int fd, absl::string_view data, const std::string& path) {
 
 }  // namespace
 
+absl::Status PosixFileError(int error_number, absl::string_view what, const std::string& path) {
+  const std::string message =
+      absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(error_number));
+  switch (error_number) {
+    case ENOENT:
+      return absl::NotFoundError(message);
+    case ENOSPC:
+    case EDQUOT:
+      return absl::ResourceExhaustedError(message);
+    case EACCES:
+    case EPERM:
+      return absl::PermissionDeniedError(message);
+    case EROFS:
+    case EIO:
+      return absl::UnavailableError(message);
+    default:
+      return absl::InternalError(message);
+  }
+}
+
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.ok()) return PosixError("open", path);
@@ -77,18 +95,26 @@ std::string ToJson(const google::protobuf::Message& message, bool pretty) {
 
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view text, bool durable) {
   const std::string temporary = path + ".tmp";
+  absl::Status written;
   {
     Fd fd(::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd.ok()) return PosixError("create", temporary);
-    if (absl::Status written = WriteAll(fd.get(), text, temporary); !written.ok()) return written;
-    if (!text.empty() && text.back() != '\n') {
-      if (absl::Status written = WriteAll(fd.get(), "\n", temporary); !written.ok()) return written;
+    written = WriteAll(fd.get(), text, temporary);
+    if (written.ok() && !text.empty() && text.back() != '\n') {
+      written = WriteAll(fd.get(), "\n", temporary);
     }
     // Without this a machine crash after the rename could leave an empty
     // file under the new name (the data not yet on disk).
-    if (::fdatasync(fd.get()) != 0) return PosixError("fsync", temporary);
+    if (written.ok() && ::fdatasync(fd.get()) != 0) written = PosixError("fsync", temporary);
   }
-  if (::rename(temporary.c_str(), path.c_str()) != 0) return PosixError("rename to", path);
+  if (written.ok() && ::rename(temporary.c_str(), path.c_str()) != 0) {
+    written = PosixError("rename to", path);
+  }
+  if (!written.ok()) {
+    // A partial temporary file on a full disk only takes what is left.
+    ::unlink(temporary.c_str());
+    return written;
+  }
   if (durable) {
     const std::string dir = fs::path(path).parent_path().string();
     Fd dir_fd(::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -101,9 +127,15 @@ absl::Status WriteFileAtomically(const std::string& path, absl::string_view text
 absl::Status AppendLineToFile(const std::string& path, absl::string_view line) {
   Fd fd(::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644));
   if (!fd.ok()) return PosixError("open", path);
+  struct stat before;
+  if (::fstat(fd.get(), &before) != 0) return PosixError("stat", path);
   std::string text(line);
   text.push_back('\n');
-  return WriteAll(fd.get(), text, path);
+  absl::Status written = WriteAll(fd.get(), text, path);
+  // A write cut short (a full disk) must not leave part of a line for the
+  // next append to run on from: the file goes back to where it was.
+  if (!written.ok()) (void)::ftruncate(fd.get(), before.st_size);
+  return written;
 }
 
 absl::StatusOr<CompleteLines> ReadCompleteLines(const std::string& path) {
@@ -140,10 +172,7 @@ absl::StatusOr<RunFiles> RunFiles::Create(const std::string& runs_dir, const std
   const fs::path dir = fs::path(runs_dir) / run_id;
   std::error_code error;
   fs::create_directories(dir, error);
-  if (error) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("cannot create run directory ", dir.string(), ": ", error.message()));
-  }
+  if (error) return PosixFileError(error.value(), "create run directory", dir.string());
   return RunFiles(dir.string());
 }
 

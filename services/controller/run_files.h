@@ -13,6 +13,12 @@
 
 namespace sluice::controller {
 
+// An absl::Status for errno `error_number`: "cannot <what> <path>:
+// <strerror>", coded so that a caller can tell a full disk from a missing
+// file: ENOENT NOT_FOUND, ENOSPC and EDQUOT RESOURCE_EXHAUSTED, EACCES and
+// EPERM PERMISSION_DENIED, EROFS and EIO UNAVAILABLE, the rest INTERNAL.
+absl::Status PosixFileError(int error_number, absl::string_view what, const std::string& path);
+
 // JSON as the run files use it (ProtoToJson: snake_case names, defaults
 // printed, 64-bit integers as numbers). `pretty` = indented, multi-line
 // (spec.json, summary.json); otherwise one line (the .jsonl files).
@@ -23,13 +29,15 @@ std::string ToJson(const google::protobuf::Message& message, bool pretty);
 // after kill -9, sees the old file or the new one and never half of one. The
 // temporary file's data is fsync'd before the rename; with `durable` the
 // directory is fsync'd after it as well, so that the rename itself survives
-// a machine crash.
+// a machine crash. On an error the temporary file is removed and `path` is
+// left as it was.
 absl::Status WriteFileAtomically(const std::string& path, absl::string_view text, bool durable);
 
 // Appends `line` and a newline to `path` (created if missing) with a single
 // write(2) on an O_APPEND descriptor: a process killed meanwhile leaves at
 // worst a partial last line, which ReadCompleteLines leaves out and
-// DropTornTail removes.
+// DropTornTail removes. A write that fails (a full disk) truncates the file
+// back to where it was, so that the next append starts a line of its own.
 absl::Status AppendLineToFile(const std::string& path, absl::string_view line);
 
 // The whole content of `path`; NOT_FOUND when it does not exist.

@@ -20,6 +20,26 @@ namespace {
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
 
+// A new run whose record could not be written (its files in the runs
+// directory): nothing of it is kept, and the caller is told what to mend.
+// A full disk stays RESOURCE_EXHAUSTED and a permission PERMISSION_DENIED;
+// anything else is UNAVAILABLE (the directory failing: try again later).
+absl::Status RunNotRecorded(const std::string& runs_dir, const std::string& run_dir,
+                            const absl::Status& error) {
+  std::error_code ignored;
+  std::filesystem::remove_all(run_dir, ignored);
+  const absl::StatusCode code = error.code() == absl::StatusCode::kResourceExhausted ||
+                                        error.code() == absl::StatusCode::kPermissionDenied
+                                    ? error.code()
+                                    : absl::StatusCode::kUnavailable;
+  log::Warning("refused a run: its record cannot be written",
+               {{"runs_dir", runs_dir}, {"error", std::string(error.message())}});
+  return absl::Status(code, absl::StrCat("the runs directory ", runs_dir,
+                                         " (--runs-dir) cannot record a new run: ", error.message(),
+                                         "; the run was not submitted (free space there, or "
+                                         "fix it, and submit again)"));
+}
+
 }  // namespace
 
 RunRegistry::RunRegistry(RunRegistryOptions options, ServiceClients clients, RunObserver* observer)
@@ -149,8 +169,11 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   }
   const std::string run_id = NewRunIdLocked();
   absl::StatusOr<RunFiles> files = RunFiles::Create(options_.runs_dir, run_id);
-  if (!files.ok()) return files.status();
-  if (absl::Status written = files->WriteSpec(spec); !written.ok()) return written;
+  const std::string run_dir = (std::filesystem::path(options_.runs_dir) / run_id).string();
+  if (!files.ok()) return RunNotRecorded(options_.runs_dir, run_dir, files.status());
+  if (absl::Status written = files->WriteSpec(spec); !written.ok()) {
+    return RunNotRecorded(options_.runs_dir, run_dir, written);
+  }
 
   v1::Run run;
   run.set_run_id(run_id);
@@ -162,7 +185,7 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
   // knows the run.
   if (absl::Status written = files->WriteState(EncodeRunState(record), /*durable=*/true);
       !written.ok()) {
-    return written;
+    return RunNotRecorded(options_.runs_dir, run_dir, written);
   }
   std::shared_ptr<RunDriver> driver = AddDriverLocked(std::move(record), std::move(*files));
   queue_.push_back(driver);

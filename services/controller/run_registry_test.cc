@@ -2,9 +2,11 @@
 // controller calls, what it records, and the files it leaves.
 #include "services/controller/run_registry.h"
 
+#include <unistd.h>
+
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -1030,6 +1032,146 @@ TEST_F(RunRegistryTest, ListWorkersShowsRegisteredWorkers) {
   ASSERT_EQ(workers.workers_size(), 1);
   EXPECT_EQ(workers.workers(0).worker_id(), "fake-worker");
   EXPECT_TRUE(workers.workers(0).live());
+}
+
+const v1::RunCondition* FindCondition(const v1::Run& run, const std::string& kind) {
+  for (const v1::RunCondition& condition : run.conditions()) {
+    if (condition.kind() == kind) return &condition;
+  }
+  return nullptr;
+}
+
+// The runs directory full (its metrics.jsonl /dev/full) while the run
+// trains: the run is paused, says why, and goes on once there is room, with
+// the step it could not write then written.
+TEST_F(RunRegistryTest, ARunWhoseRecordCannotBeWrittenIsPausedSayingWhyAndResumesOnceItCan) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA, [](auto& r) { r.set_policy_version(0); });
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  const std::string metrics = runs_dir_ + "/" + run_id + "/metrics.jsonl";
+  ASSERT_EQ(::symlink("/dev/full", metrics.c_str()), 0);
+  Report(run_id, v1::TRAINER_STATE_TRAINING, [](auto& r) {
+    r.set_policy_version(1);
+    r.mutable_step()->set_step(1);
+    r.mutable_step()->set_policy_version(1);
+  });
+  const v1::Run paused =
+      AwaitRun(run_id, [](const v1::Run& run) { return FindCondition(run, "record_not_durable"); });
+  const v1::RunCondition* condition = FindCondition(paused, "record_not_durable");
+  ASSERT_NE(condition, nullptr);
+  EXPECT_EQ(condition->service(), "controller");
+  EXPECT_THAT(condition->message(), HasSubstr(metrics));
+  EXPECT_THAT(condition->message(), HasSubstr("No space left on device"));
+  EXPECT_THAT(condition->message(), HasSubstr("the run is paused (no new prompts)"));
+  EXPECT_EQ(paused.state(), v1::RUN_STATE_TRAINING);
+  const v1::LeasePromptsResponse refused = Lease(run_id, 2);
+  EXPECT_EQ(refused.prompts_size(), 0);
+  EXPECT_GT(refused.retry_after_ms(), 0);
+
+  ASSERT_TRUE(std::filesystem::remove(metrics));  // Space freed.
+  AwaitRun(run_id,
+           [](const v1::Run& run) { return FindCondition(run, "record_not_durable") == nullptr; });
+  EXPECT_EQ(Lease(run_id, 2).prompts_size(), 2);
+  const std::vector<nlohmann::json> lines = ReadJsonLines(metrics);
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["step"], 1);
+}
+
+TEST_F(RunRegistryTest, ARunWhoseRecordStaysUnwritableFailsSayingWhy) {
+  MakeRegistry(true, [](RunRegistryOptions& options) {
+    options.driver.record_unwritable_timeout = absl::Milliseconds(50);
+  });
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA, [](auto& r) { r.set_policy_version(0); });
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  const std::string dir = runs_dir_ + "/" + run_id;
+  ASSERT_EQ(::symlink("/dev/full", (dir + "/evals.jsonl").c_str()), 0);
+  Report(run_id, v1::TRAINER_STATE_EVALUATING,
+         [](auto& r) { *r.mutable_eval() = Eval("during", 0, 0.5); });
+  const v1::Run failed = AwaitState(run_id, v1::RUN_STATE_FAILED);
+  EXPECT_THAT(failed.error_message(), HasSubstr("the run's record in " + dir));
+  EXPECT_THAT(failed.error_message(), HasSubstr("could not be written for"));
+}
+
+// Cancelled while summary.json cannot be written (a directory in the way of
+// its temporary file): the driver keeps it and writes it once it can, and
+// only then lets the next run start.
+TEST_F(RunRegistryTest, ACancelledRunGetsItsSummaryOnceItCanBeWritten) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  const std::string dir = runs_dir_ + "/" + run_id;
+  ASSERT_TRUE(std::filesystem::create_directory(dir + "/summary.json.tmp"));
+  ASSERT_EQ(registry_->Cancel(run_id, "enough")->state(), v1::RUN_STATE_CANCELLED);
+  std::shared_ptr<RunDriver> driver = *registry_->Find(run_id);
+  EXPECT_FALSE(driver->WaitUntilStopped(absl::Milliseconds(200)));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/summary.json"));
+
+  ASSERT_TRUE(std::filesystem::remove(dir + "/summary.json.tmp"));
+  EXPECT_TRUE(driver->WaitUntilStopped(kWait));
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["state"], "RUN_STATE_CANCELLED");
+  EXPECT_EQ(summary["error_message"], "enough");
+}
+
+TEST_F(RunRegistryTest, ARunsDirectoryThatCannotRecordARunRefusesItNamingTheDirectory) {
+  std::ofstream(runs_dir_) << "not a directory";
+  MakeRegistry();
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  const absl::StatusOr<v1::Run> run = registry_->Submit(request);
+  EXPECT_EQ(run.status().code(), absl::StatusCode::kUnavailable) << run.status();
+  EXPECT_THAT(run.status().message(),
+              HasSubstr("the runs directory " + runs_dir_ + " (--runs-dir) cannot record"));
+  std::filesystem::remove(runs_dir_);
+}
+
+TEST_F(RunRegistryTest, InsertsAWorkerReportsRefusedShowUntilItInsertsAgain) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  v1::ReportRolloutProgressRequest report;
+  report.set_run_id(run_id);
+  report.set_worker_id("fake-worker");
+  report.set_worker_incarnation(1);
+  report.set_insert_error(
+      "RESOURCE_EXHAUSTED: InsertGroups: the connection of ipv4:127.0.0.1:5 already has 256 "
+      "streams open on this service");
+  ASSERT_TRUE(registry_->ReportRolloutProgress(report).ok());
+  const v1::Run refused = *registry_->Get(run_id);
+  const v1::RunCondition* condition = FindCondition(refused, "inserts_refused");
+  ASSERT_NE(condition, nullptr);
+  EXPECT_EQ(condition->service(), "replay_buffer");
+  EXPECT_THAT(condition->message(), HasSubstr("rollout worker fake-worker"));
+  EXPECT_THAT(condition->message(), HasSubstr("(buffer:1)"));
+  EXPECT_THAT(condition->message(), HasSubstr("256 streams open"));
+
+  report.clear_insert_error();
+  report.set_groups_inserted(1);
+  ASSERT_TRUE(registry_->ReportRolloutProgress(report).ok());
+  EXPECT_EQ(FindCondition(*registry_->Get(run_id), "inserts_refused"), nullptr);
+}
+
+TEST_F(RunRegistryTest, ABufferThatCannotWriteShowsInTheRunUntilItCan) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA, [](auto& r) { r.set_policy_version(0); });
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  buffer_->SetWriteError("WAL append of LSN 9 at offset 4096: No space left on device");
+  const v1::Run waiting = AwaitRun(
+      run_id, [](const v1::Run& run) { return FindCondition(run, "buffer_cannot_write"); });
+  const v1::RunCondition* condition = FindCondition(waiting, "buffer_cannot_write");
+  ASSERT_NE(condition, nullptr);
+  EXPECT_EQ(condition->service(), "replay_buffer");
+  EXPECT_THAT(condition->message(), HasSubstr("replay_buffer (buffer:1) cannot write"));
+  EXPECT_THAT(condition->message(), HasSubstr("No space left on device"));
+  buffer_->SetWriteError("");
+  AwaitRun(run_id,
+           [](const v1::Run& run) { return FindCondition(run, "buffer_cannot_write") == nullptr; });
 }
 
 }  // namespace

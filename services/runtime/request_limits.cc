@@ -69,70 +69,78 @@ void RefusalCounter::Refused(absl::string_view reason) {
   counters_->family->Add({{"reason", std::string(reason)}}).Increment();
 }
 
+StreamClient StreamClientOf(const grpc::ServerContext& context) {
+  StreamClient client;
+  client.connection = context.peer();
+  client.description = client.connection;
+  if (const std::optional<Principal> caller = Caller(&context); caller.has_value()) {
+    client.description =
+        absl::StrCat(RoleName(caller->role), ":", caller->identity, " on ", client.connection);
+    client.service = caller->role == Role::kWorker || caller->role == Role::kTrainer ||
+                     caller->role == Role::kController;
+  }
+  return client;
+}
+
 StreamGate::Slot::Slot(Slot&& other) noexcept
-    : gate_(std::exchange(other.gate_, nullptr)), peer_(std::move(other.peer_)) {}
+    : gate_(std::exchange(other.gate_, nullptr)),
+      connection_(std::move(other.connection_)),
+      service_(other.service_) {}
 
 StreamGate::Slot& StreamGate::Slot::operator=(Slot&& other) noexcept {
   if (this != &other) {
-    if (gate_ != nullptr) gate_->Release(peer_);
+    if (gate_ != nullptr) gate_->Release(connection_, service_);
     gate_ = std::exchange(other.gate_, nullptr);
-    peer_ = std::move(other.peer_);
+    connection_ = std::move(other.connection_);
+    service_ = other.service_;
   }
   return *this;
 }
 
 StreamGate::Slot::~Slot() {
-  if (gate_ != nullptr) gate_->Release(peer_);
+  if (gate_ != nullptr) gate_->Release(connection_, service_);
 }
 
-absl::StatusOr<StreamGate::Slot> StreamGate::Acquire(absl::string_view peer,
+absl::StatusOr<StreamGate::Slot> StreamGate::Acquire(const StreamClient& client,
                                                      absl::string_view method) {
   absl::MutexLock lock(&mu_);
-  if (open_ >= max_total_) {
+  int& pool = client.service ? open_services_ : open_others_;
+  if (pool >= max_total_) {
     if (refusals_ != nullptr) refusals_->Refused("streams_total");
     return absl::ResourceExhaustedError(absl::StrCat(
-        method, ": this service already has ", open_, " streams open, the limit ",
-        "(--max-streams ", max_total_, "); close idle streams or raise --max-streams"));
+        method, ": this service already has ", pool, " streams open ",
+        client.service ? "from services" : "from users and anonymous callers",
+        ", the limit (--max-streams ", max_total_, "); close idle streams or raise --max-streams"));
   }
-  auto [it, inserted] = open_by_peer_.try_emplace(std::string(peer), 0);
+  auto [it, inserted] = open_by_connection_.try_emplace(client.connection, 0);
   if (it->second >= max_per_peer_) {
     if (refusals_ != nullptr) refusals_->Refused("streams_per_peer");
     return absl::ResourceExhaustedError(absl::StrCat(
-        method, ": ", peer, " already has ", it->second, " streams open on this service, the ",
-        "limit (--max-streams-per-peer ", max_per_peer_,
+        method, ": the connection of ", client.description, " already has ", it->second,
+        " streams open on this service, the limit (--max-streams-per-peer ", max_per_peer_,
         "); close idle streams or raise --max-streams-per-peer"));
   }
   ++it->second;
-  ++open_;
-  return Slot(this, std::string(peer));
+  ++pool;
+  return Slot(this, client.connection, client.service);
 }
 
-void StreamGate::Release(const std::string& peer) {
+void StreamGate::Release(const std::string& connection, bool service) {
   absl::MutexLock lock(&mu_);
-  --open_;
-  auto it = open_by_peer_.find(peer);
-  if (it != open_by_peer_.end() && --it->second <= 0) open_by_peer_.erase(it);
+  --(service ? open_services_ : open_others_);
+  auto it = open_by_connection_.find(connection);
+  if (it != open_by_connection_.end() && --it->second <= 0) open_by_connection_.erase(it);
 }
 
 int StreamGate::open() const {
   absl::MutexLock lock(&mu_);
-  return open_;
+  return open_services_ + open_others_;
 }
 
-int StreamGate::open_from(absl::string_view peer) const {
+int StreamGate::open_from(absl::string_view connection) const {
   absl::MutexLock lock(&mu_);
-  auto it = open_by_peer_.find(peer);
-  return it == open_by_peer_.end() ? 0 : it->second;
-}
-
-std::string PeerHost(absl::string_view grpc_peer) {
-  if (!absl::StartsWith(grpc_peer, "ipv4:") && !absl::StartsWith(grpc_peer, "ipv6:")) {
-    return std::string(grpc_peer);
-  }
-  absl::string_view address = grpc_peer.substr(5);
-  const size_t colon = address.rfind(':');
-  if (colon == absl::string_view::npos) return std::string(address);
-  return std::string(address.substr(0, colon));
+  auto it = open_by_connection_.find(connection);
+  return it == open_by_connection_.end() ? 0 : it->second;
 }
 
 absl::Status CheckIdLength(absl::string_view field, absl::string_view value, int64_t max_bytes) {
@@ -179,17 +187,14 @@ void CountRefusal(absl::string_view reason) { Process().refusals->Refused(reason
 
 grpc::Status AcquireStreamSlot(grpc::ServerContext* context, absl::string_view method,
                                StreamGate::Slot* slot) {
-  // An authenticated caller is counted as itself (the services of one host
-  // do not share an allowance, and one identity cannot spread over hosts);
-  // an anonymous one by its host.
-  const std::optional<Principal> caller = Caller(context);
-  const std::string peer = caller.has_value()
-                               ? absl::StrCat(RoleName(caller->role), ":", caller->identity)
-                               : PeerHost(context->peer());
-  absl::StatusOr<StreamGate::Slot> acquired = Process().streams->Acquire(peer, method);
+  // Per connection, and services apart from users and anonymous callers
+  // (RequestLimits): neither a local process nor a shared token's holder
+  // can use up another client's allowance.
+  const StreamClient client = StreamClientOf(*context);
+  absl::StatusOr<StreamGate::Slot> acquired = Process().streams->Acquire(client, method);
   if (!acquired.ok()) {
     log::Warning("refused a stream", {{"method", std::string(method)},
-                                      {"peer", context->peer()},
+                                      {"peer", client.description},
                                       {"error", std::string(acquired.status().message())}});
     return ToGrpcStatus(acquired.status());
   }

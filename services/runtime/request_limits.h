@@ -40,11 +40,18 @@ namespace sluice::runtime {
 // leases as many prompts as it got generation slots, tens; a local stack opens
 // a few streams per worker); each is a ServiceMain flag (and YAML key).
 struct RequestLimits {
-  // Concurrent streams one caller may hold open on this service: one
-  // authenticated identity (auth.h), or one peer host when calls are
-  // anonymous.
+  // Concurrent streams one client connection may hold open on this service
+  // (a gRPC peer, "ipv4:127.0.0.1:53122": one client channel), whoever the
+  // caller is. Per connection, not per host or per identity, so that a
+  // local process cannot use up the allowance of the stack's own worker on
+  // the same host, nor one holder of a shared token (the viewers') that of
+  // every other holder.
   int max_streams_per_peer = 256;
-  // Concurrent streams on this service, all peers together.
+  // Concurrent streams on this service from users and anonymous callers, all
+  // together. Callers authenticated as a service (worker, trainer,
+  // controller) have a pool of this size of their own, so that no user can
+  // crowd out the stack's services (auth.h; on a plain stack every caller is
+  // anonymous and shares the first pool).
   int max_streams = 1024;
   // Longest identifier (run_id, worker_id, group_id, lease_id, ...).
   int64_t max_id_bytes = 1024;
@@ -76,8 +83,26 @@ class RefusalCounter {
   std::unique_ptr<Counters> counters_;
 };
 
-// Caps how many streams are open at once, per peer and in total. A Slot
-// holds one until it is destroyed. Thread-safe; Acquire is O(1).
+// Who opens a stream, as the stream limits count it.
+struct StreamClient {
+  // The client's connection (grpc::ServerContext::peer()): the per-peer
+  // limit counts streams per connection.
+  std::string connection;
+  // For messages and logs: "worker:rollout_worker-0 on ipv4:10.0.0.7:53122",
+  // or the connection of an anonymous caller.
+  std::string description;
+  // Authenticated as a service (worker, trainer, controller): counted in the
+  // services' pool, apart from users and anonymous callers.
+  bool service = false;
+};
+
+// The StreamClient of a call: its connection, and who its authenticated
+// caller is (Caller(), auth.h), if any.
+StreamClient StreamClientOf(const grpc::ServerContext& context);
+
+// Caps how many streams are open at once, per client connection and in
+// total per pool (services; everyone else). A Slot holds one until it is
+// destroyed. Thread-safe; Acquire is O(1).
 class StreamGate {
  public:
   class Slot {
@@ -89,37 +114,37 @@ class StreamGate {
 
    private:
     friend class StreamGate;
-    Slot(StreamGate* gate, std::string peer) : gate_(gate), peer_(std::move(peer)) {}
+    Slot(StreamGate* gate, std::string connection, bool service)
+        : gate_(gate), connection_(std::move(connection)), service_(service) {}
     StreamGate* gate_ = nullptr;
-    std::string peer_;
+    std::string connection_;
+    bool service_ = false;
   };
 
+  // `max_total` bounds each pool (services, and everyone else) on its own.
   StreamGate(int max_per_peer, int max_total, RefusalCounter* refusals = nullptr)
       : max_per_peer_(max_per_peer), max_total_(max_total), refusals_(refusals) {}
 
-  // A slot for one more stream from `peer`, or RESOURCE_EXHAUSTED saying
+  // A slot for one more stream from `client`, or RESOURCE_EXHAUSTED saying
   // which limit is reached and how to raise it. Never blocks.
-  absl::StatusOr<Slot> Acquire(absl::string_view peer, absl::string_view method)
+  absl::StatusOr<Slot> Acquire(const StreamClient& client, absl::string_view method)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Streams open now: all of them, those of one connection.
   int open() const ABSL_LOCKS_EXCLUDED(mu_);
-  int open_from(absl::string_view peer) const ABSL_LOCKS_EXCLUDED(mu_);
+  int open_from(absl::string_view connection) const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  void Release(const std::string& peer) ABSL_LOCKS_EXCLUDED(mu_);
+  void Release(const std::string& connection, bool service) ABSL_LOCKS_EXCLUDED(mu_);
 
   const int max_per_peer_;
   const int max_total_;
   RefusalCounter* const refusals_;
   mutable absl::Mutex mu_;
-  int open_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::string, int> open_by_peer_ ABSL_GUARDED_BY(mu_);
+  int open_services_ ABSL_GUARDED_BY(mu_) = 0;
+  int open_others_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<std::string, int> open_by_connection_ ABSL_GUARDED_BY(mu_);
 };
-
-// The host of a gRPC peer string: "ipv4:10.0.0.7:53122" -> "10.0.0.7",
-// "ipv6:[::1]:4000" -> "[::1]", "unix:/tmp/s" -> "unix:/tmp/s". The port is
-// dropped: a client opens a new one with each channel.
-std::string PeerHost(absl::string_view grpc_peer);
 
 // INVALID_ARGUMENT "<field>: <n> bytes, at most <limit> (...)" when `value`
 // is longer than `max_bytes`.

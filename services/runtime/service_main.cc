@@ -54,12 +54,14 @@ std::string DialHost(const std::string& host) {
 void AddRequestLimitFlags(CLI::App& app, RequestLimits& limits) {
   const char* group = "Request limits (what one client may ask; see request_limits.h)";
   app.add_option("--max-streams-per-peer", limits.max_streams_per_peer,
-                 "streams (watches, samples, inserts, weight downloads) one client host may hold "
-                 "open at once; more are refused RESOURCE_EXHAUSTED")
+                 "streams (watches, samples, inserts, weight downloads) one client connection "
+                 "may hold open at once; more are refused RESOURCE_EXHAUSTED")
       ->capture_default_str()
       ->group(group);
   app.add_option("--max-streams", limits.max_streams,
-                 "streams open at once on this service, all clients together")
+                 "streams open at once on this service from users and anonymous callers "
+                 "together; authenticated services (worker, trainer, controller) have a pool of "
+                 "this size of their own")
       ->capture_default_str()
       ->group(group);
   app.add_option("--max-id-bytes", limits.max_id_bytes,
@@ -79,6 +81,35 @@ void AddRequestLimitFlags(CLI::App& app, RequestLimits& limits) {
 }
 
 }  // namespace
+
+void ServiceHealth::SetServing(const std::string& full_name, bool serving) {
+  absl::MutexLock lock(&mu_);
+  if (detached_) return;
+  serving_[full_name] = serving;
+  if (health_ != nullptr) health_->SetServingStatus(full_name, serving);
+}
+
+bool ServiceHealth::serving(const std::string& full_name) const {
+  absl::MutexLock lock(&mu_);
+  auto it = serving_.find(full_name);
+  return it == serving_.end() || it->second;
+}
+
+void ServiceHealth::Attach(grpc::HealthCheckServiceInterface* health,
+                           const std::vector<std::string>& names) {
+  absl::MutexLock lock(&mu_);
+  health_ = health;
+  for (const std::string& name : names) {
+    auto it = serving_.find(name);
+    health_->SetServingStatus(name, it == serving_.end() || it->second);
+  }
+}
+
+void ServiceHealth::Detach() {
+  absl::MutexLock lock(&mu_);
+  detached_ = true;
+  health_ = nullptr;
+}
 
 void AddSecurityFlags(CLI::App& app, ServerOptions& options) {
   const char* group = "Security (TLS and tokens; see docs/security.md)";
@@ -304,7 +335,9 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   health->SetServingStatus("", true);
-  for (const auto& [service, name] : context.services()) health->SetServingStatus(name, true);
+  std::vector<std::string> service_names;
+  for (const auto& [service, name] : context.services()) service_names.push_back(name);
+  context.health()->Attach(health, service_names);
   for (const auto& callback : context.started_callbacks()) callback(grpc_port);
 
   const std::string dial_host = DialHost(listen.host);
@@ -373,6 +406,7 @@ int ServiceMain::Run(int argc, char** argv, const Setup& setup) {
     std::_Exit(1);
   }).detach();
 
+  context.health()->Detach();
   health->SetServingStatus(false);
   for (const auto& callback : context.shutdown_callbacks()) callback();
   server->Shutdown(std::chrono::system_clock::now() +

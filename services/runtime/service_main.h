@@ -7,13 +7,17 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "services/runtime/server_options.h"
 
 namespace CLI {
 class App;
 }
 namespace grpc {
+class HealthCheckServiceInterface;
 class Service;
 }
 namespace prometheus {
@@ -31,6 +35,36 @@ struct ServiceInfo {
   int default_metrics_port = 0;
 };
 
+// What grpc.health.v1 reports for each registered service while the server
+// runs. A service that is alive but cannot do its work (a replay buffer that
+// cannot write its data directory) reports its own name NOT_SERVING while
+// the whole server ("") stays SERVING: a readiness check that asks for the
+// service sees it, and a liveness probe does not restart a process that a
+// restart would not mend. Everything is NOT_SERVING once shutdown begins.
+// Thread-safe; held by shared_ptr so that a service's threads may keep it
+// past the server.
+class ServiceHealth {
+ public:
+  // SERVING (true) or NOT_SERVING for `full_name` (as given to AddService).
+  // Before the server starts, it is what the server starts with; after
+  // shutdown began, ignored.
+  void SetServing(const std::string& full_name, bool serving) ABSL_LOCKS_EXCLUDED(mu_);
+  // What SetServing last said for `full_name` (true when never called).
+  bool serving(const std::string& full_name) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ServiceMain: the server's health service, once it runs (applies what was
+  // set so far to `names`); then Detach when shutdown begins.
+  void Attach(grpc::HealthCheckServiceInterface* health, const std::vector<std::string>& names)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void Detach() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  mutable absl::Mutex mu_;
+  grpc::HealthCheckServiceInterface* health_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool detached_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, bool> serving_ ABSL_GUARDED_BY(mu_);
+};
+
 // Handed to a service's setup function: where it registers its gRPC services,
 // its metrics and what must happen when the process is asked to stop.
 class ServiceContext {
@@ -45,10 +79,14 @@ class ServiceContext {
 
   // Registers `service` (kept alive until the server has stopped). Health
   // reports `full_name` (e.g. "sluice.v1.ReplayBufferService") SERVING while
-  // the server runs, NOT_SERVING once shutdown begins.
+  // the server runs (unless health() says otherwise), NOT_SERVING once
+  // shutdown begins.
   void AddService(std::shared_ptr<grpc::Service> service, std::string full_name) {
     services_.emplace_back(std::move(service), std::move(full_name));
   }
+
+  // Where a service says it cannot do its work for now (ServiceHealth).
+  const std::shared_ptr<ServiceHealth>& health() const { return health_; }
 
   // Runs once when shutdown begins, after health turns NOT_SERVING and before
   // in-flight calls are drained: the place to wake calls blocked on a
@@ -82,6 +120,7 @@ class ServiceContext {
  private:
   const ServerOptions& options_;
   prometheus::Registry& registry_;
+  const std::shared_ptr<ServiceHealth> health_ = std::make_shared<ServiceHealth>();
   std::vector<std::pair<std::shared_ptr<grpc::Service>, std::string>> services_;
   std::vector<std::function<void()>> shutdown_callbacks_;
   std::vector<std::function<void(int)>> started_callbacks_;

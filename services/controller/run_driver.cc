@@ -76,9 +76,6 @@ RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
   last_progress_at_ = absl::Now();
   last_persisted_at_ = absl::Now();
   run_ = std::move(record.run);
-  // One copy of the spec (spec_), put back into the snapshots handed out: a
-  // queued run is mostly its spec, and a long queue held it twice.
-  run_.clear_spec();
   run_.set_queue_position(0);
   // Conditions describe the controller's view now; a restored run earns its
   // own again.
@@ -489,7 +486,6 @@ v1::Run RunDriver::Cancel(const std::string& reason) {
   }
   if (!started_) thread_exited_ = true;  // Cancelled while queued: nothing to stop.
   v1::Run run = run_;
-  *run.mutable_spec() = spec_;
   FillLiveFiguresLocked(&run, Now());
   return run;
 }
@@ -679,7 +675,6 @@ void RunDriver::FillLiveFiguresLocked(v1::Run* run, absl::Time now) const {
 RunDriver::Snapshot RunDriver::Get() const {
   absl::MutexLock lock(&mu_);
   Snapshot snapshot{run_, generation_};
-  *snapshot.run.mutable_spec() = spec_;
   FillLiveFiguresLocked(&snapshot.run, Now());
   return snapshot;
 }

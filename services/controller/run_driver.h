@@ -83,7 +83,7 @@ class RunObserver {
 public:
   virtual ~RunObserver() = default;
   // Called under the run's lock after each change: keep it short and call
-  // nothing of the controller from it. `run` comes without its spec.
+  // nothing of the controller from it.
   virtual void OnRunUpdated(const v1::Run &run) = 0;
 };
 

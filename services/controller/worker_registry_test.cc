@@ -225,6 +225,7 @@ TEST_F(WorkerRegistryTest, AnOlderProcessHoldsTheIdAgainOnceTheNewerOneIsLost) {
   const v1::WorkerHeartbeatResponse back = Beat("w0", 100);
   EXPECT_FALSE(back.superseded());
   EXPECT_THAT(back.assignments(), SizeIs(1));
+  ASSERT_THAT(registry_.RunWorkers("run-a"), SizeIs(1));
   EXPECT_EQ(registry_.RunWorkers("run-a")[0].incarnation, 100u);
   EXPECT_EQ(registry_.List().workers(0).restarts(), 1);  // Only the one takeover.
 }

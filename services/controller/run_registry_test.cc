@@ -6,6 +6,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -1144,6 +1145,41 @@ TEST_F(RunRegistryTest, BufferRestartsAreCountedFromItsStartCount) {
     return r.summary().recovery().restarts().count("replay_buffer") > 0;
   });
   EXPECT_EQ(run.summary().recovery().restarts().at("replay_buffer"), 5);
+}
+
+// Specs as big as their bounds allow (~150 KB each): ListRuns stops a page
+// before 2 MiB, so that it reaches a client that takes 4 MiB a message (a
+// page of 50 such runs was 7 MB), and the pages together hold every run.
+TEST_F(RunRegistryTest, ListRunsPagesStayUnderTwoMebibytesAndHoldEveryRun) {
+  MakeRegistry();
+  v1::RunSpec big = SmallSpec();
+  for (int i = 0; i < 64; ++i) {
+    (*big.mutable_labels())[absl::StrCat("label-", i)] = std::string(256, 'v');
+  }
+  for (int i = 0; i < 32; ++i) {
+    v1::WeightedVerifier* verifier = big.mutable_reward()->add_verifiers();
+    verifier->set_name("format");
+    (*verifier->mutable_params())["format_regex"] = std::string(4000, 'a');
+  }
+  ASSERT_TRUE(ValidateRunSpecSizes(big).ok());
+  constexpr int kRuns = 20;
+  std::set<std::string> submitted;
+  for (int i = 0; i < kRuns; ++i) submitted.insert(Submit(big));
+  std::set<std::string> listed;
+  v1::ListRunsRequest request;
+  request.set_page_size(1000);
+  int pages = 0;
+  do {
+    absl::StatusOr<v1::ListRunsResponse> page = registry_->List(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    EXPECT_LE(page->ByteSizeLong(), size_t{2} << 20);
+    ASSERT_GT(page->runs_size(), 0);
+    for (const v1::Run& run : page->runs()) listed.insert(run.run_id());
+    request.set_page_token(page->next_page_token());
+  } while (!request.page_token().empty() && pages < kRuns);
+  EXPECT_GT(pages, 1);
+  EXPECT_EQ(listed, submitted);
 }
 
 TEST_F(RunRegistryTest, ListWorkersShowsRegisteredWorkers) {

@@ -8,6 +8,7 @@
 #include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_metrics.h"
 #include "replay_buffer/replay_buffer_service.h"
+#include "replay_buffer/start_count.h"
 #include "services/runtime/memory_budget.h"
 #include "services/runtime/service_main.h"
 
@@ -119,7 +120,18 @@ int main(int argc, char** argv) {
                       {"memory_budget_bytes", options.memory->budget_bytes()}});
       }
     }
-    auto service = std::make_shared<rb::ReplayBufferServiceImpl>(buffer, context.metrics_registry());
+    // Counted once the directory is ours (Create locked it).
+    rb::ReplayBufferServiceImpl::Options service_options;
+    if (!data_dir.empty()) {
+      absl::StatusOr<int64_t> starts = rb::CountStart(data_dir);
+      if (!starts.ok()) {
+        return absl::Status(starts.status().code(),
+                            absl::StrCat("--data-dir ", data_dir, ": ", starts.status().message()));
+      }
+      service_options.starts = *starts;
+    }
+    auto service = std::make_shared<rb::ReplayBufferServiceImpl>(buffer, context.metrics_registry(),
+                                                                 service_options);
     context.OnShutdown([service] { service->Shutdown(); });
     context.AddService(service, sluice::v1::ReplayBufferService::service_full_name());
     return absl::OkStatus();

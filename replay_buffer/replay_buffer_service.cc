@@ -118,6 +118,7 @@ grpc::Status ReplayBufferServiceImpl::AcquireGenerationSlots(
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   AcquireRequest acquire = AcquireRequestFromProto(*request);
+  acquire.caller = runtime::CallerAttribution(context);
   acquire.wait_timeout = runtime::CapWait(acquire.wait_timeout, *context);
   absl::StatusOr<AcquireResult> result = (*table)->AcquireSlots(acquire);
   if (!result.ok()) return ToGrpcStatus(result.status());
@@ -162,6 +163,7 @@ grpc::Status ReplayBufferServiceImpl::InsertGroupsStream(
   runtime::StreamGate::Slot stream_slot;
   SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "InsertGroups", &stream_slot));
   if (!OpenStream(context)) return ShuttingDown();
+  const std::string attribution = runtime::CallerAttribution(context);
   v1::InsertGroupsRequest request;
   grpc::Status status = grpc::Status::OK;
   while (stream->Read(&request)) {
@@ -177,6 +179,9 @@ grpc::Status ReplayBufferServiceImpl::InsertGroupsStream(
     groups.reserve(static_cast<size_t>(request.groups_size()));
     absl::flat_hash_set<std::string> runs;
     for (v1::Group& group : *request.mutable_groups()) {
+      // What the buffer saw, never what the client says (verification
+      // quarantines by it).
+      group.set_inserted_by(attribution);
       runs.insert(group.run_id());
       groups.push_back(std::move(group));
     }
@@ -281,6 +286,8 @@ grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
   SLUICE_RETURN_IF_REFUSED(CheckId("run_id", request->run_id()));
   SLUICE_RETURN_IF_REFUSED(
       CheckItems("quarantined_worker_ids", request->quarantined_worker_ids_size()));
+  SLUICE_RETURN_IF_REFUSED(
+      CheckItems("quarantined_connections", request->quarantined_connections_size()));
   absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(request->run_id());
   if (!table.ok()) return ToGrpcStatus(table.status());
   if (request->quarantined_worker_ids_size() > 0) {
@@ -291,6 +298,16 @@ grpc::Status ReplayBufferServiceImpl::UpdatePolicyVersion(
       log::Warning("quarantined rollout worker: its generation slots are dropped and its "
                    "slots and inserts refused (the trainer's rollout verification)",
                    {{"run_id", request->run_id()}, {"worker", worker}});
+    }
+  }
+  if (request->quarantined_connections_size() > 0) {
+    for (const std::string& connection :
+         (*table)->QuarantineConnections({request->quarantined_connections().begin(),
+                                          request->quarantined_connections().end()})) {
+      log::Warning(
+          "quarantined a connection: its slots and inserts are refused (the trainer's "
+          "rollout verification failed groups it inserted without an identity)",
+          {{"run_id", request->run_id()}, {"connection", connection}});
     }
   }
   absl::StatusOr<UpdateVersionResult> result =
@@ -335,6 +352,7 @@ grpc::Status ReplayBufferServiceImpl::GetStats(grpc::ServerContext* context,
     response->mutable_write_error_since()->set_seconds(since_ns / 1000000000);
     response->mutable_write_error_since()->set_nanos(static_cast<int32_t>(since_ns % 1000000000));
   }
+  response->set_starts(options_.starts);
   if (request->run_id().empty()) {
     for (const std::string& run_id : buffer_->RunIds()) {
       absl::StatusOr<std::shared_ptr<RunTable>> table = buffer_->GetRun(run_id);

@@ -47,6 +47,10 @@ class ReplayBufferServiceImpl final : public sluice::v1::ReplayBufferService::Se
     // Longest an insert waits for the rate limiter (capped by the call's
     // deadline) before it is answered RETRYABLE_ERROR.
     absl::Duration insert_rate_limit_wait = absl::Seconds(30);
+    // How many times a buffer has started on its --data-dir, this start
+    // included (CountStart); 0 without one. GetStats reports it, so that the
+    // controller counts restarts nobody saw.
+    int64_t starts = 0;
   };
 
   // `registry` must outlive the service (the metrics' families live in it).

@@ -463,6 +463,10 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
       }
     }
   }
+  if (!stored->inserted_by().empty() && quarantined_connections_.count(stored->inserted_by()) > 0) {
+    return refuse(InsertStatus::kQuarantined, v1::INSERT_STATUS_REFUSED_QUARANTINED,
+                  ConnectionQuarantineMessage(run_id_, stored->inserted_by()));
+  }
   if (!result.idempotency_key.empty()) {
     if (auto it = stored_keys_.find(result.idempotency_key); it != stored_keys_.end()) {
       result.buffer_sequence = it->second;

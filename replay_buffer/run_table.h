@@ -36,6 +36,8 @@ inline constexpr char kRunTableShuttingDown[] = "replay buffer is shutting down"
 
 // Why a quarantined worker's call or group is refused (PERMISSION_DENIED).
 std::string QuarantineMessage(const std::string& run_id, const std::string& worker_id);
+// The same for a quarantined connection ("peer:<address>").
+std::string ConnectionQuarantineMessage(const std::string& run_id, const std::string& connection);
 
 // What ConfigureRun fixes for one run (sluice.v1.ConfigureRunRequest).
 struct RunConfig {
@@ -135,6 +137,10 @@ struct GateState {
 struct AcquireRequest {
   std::string worker_id;
   uint64_t worker_incarnation = 0;
+  // Who asks, as the service can tell (runtime::CallerAttribution): a
+  // quarantined connection is refused whatever worker it names. Empty =
+  // not known (tests, in-process callers).
+  std::string caller;
   // New slots wanted (>= 0; 0 = only renew).
   int32_t num_groups = 0;
   // How long to wait for at least one slot; zero = grant what is free now.
@@ -489,6 +495,15 @@ class RunTable {
   absl::StatusOr<std::vector<std::string>> QuarantineWorkers(
       const std::vector<std::string>& worker_ids) ABSL_LOCKS_EXCLUDED(mu_);
   std::vector<std::string> QuarantinedWorkers() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Quarantines connections (Group.inserted_by "peer:<address>"): the
+  // verification failed groups that a caller nobody authenticated inserted
+  // under some worker id, which proves nothing of that worker. Later
+  // inserts of groups that connection inserts are kQuarantined, and its
+  // AcquireSlots (AcquireRequest.caller) PERMISSION_DENIED; the worker it
+  // named is left alone. In memory only (a connection ends with the
+  // process). Returns those not quarantined before. O(connections).
+  std::vector<std::string> QuarantineConnections(const std::vector<std::string>& connections)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sets the priority of held groups, by group_id (finite and >= 0);
   // group ids not held are reported. INVALID_ARGUMENT naming the group for
@@ -691,6 +706,8 @@ class RunTable {
   std::set<std::pair<absl::Time, std::string>> lease_expiry_ ABSL_GUARDED_BY(mu_);
   // Workers the run's trainer quarantined (QuarantineWorkers).
   std::set<std::string> quarantined_workers_ ABSL_GUARDED_BY(mu_);
+  // Connections it quarantined (QuarantineConnections).
+  std::set<std::string> quarantined_connections_ ABSL_GUARDED_BY(mu_);
   void ApplyQuarantineLocked(const v1::storage::WorkersQuarantined& quarantined)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Newest incarnation seen per worker_id.

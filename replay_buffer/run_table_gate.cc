@@ -119,6 +119,9 @@ absl::StatusOr<AcquireResult> RunTable::AcquireSlots(const AcquireRequest& reque
   if (quarantined_workers_.count(request.worker_id) > 0) {
     return absl::PermissionDeniedError(QuarantineMessage(run_id_, request.worker_id));
   }
+  if (!request.caller.empty() && quarantined_connections_.count(request.caller) > 0) {
+    return absl::PermissionDeniedError(ConnectionQuarantineMessage(run_id_, request.caller));
+  }
   ExpireLeasesLocked();
 
   const auto known = worker_incarnations_.find(request.worker_id);
@@ -218,6 +221,25 @@ std::string QuarantineMessage(const std::string& run_id, const std::string& work
                       ": the trainer's rollout verification found its groups' log-probs, tokens "
                       "or versions forged; its generation slots and inserts are refused for the "
                       "rest of the run");
+}
+
+std::string ConnectionQuarantineMessage(const std::string& run_id, const std::string& connection) {
+  return absl::StrCat("the connection ", connection, " is quarantined for run ", run_id,
+                      ": groups it inserted failed the trainer's rollout verification; its "
+                      "generation slots and inserts are refused for the rest of the run (it "
+                      "proved no identity, so the worker id it named is not quarantined)");
+}
+
+std::vector<std::string> RunTable::QuarantineConnections(
+    const std::vector<std::string>& connections) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> added;
+  for (const std::string& connection : connections) {
+    if (!connection.empty() && quarantined_connections_.insert(connection).second) {
+      added.push_back(connection);
+    }
+  }
+  return added;
 }
 
 absl::StatusOr<std::vector<std::string>> RunTable::QuarantineWorkers(

@@ -88,11 +88,31 @@ absl::Status ControllerLink::BeatOnce() {
   request.set_incarnation(options_.incarnation);
   request.set_address(options_.address);
   *request.mutable_status() = worker_->Status();
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& run_id : started_) request.add_serving_run_ids(run_id);
+  }
   absl::StatusOr<v1::WorkerHeartbeatResponse> response = heartbeat_(request);
   const absl::Time now = absl::Now();
   {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
+    if (!response.ok() && absl::IsAlreadyExists(response.status())) {
+      // Another live process holds this worker id: said loudly, at once,
+      // and again every warn_every while it lasts. Not a connection
+      // problem: the controller answered.
+      connected_ = false;
+      if (now - conflict_logged_at_ >= options_.warn_every) {
+        conflict_logged_at_ = now;
+        log::Error(
+            "the controller refuses this worker: another live process has the same "
+            "worker id; this one serves nothing until that one is gone",
+            {{"worker_id", options_.worker_id},
+             {"incarnation", std::to_string(options_.incarnation)},
+             {"error", std::string(response.status().message())}});
+      }
+      return response.status();
+    }
     if (!response.ok()) {
       if (failing_since_ == absl::InfiniteFuture()) failing_since_ = now;
       if (now - last_warning_ >= options_.warn_every) {
@@ -118,6 +138,15 @@ absl::Status ControllerLink::BeatOnce() {
     last_warning_ = absl::InfinitePast();
     if (response->heartbeat_interval_ms() > 0) {
       interval_ = absl::Milliseconds(response->heartbeat_interval_ms());
+    }
+    if (!response->conflict().empty() && now - conflict_logged_at_ >= options_.warn_every) {
+      conflict_logged_at_ = now;
+      log::Error(
+          "another process uses this worker id (two workers started with the same "
+          "--worker-id?)",
+          {{"worker_id", options_.worker_id},
+           {"incarnation", std::to_string(options_.incarnation)},
+           {"controller_says", response->conflict()}});
     }
   }
 

@@ -55,7 +55,13 @@ using HeartbeatCall =
 // A run that ended on its own in this incarnation (finished, or failed: its
 // status says FAILED) is not started again when still listed; one stopped
 // because the controller no longer listed it is, if listed again (a
-// controller that restarted and re-adopted it).
+// controller that restarted and re-adopted it). Each heartbeat names the
+// runs this process serves (serving_run_ids), so that the controller sends
+// a run's spec once, in the answer that assigns it.
+//
+// Two processes with one worker id: the controller refuses the second
+// (ALREADY_EXISTS) and tells the first (WorkerHeartbeatResponse.conflict);
+// either logs it as an error at once and every warn_every while it lasts.
 //
 // Thread-safe.
 class ControllerLink {
@@ -100,6 +106,10 @@ class ControllerLink {
   absl::Time failing_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   absl::Time last_warning_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool superseded_ ABSL_GUARDED_BY(mu_) = false;
+  // Another live process with this worker id (the controller said so, or
+  // refused this one for it): when that was last logged, so that it is
+  // said at once and then every warn_every, loudly, not every second.
+  absl::Time conflict_logged_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Runs this incarnation started (and has not stopped for the controller).
   std::set<std::string> started_ ABSL_GUARDED_BY(mu_);
   // Serializes BeatOnce (the thread, or a test).

@@ -111,6 +111,42 @@ TEST_F(ControllerLinkTest, StartsAssignedRunsOnceAndStopsThemWhenNoLongerListed)
   EXPECT_THAT(worker_.starts, ElementsAre("run-a", "run-a"));
 }
 
+// Each heartbeat names the runs this process serves, so that the controller
+// sends their specs once (in the answer that assigned them), not on every
+// heartbeat; a run stopped is no longer named, and gets its spec again.
+TEST_F(ControllerLinkTest, HeartbeatsNameTheRunsServedSoTheirSpecsAreNotSentAgain) {
+  Answer({"run-a"});
+  ASSERT_TRUE(link_.BeatOnce().ok());
+  ASSERT_TRUE(link_.BeatOnce().ok());
+  Answer({});
+  ASSERT_TRUE(link_.BeatOnce().ok());
+  ASSERT_TRUE(link_.BeatOnce().ok());
+  absl::MutexLock lock(&mu_);
+  ASSERT_EQ(requests_.size(), 4u);
+  EXPECT_THAT(requests_[0].serving_run_ids(), IsEmpty());
+  EXPECT_THAT(requests_[1].serving_run_ids(), ElementsAre("run-a"));
+  EXPECT_THAT(requests_[2].serving_run_ids(), ElementsAre("run-a"));
+  EXPECT_THAT(requests_[3].serving_run_ids(), IsEmpty());  // Stopped by the third answer.
+}
+
+// The controller refuses a second process with this worker id: not a
+// connection problem, nothing is started, and the refusal is returned.
+TEST_F(ControllerLinkTest, ARefusedDuplicateWorkerIdServesNothing) {
+  {
+    absl::MutexLock lock(&mu_);
+    reachable_ = true;
+  }
+  ControllerLink duplicate(
+      {.worker_id = "w", .incarnation = 43, .address = "127.0.0.1:10"},
+      [](const v1::WorkerHeartbeatRequest&) -> absl::StatusOr<v1::WorkerHeartbeatResponse> {
+        return absl::AlreadyExistsError("worker_id: \"w\" is held by a live process");
+      },
+      &worker_);
+  EXPECT_EQ(duplicate.BeatOnce().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_FALSE(duplicate.connected());
+  EXPECT_THAT(worker_.starts, IsEmpty());
+}
+
 TEST_F(ControllerLinkTest, AnUnreachableControllerLeavesTheRunGoing) {
   Answer({"run-a"});
   ASSERT_TRUE(link_.BeatOnce().ok());

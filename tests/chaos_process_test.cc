@@ -1,17 +1,24 @@
 // Chaos: `sluice up --rollout-workers 2` runs a few hundred RL steps while
 // the test kill -9s one rollout worker, then the reward server, the trainer,
 // the replay buffer and the controller, each once the run has made progress
-// again after the previous kill. `sluice up` restarts each; the run must
-// still reach SUCCEEDED with every step trained once, nothing staler than
-// eta trained, its evaluation improved, and RunSummary.recovery counting
-// every restart. The seconds from each kill to the run's next step are
-// printed (and written to chaos_recovery.json in the test's directory).
+// again after the previous kill; then the trainer twice more (each time once
+// the one before has resumed and moved the run on), and the replay buffer
+// four times in a row, each as soon as sluice up has it back (before anyone
+// may have asked it anything). `sluice up` restarts each; the run must still
+// reach SUCCEEDED with every step trained once, nothing staler than eta
+// trained, its evaluation improved, and RunSummary.recovery counting exactly
+// what was done: every restart of every service, every resume and every
+// redone step the trainers' logs report. The seconds from each kill to the
+// run's next step are printed (and written to chaos_recovery.json in the
+// test's directory).
 #include <signal.h>
 #include <sys/types.h>
 
 #include <fstream>
 #include <map>
 #include <memory>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -74,6 +81,7 @@ struct Service {
   std::string grpc;
   pid_t pid = 0;
   int64_t restarts = 0;
+  std::string log;
 };
 
 class ChaosProcessTest : public ::testing::Test {
@@ -120,7 +128,8 @@ class ChaosProcessTest : public ::testing::Test {
       // pid is null while sluice up is restarting the service.
       const pid_t pid =
           entry.contains("pid") && entry["pid"].is_number() ? entry["pid"].get<pid_t>() : 0;
-      services[name] = {entry.value("grpc", ""), pid, entry.value("restarts", int64_t{0})};
+      services[name] = {entry.value("grpc", ""), pid, entry.value("restarts", int64_t{0}),
+                        entry.value("log", "")};
     }
     return services;
   }
@@ -169,6 +178,28 @@ class ChaosProcessTest : public ::testing::Test {
     return seconds;
   }
 
+  // kill -9 of `name` as soon as sluice up has it running (a pid in
+  // endpoints.json other than `previous`, the one killed before; 0 = the
+  // one running now); returns the pid killed, 0 when none came.
+  pid_t KillWhenBack(const std::string& name, pid_t previous) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    pid_t pid = 0;
+    while (absl::Now() < deadline) {
+      const std::map<std::string, Service> now_up = Endpoints();
+      if (now_up.count(name) && now_up.at(name).pid != 0 && now_up.at(name).pid != previous) {
+        pid = now_up.at(name).pid;
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    EXPECT_NE(pid, 0) << name << " did not come back: " << testing::ReadFile(endpoints_path_);
+    if (pid == 0) return 0;
+    EXPECT_EQ(kill(pid, SIGKILL), 0) << name;
+    EXPECT_TRUE(testing::WaitForPidExit(pid, absl::Now() + absl::Seconds(30))) << name;
+    std::printf("chaos: %s (pid %d) killed again as soon as it was back\n", name.c_str(), pid);
+    return pid;
+  }
+
   std::string dir_;
   std::string endpoints_path_;
   std::unique_ptr<Subprocess> up_;
@@ -196,18 +227,39 @@ TEST_F(ChaosProcessTest, EveryServiceKilledOnceAndTheRunStillSucceeds) {
   ASSERT_EQ(run.state(), v1::RUN_STATE_TRAINING) << run.error_message();
   ASSERT_EQ(run.progress().workers_live(), 2);
 
+  // What is done to the stack, counted here to be compared with the record.
+  std::map<std::string, int64_t> kills;
   std::map<std::string, double> recovery_seconds;
-  for (const std::string& name :
-       {"rollout_worker-0", "reward_server", "trainer", "replay_buffer", "controller"}) {
-    recovery_seconds[name] = KillAndAwaitNextStep(run_id, name);
-    if (HasFailure()) break;
+  const auto more_steps = [&](int64_t n) {
     // Progress resumed: a few more steps before the next kill.
     const int64_t step = AwaitRun(run_id, [](const v1::Run&) { return true; }, absl::Minutes(1))
                              .progress()
                              .step();
     AwaitRun(
-        run_id, [&](const v1::Run& r) { return r.progress().step() >= step + 20 || Ended(r); },
+        run_id, [&](const v1::Run& r) { return r.progress().step() >= step + n || Ended(r); },
         absl::Minutes(2));
+  };
+  for (const std::string& name : {"rollout_worker-0", "reward_server", "trainer", "trainer",
+                                  "trainer", "replay_buffer", "controller"}) {
+    recovery_seconds[name] = KillAndAwaitNextStep(run_id, name);
+    ++kills[name];
+    if (HasFailure()) break;
+    more_steps(name == "trainer" ? 12 : 20);  // Past a checkpoint (every 10 steps).
+  }
+  // Four more buffer kills in a row, each as soon as it is back: starts that
+  // a status check every second may never see.
+  if (!HasFailure()) {
+    pid_t previous = 0;
+    for (int i = 0; i < 4 && !HasFailure(); ++i) {
+      previous = KillWhenBack("replay_buffer", previous);
+      if (previous != 0) ++kills["replay_buffer"];
+    }
+    const v1::Run back = AwaitRun(
+        run_id, [](const v1::Run&) { return true; }, absl::Minutes(1));
+    AwaitRun(
+        run_id,
+        [&](const v1::Run& r) { return r.progress().step() > back.progress().step() || Ended(r); },
+        absl::Minutes(4));
   }
   {
     nlohmann::json figures(recovery_seconds);
@@ -226,13 +278,36 @@ TEST_F(ChaosProcessTest, EveryServiceKilledOnceAndTheRunStillSucceeds) {
   EXPECT_LE(summary["max_staleness"].get<int64_t>(), kEta);
   EXPECT_EQ(summary["groups_trained"].get<int64_t>(), kSteps * kBatchGroups);
   EXPECT_GT(summary["eval_after"].get<double>(), summary["eval_before"].get<double>());
+  // The record counts exactly what was done to the stack.
   const auto& recovery = summary["recovery"];
-  for (const std::string service :
-       {"rollout_worker", "reward_server", "trainer", "replay_buffer", "controller"}) {
-    EXPECT_GE(recovery["restarts"].value(service, int64_t{0}), 1) << service << "\n" << summary;
+  const std::map<std::string, std::string> services = {{"rollout_worker-0", "rollout_worker"},
+                                                       {"reward_server", "reward_server"},
+                                                       {"trainer", "trainer"},
+                                                       {"replay_buffer", "replay_buffer"},
+                                                       {"controller", "controller"}};
+  for (const auto& [name, service] : services) {
+    EXPECT_EQ(recovery["restarts"].value(service, int64_t{0}), kills[name]) << service << "\n"
+                                                                            << summary;
   }
-  EXPECT_GE(recovery.value("trainer_resumes", int64_t{0}), 1) << summary;
-  EXPECT_GE(recovery.value("controller_readoptions", int64_t{0}), 1) << summary;
+  EXPECT_EQ(recovery.value("controller_readoptions", int64_t{0}), kills["controller"]) << summary;
+  // Each trainer incarnation says in its log that it resumed and how many
+  // steps it had to redo; it redid them all before it was killed again (the
+  // run moved past the step it was killed at).
+  int64_t resumes = 0, redo = 0;
+  {
+    std::ifstream log(Endpoints()["trainer"].log);
+    const std::regex resumed("resumed from a checkpoint.* steps_to_redo=([0-9]+)");
+    std::string line;
+    std::smatch match;
+    while (std::getline(log, line)) {
+      if (!std::regex_search(line, match, resumed)) continue;
+      ++resumes;
+      redo += std::stoll(match[1].str());
+    }
+  }
+  EXPECT_EQ(resumes, kills["trainer"]);
+  EXPECT_EQ(recovery.value("trainer_resumes", int64_t{0}), resumes) << summary;
+  EXPECT_EQ(recovery.value("trainer_steps_redone", int64_t{0}), redo) << summary;
 
   // Every step once, in order, none staler than eta: steps redone after the
   // trainer's resume were not counted twice.
@@ -250,8 +325,7 @@ TEST_F(ChaosProcessTest, EveryServiceKilledOnceAndTheRunStillSucceeds) {
 
   // sluice up's record of the restarts agrees.
   for (const auto& [name, service] : Endpoints()) {
-    if (name == "rollout_worker-1") continue;
-    EXPECT_GE(service.restarts, 1) << name;
+    EXPECT_EQ(service.restarts, kills[name]) << name;
   }
 }
 

@@ -181,5 +181,85 @@ TEST_F(ElasticWorkersProcessTest, AWorkerJoinsARunningRunAndLeavesIt) {
   EXPECT_GE(run.summary().recovery().workers_joined(), 2);
 }
 
+// A copy-paste in a deployment: a second process started with the worker id
+// of the stack's live worker-0. It is refused, not taken for a restart of
+// worker-0: worker-0 keeps serving the run, both are told loudly, and the
+// run's record counts no restart.
+TEST_F(ElasticWorkersProcessTest, ASecondProcessWithALiveWorkersIdIsRefusedNotARestart) {
+  std::string run_id;
+  {
+    grpc::ClientContext context;
+    v1::SubmitRunRequest request;
+    *request.mutable_spec() = LongSpec();
+    v1::SubmitRunResponse response;
+    const grpc::Status status = controller_->SubmitRun(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    run_id = response.run().run_id();
+  }
+  v1::Run run = AwaitRun(
+      run_id, [](const v1::Run& r) { return r.progress().step() >= 2; }, absl::Minutes(3));
+  ASSERT_GE(run.progress().step(), 2) << run.error_message();
+
+  SubprocessOptions worker;
+  worker.argv = {testing::BinDir() + "/sluice-rollout-worker",
+                 "--controller-address=" + controller_address_,
+                 "--worker-id=worker-0",
+                 "--listen-address=127.0.0.1:0",
+                 "--metrics-port=0",
+                 "--torch-threads=1",
+                 absl::StrCat("--ready-fd=", Subprocess::kReadyFd)};
+  worker.env.emplace_back("OPENBLAS_NUM_THREADS", "1");
+  worker.log_path = dir_ + "/duplicate-worker.log";
+  worker.ready_pipe = true;
+  absl::StatusOr<std::unique_ptr<Subprocess>> started = Subprocess::Start(worker);
+  ASSERT_TRUE(started.ok()) << started.status();
+  extra_ = std::move(*started);
+  ASSERT_TRUE(extra_->WaitReady(absl::Now() + absl::Minutes(1)).ok())
+      << testing::ReadFile(worker.log_path);
+
+  // The holder is told (ListWorkers shows the conflict); the newcomer says
+  // in its log that it is refused.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  v1::WorkerInfo holder;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::ListWorkersResponse workers;
+    ASSERT_TRUE(controller_->ListWorkers(&context, v1::ListWorkersRequest(), &workers).ok());
+    for (const v1::WorkerInfo& info : workers.workers()) {
+      if (info.worker_id() == "worker-0") holder = info;
+    }
+    if (!holder.conflict().empty() &&
+        absl::StrContains(testing::ReadFile(worker.log_path), "another live process")) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  EXPECT_TRUE(absl::StrContains(holder.conflict(), "asked for this worker id and was refused"))
+      << holder.DebugString();
+  EXPECT_EQ(holder.restarts(), 0);
+  EXPECT_TRUE(holder.live());
+  EXPECT_TRUE(absl::StrContains(testing::ReadFile(worker.log_path),
+                                "the controller refuses this worker: another live process has "
+                                "the same worker id"))
+      << testing::ReadFile(worker.log_path);
+
+  // worker-0 serves on: the run moves, nothing counts a restart.
+  const int64_t step = Get(run_id).progress().step();
+  run = AwaitRun(
+      run_id,
+      [&](const v1::Run& r) {
+        return r.progress().step() >= step + 5 || r.state() == v1::RUN_STATE_SUCCEEDED ||
+               r.state() == v1::RUN_STATE_FAILED;
+      },
+      absl::Minutes(2));
+  EXPECT_NE(run.state(), v1::RUN_STATE_FAILED) << run.error_message();
+  EXPECT_TRUE(run.progress().step() >= step + 5 || run.state() == v1::RUN_STATE_SUCCEEDED);
+  EXPECT_EQ(run.summary().recovery().restarts().count("rollout_worker"), 0u)
+      << run.summary().recovery().DebugString();
+  const std::string controller_log = testing::ReadFile(dir_ + "/stack/logs/controller.log");
+  EXPECT_FALSE(absl::StrContains(controller_log, "rollout worker restarted"));
+  EXPECT_TRUE(absl::StrContains(controller_log, "two live processes claim one rollout worker id"));
+}
+
 }  // namespace
 }  // namespace sluice

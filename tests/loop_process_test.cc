@@ -397,11 +397,14 @@ TEST_F(LoopProcessTest, PoisonedGroupsInsertedIntoALiveRunAreRefusedAndTheRunSuc
       testing::MetricSum(Metrics("rollout_worker-0"), "sluice_rollout_weight_versions_refused_total"), 0);
 }
 
-// A rogue worker id inserting groups whose log-probs are made up (well
-// formed: the buffer's validation cannot tell) into a live run: the trainer's
-// verification leaves each one out of its batch, quarantines the worker at
-// the third, and the buffer then refuses its slots and inserts with
-// PERMISSION_DENIED. The honest worker's groups all pass; the run succeeds.
+// A local client inserting groups whose log-probs are made up (well formed:
+// the buffer's validation cannot tell) into a live run, naming the honest
+// worker (worker-0): on this stack without identities a worker id is a
+// claim. The trainer's verification leaves each forged group out of its
+// batch and, at the third, quarantines the connection that sent them, not
+// the worker they name: the buffer then refuses that connection's slots and
+// inserts with PERMISSION_DENIED, while worker-0 goes on serving. Every
+// other group passes; the run succeeds.
 TEST_F(LoopProcessTest, ARogueWorkerIsQuarantinedAndTheRunSucceeds) {
   constexpr int64_t kSteps = 20;
   v1::RunSpec spec = ShortSpec(2);
@@ -422,7 +425,7 @@ TEST_F(LoopProcessTest, ARogueWorkerIsQuarantinedAndTheRunSucceeds) {
     for (int i = 0; i < 4; ++i) {
       v1::Trajectory* t = group.add_trajectories();
       t->set_trajectory_id(group.group_id() + "/" + std::to_string(i));
-      t->set_rollout_worker_id("rogue");
+      t->set_rollout_worker_id("worker-0");  // The honest worker's name.
       for (int id : {1, 2, 3}) t->add_prompt_token_ids(id);
       for (int id : {4, 5}) {
         t->add_completion_token_ids(id);
@@ -484,56 +487,49 @@ TEST_F(LoopProcessTest, ARogueWorkerIsQuarantinedAndTheRunSucceeds) {
   EXPECT_EQ(run.progress().step(), kSteps);
   EXPECT_TRUE(refused_while_running);
 
-  // The summary: the rogue's sampled groups all failed, it is quarantined;
-  // the honest worker's all passed.
+  // The summary: all under worker-0's name, the forged groups failed (every
+  // sampled one: the honest ones all passed); the connection that sent them
+  // is quarantined, worker-0 is not.
   const auto summary =
       nlohmann::json::parse(testing::ReadFile(dir_ + "/runs/" + run_id + "/summary.json"));
   const auto& verification = summary["verification"];
-  int64_t rogue_failed = 0, honest_failed = 0, honest_verified = 0;
-  bool rogue_quarantined = false;
-  for (const auto& w : verification["workers"]) {
-    if (w["worker_id"] == "rogue") {
-      rogue_failed = w.value("groups_failed", int64_t{0});
-      rogue_quarantined = w.value("quarantined", false);
-      EXPECT_EQ(w.value("groups_verified", int64_t{0}), 0);
-    } else {
-      honest_failed += w.value("groups_failed", int64_t{0});
-      honest_verified += w.value("groups_verified", int64_t{0});
-    }
-  }
+  ASSERT_EQ(verification["workers"].size(), 1u) << verification;
+  const auto& named = verification["workers"][0];
+  EXPECT_EQ(named["worker_id"], "worker-0");
+  const int64_t rogue_failed = named.value("groups_failed", int64_t{0});
+  const int64_t honest_verified = named.value("groups_verified", int64_t{0});
   EXPECT_GE(rogue_failed, 3);
-  EXPECT_TRUE(rogue_quarantined);
-  EXPECT_EQ(honest_failed, 0);
+  EXPECT_FALSE(named.value("quarantined", false));
+  ASSERT_EQ(named["quarantined_connections"].size(), 1u) << named;
+  const std::string connection = named["quarantined_connections"][0];
+  EXPECT_THAT(connection, ::testing::StartsWith("peer:"));
   EXPECT_EQ(honest_verified + rogue_failed, kSteps * 4);
   EXPECT_EQ(summary["groups_trained"].get<int64_t>(), kSteps * 4 - rogue_failed);
-  EXPECT_EQ(testing::MetricSum(Metrics("trainer"),
-                               "sluice_trainer_verification_failed_groups_total{worker=\"rogue\"}"),
-            rogue_failed);
-  EXPECT_EQ(
-      testing::MetricSum(Metrics("trainer"), "sluice_trainer_worker_quarantined{worker=\"rogue\"}"),
-      1);
+  EXPECT_EQ(testing::MetricSum(Metrics("trainer"), "sluice_trainer_worker_quarantined"), 0);
 
-  // The buffer refuses the quarantined worker, by name.
+  // The buffer refuses the connection, whatever worker it names; worker-0
+  // itself served the run to its end.
   v1::AcquireGenerationSlotsRequest acquire;
   acquire.set_run_id(run_id);
-  acquire.set_worker_id("rogue");
+  acquire.set_worker_id("worker-0");
   acquire.set_worker_incarnation(1);
   acquire.set_num_groups(1);
   v1::AcquireGenerationSlotsResponse slots;
   grpc::ClientContext acquire_context;
   const grpc::Status acquired = buffer->AcquireGenerationSlots(&acquire_context, acquire, &slots);
   EXPECT_EQ(acquired.error_code(), grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_THAT(acquired.error_message(), HasSubstr("rollout worker rogue is quarantined"));
+  EXPECT_THAT(acquired.error_message(),
+              HasSubstr("the connection " + connection + " is quarantined"));
   std::vector<v1::InsertGroupResult> results;
   const grpc::Status refused = insert({forged(next, kSteps)}, &results);
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_THAT(refused.error_message(), HasSubstr("quarantined"));
   ASSERT_EQ(results.size(), 1u);
   EXPECT_EQ(results[0].status(), v1::INSERT_STATUS_REFUSED_QUARANTINED);
-  std::printf("rogue worker in a live run: %d forged groups sent, %lld sampled and all "
-              "flagged, quarantined; honest groups %lld, flagged %lld\n",
-              next, static_cast<long long>(rogue_failed),
-              static_cast<long long>(honest_verified), static_cast<long long>(honest_failed));
+  std::printf(
+      "rogue client naming worker-0 in a live run: %d forged groups sent, %lld sampled "
+      "and all flagged, its connection quarantined; honest groups %lld passed\n",
+      next, static_cast<long long>(rogue_failed), static_cast<long long>(honest_verified));
 }
 
 TEST_F(LoopProcessTest, AnInvalidSpecIsRefusedNamingTheField) {

@@ -296,6 +296,7 @@ std::vector<GroupVerification> VerifyGroups(const std::vector<const v1::Group*>&
   for (size_t g = 0; g < groups.size(); ++g) {
     GroupVerification& result = out[g];
     result.group_id = groups[g]->group_id();
+    result.inserted_by = groups[g]->inserted_by();
     if (groups[g]->trajectories_size() > 0) {
       result.worker_id = groups[g]->trajectories(0).rollout_worker_id();
     }

@@ -81,6 +81,9 @@ struct GroupVerification {
   // The worker that generated the group: the first trajectory's
   // rollout_worker_id (a group is one worker's).
   std::string worker_id;
+  // Who inserted it, as the buffer saw (Group.inserted_by): what a
+  // quarantine may act on. Empty from a buffer that does not say.
+  std::string inserted_by;
   VerifyVerdict verdict = VerifyVerdict::kVerified;
   // Over the tokens compared (0 when none).
   double max_abs_diff = 0;

@@ -364,6 +364,9 @@ absl::Status TrainerRun::Impl::Publish(int64_t version) {
   update.set_run_id(run_id_);
   update.set_policy_version(version);
   for (const std::string& worker : quarantined_workers_) update.add_quarantined_worker_ids(worker);
+  for (const std::string& connection : quarantined_connections_) {
+    update.add_quarantined_connections(connection);
+  }
   auto updated = deps_.buffer->UpdatePolicyVersion(update);
   if (!updated.ok()) return updated.status();
   return absl::OkStatus();
@@ -400,6 +403,11 @@ v1::ReportTrainerProgressRequest TrainerRun::Impl::NewReport(v1::TrainerState st
   absl::MutexLock lock(&mu_);
   report.set_warm_start_step(status_.warm_start_step());
   report.set_policy_version(status_.policy_version());
+  // Who reports, and what it redid: the controller counts resumes and
+  // redone steps from every incarnation's own reports.
+  report.set_trainer_incarnation(deps_.incarnation);
+  if (status_.resumed_from_step() >= 0) report.set_resumed_from_step(status_.resumed_from_step());
+  report.set_steps_redone(status_.steps_redone());
   for (const std::string& worker : quarantined_workers_) report.add_quarantined_worker_ids(worker);
   return report;
 }

@@ -34,6 +34,10 @@ struct TrainerRunDeps {
   // run with RESOURCE_EXHAUSTED naming its size and the fields to lower,
   // rather than allocating past the budget.
   int64_t memory_budget_bytes = 0;
+  // This trainer process's incarnation (TrainerStatus.incarnation), put on
+  // its reports to the controller with its resume and redone steps, so that
+  // the run's record counts every incarnation that reported.
+  uint64_t incarnation = 0;
 };
 
 // One run on the trainer, from model creation to the final evaluation (see

@@ -234,9 +234,12 @@ class TrainerRun::Impl {
   // buffer's policy version when this one resumed); 0 = none.
   int64_t redo_until_ = 0;
   // Rollout verification: the fraction of groups verified (0 = off), the
-  // verifier's options, the weights of recent versions, and per worker the
-  // groups verified and failed and who is quarantined (in that order). The
-  // counts live with this incarnation; the buffer keeps the quarantine.
+  // verifier's options, the weights of recent versions, and per attribution
+  // (Group.inserted_by: an authenticated worker, or a connection) the groups
+  // verified and failed, and who is quarantined (in that order): workers by
+  // their authenticated identity, connections by address; a worker id that
+  // nobody proved is never quarantined. The counts live with this
+  // incarnation; the buffer keeps the quarantine.
   double verify_fraction_ = 0;
   RolloutVerifierOptions verify_options_;
   int64_t quarantine_after_failed_groups_ = 3;
@@ -247,6 +250,7 @@ class TrainerRun::Impl {
   };
   std::map<std::string, WorkerVerificationCounts> worker_verification_;
   std::vector<std::string> quarantined_workers_;
+  std::vector<std::string> quarantined_connections_;
   // Bytes the run holds throughout (see CheckBatchMemory).
   int64_t resident_bytes_ = 0;
   double start_time_ = 0;

@@ -554,6 +554,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
   deps.controller = active->controller.get();
   deps.weights = &weights_;
   deps.memory_budget_bytes = memory_budget_bytes_;
+  deps.incarnation = incarnation_;
   TrainerMetrics* metrics = metrics_.get();
   deps.on_step = [metrics](const v1::TrainingStepMetrics& m) { metrics->OnStep(m); };
   deps.on_eval = [metrics](const v1::EvalResult& e) {

@@ -4,10 +4,30 @@
 // docs/rollout-verification.md says how the tolerance was chosen.
 #include "trainer/trainer_impl.h"
 
+#include "absl/strings/match.h"
+
 namespace sluice::trainer {
 namespace {
 
 constexpr int64_t kDefaultQuarantineAfterFailedGroups = 3;
+
+// What a quarantine may act on, from who the buffer says inserted a group
+// (Group.inserted_by): a worker that proved its identity, or else the
+// connection; a worker id alone is a claim anyone can make.
+struct Attribution {
+  enum class Kind { kWorker, kConnection, kNone } kind = Kind::kNone;
+  std::string name;  // The worker's identity, or "peer:<address>".
+};
+
+Attribution Attribute(const std::string& inserted_by) {
+  if (absl::StartsWith(inserted_by, "worker:") && inserted_by.size() > 7) {
+    return {Attribution::Kind::kWorker, inserted_by.substr(7)};
+  }
+  if (absl::StartsWith(inserted_by, "peer:") && inserted_by.size() > 5) {
+    return {Attribution::Kind::kConnection, inserted_by};
+  }
+  return {};
+}
 
 }  // namespace
 
@@ -62,7 +82,11 @@ v1::TrainingStepMetrics TrainerRun::Impl::VerifyBatch(v1::SampleResponse& batch,
     }
     v1::WorkerVerification& worker = by_worker[v.worker_id];
     worker.set_worker_id(v.worker_id);
-    WorkerVerificationCounts& counts = worker_verification_[v.worker_id];
+    // Counted per who inserted them, not per the name they carry: forged
+    // groups that name an honest worker count against their sender.
+    const Attribution attribution = Attribute(v.inserted_by);
+    WorkerVerificationCounts& counts =
+        worker_verification_[v.inserted_by.empty() ? "claimed:" + v.worker_id : v.inserted_by];
     if (v.verdict == VerifyVerdict::kVerified) {
       figures.set_groups_verified(figures.groups_verified() + 1);
       worker.set_groups_verified(worker.groups_verified() + 1);
@@ -79,20 +103,49 @@ v1::TrainingStepMetrics TrainerRun::Impl::VerifyBatch(v1::SampleResponse& batch,
                   {"step", step_ + 1},
                   {"group", v.group_id},
                   {"worker", v.worker_id},
+                  {"inserted_by", v.inserted_by},
                   {"max_abs_diff", v.max_abs_diff},
                   {"why", v.why}});
-    if (counts.failed == quarantine_after_failed_groups_ &&
-        std::find(quarantined_workers_.begin(), quarantined_workers_.end(), v.worker_id) ==
-            quarantined_workers_.end()) {
-      quarantined_workers_.push_back(v.worker_id);
-      figures.add_workers_quarantined(v.worker_id);
-      log::Error("quarantined rollout worker: its groups failed verification; the replay "
-                 "buffer now refuses its generation slots and inserts",
-                 {{"run_id", run_id_},
-                  {"worker", v.worker_id},
-                  {"failed_groups", counts.failed},
-                  {"verified_groups", counts.verified},
-                  {"threshold", quarantine_after_failed_groups_}});
+    if (counts.failed != quarantine_after_failed_groups_) continue;
+    const auto quarantine = [&](std::vector<std::string>& list, const std::string& name) {
+      if (std::find(list.begin(), list.end(), name) != list.end()) return false;
+      list.push_back(name);
+      return true;
+    };
+    switch (attribution.kind) {
+      case Attribution::Kind::kWorker:
+        if (quarantine(quarantined_workers_, attribution.name)) {
+          figures.add_workers_quarantined(attribution.name);
+          log::Error(
+              "quarantined rollout worker: its groups failed verification; the replay "
+              "buffer now refuses its generation slots and inserts",
+              {{"run_id", run_id_},
+               {"worker", attribution.name},
+               {"failed_groups", counts.failed},
+               {"verified_groups", counts.verified},
+               {"threshold", quarantine_after_failed_groups_}});
+        }
+        break;
+      case Attribution::Kind::kConnection:
+        if (quarantine(quarantined_connections_, attribution.name)) {
+          worker.add_quarantined_connections(attribution.name);
+          log::Error(
+              "quarantined a connection: groups it inserted under a worker id it did not "
+              "prove failed verification; the replay buffer now refuses that connection, "
+              "and the worker it named keeps serving",
+              {{"run_id", run_id_},
+               {"connection", attribution.name},
+               {"claimed_worker", v.worker_id},
+               {"failed_groups", counts.failed},
+               {"threshold", quarantine_after_failed_groups_}});
+        }
+        break;
+      case Attribution::Kind::kNone:
+        log::Error(
+            "groups failed verification but nobody can be quarantined for them: the "
+            "buffer did not say who inserted them (they are left out of the batches)",
+            {{"run_id", run_id_}, {"claimed_worker", v.worker_id}});
+        break;
     }
   }
   for (auto& [id, worker] : by_worker) *figures.add_verification_by_worker() = std::move(worker);

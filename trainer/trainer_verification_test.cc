@@ -38,6 +38,19 @@ constexpr int kGroupSize = 4;
 constexpr char kHonest[] = "honest-worker";
 constexpr char kRogue[] = "rogue-worker";
 
+// Who inserts the groups, as the buffer service stamps it (Group.inserted_by),
+// and which worker id the rogue's groups name.
+struct Senders {
+  std::string honest;
+  std::string rogue;
+  std::string rogue_claims;
+};
+// Workers with credentials: each can only name itself.
+const Senders kAuthenticated{"worker:honest-worker", "worker:rogue-worker", kRogue};
+// A plain stack: the rogue names the honest worker; only the connections
+// tell them apart.
+const Senders kPlain{"peer:ipv4:127.0.0.1:41001", "peer:ipv4:127.0.0.1:42002", kHonest};
+
 v1::RunSpec VerifySpec(int64_t steps) {
   v1::RunSpec spec;
   spec.set_seed(5);
@@ -92,8 +105,9 @@ class ExactReward : public clients::RewardClient {
 class WorkersAndTable : public clients::ReplayBufferClient {
  public:
   // Every `rogue_every`-th group (0 = none) is the rogue's, forged.
-  WorkersAndTable(const v1::RunSpec& spec, WeightStore* weights, int rogue_every)
-      : weights_(weights), rogue_every_(rogue_every) {
+  WorkersAndTable(const v1::RunSpec& spec, WeightStore* weights, int rogue_every,
+                  Senders senders = kAuthenticated)
+      : weights_(weights), rogue_every_(rogue_every), senders_(std::move(senders)) {
     replay_buffer::RunConfig config;
     config.run_id = kRun;
     config.batch_size_groups = spec.algorithm().batch_size_groups();
@@ -139,7 +153,7 @@ class WorkersAndTable : public clients::ReplayBufferClient {
       out->set_staleness(sampled.staleness);
       out->set_times_sampled(sampled.times_sampled);
       absl::MutexLock lock(&mu_);
-      ++sampled_by_worker_[sampled.group->trajectories(0).rollout_worker_id()];
+      ++sampled_by_sender_[sampled.group->inserted_by()];
     }
     response.set_policy_version(result->policy_version);
     response.set_buffer_version(result->buffer_version);
@@ -153,6 +167,8 @@ class WorkersAndTable : public clients::ReplayBufferClient {
           {request.quarantined_worker_ids().begin(), request.quarantined_worker_ids().end()});
       if (!added.ok()) return added.status();
     }
+    table_->QuarantineConnections(
+        {request.quarantined_connections().begin(), request.quarantined_connections().end()});
     absl::StatusOr<replay_buffer::UpdateVersionResult> updated =
         table_->UpdatePolicyVersion(request.policy_version());
     if (!updated.ok()) return updated.status();
@@ -179,11 +195,12 @@ class WorkersAndTable : public clients::ReplayBufferClient {
   replay_buffer::RunTable& table() { return *table_; }
   // A group as the named worker would make it now (forged for the rogue).
   absl::StatusOr<v1::Group> MakeGroup(const std::string& worker, int64_t trainer_version) {
-    return Make(worker, trainer_version, next_group_++);
+    return Make(worker, trainer_version, next_group_++, /*rogue=*/worker == kRogue);
   }
-  std::map<std::string, int64_t> sampled_by_worker() {
+  // Groups sampled, by who inserted them (Senders).
+  std::map<std::string, int64_t> sampled_by_sender() {
     absl::MutexLock lock(&mu_);
-    return sampled_by_worker_;
+    return sampled_by_sender_;
   }
   int64_t rogue_refused() const { return rogue_refused_; }
   // Forgeries made, by kind.
@@ -193,8 +210,10 @@ class WorkersAndTable : public clients::ReplayBufferClient {
   absl::Status MakeAndInsert(int64_t trainer_version) {
     const int n = next_group_++;
     const bool rogue = rogue_every_ > 0 && n % rogue_every_ == rogue_every_ - 1;
-    absl::StatusOr<v1::Group> group = Make(rogue ? kRogue : kHonest, trainer_version, n);
+    absl::StatusOr<v1::Group> group =
+        Make(rogue ? senders_.rogue_claims : kHonest, trainer_version, n, rogue);
     if (!group.ok()) return group.status();
+    group->set_inserted_by(rogue ? senders_.rogue : senders_.honest);
     const replay_buffer::InsertResult inserted = table_->Insert(*std::move(group));
     if (inserted.status == replay_buffer::InsertStatus::kQuarantined) {
       EXPECT_TRUE(rogue);
@@ -208,7 +227,8 @@ class WorkersAndTable : public clients::ReplayBufferClient {
     return absl::OkStatus();
   }
 
-  absl::StatusOr<v1::Group> Make(const std::string& worker, int64_t trainer_version, int n) {
+  absl::StatusOr<v1::Group> Make(const std::string& worker, int64_t trainer_version, int n,
+                                 bool rogue) {
     // Half the groups one version old (staleness 1 = eta).
     const int64_t version = std::max<int64_t>(0, trainer_version - n % 2);
     absl::StatusOr<std::shared_ptr<const PublishedVersion>> published =
@@ -246,7 +266,7 @@ class WorkersAndTable : public clients::ReplayBufferClient {
       t->set_finish_reason(c.finish == model::Finish::kStop ? v1::FINISH_REASON_STOP
                                                             : v1::FINISH_REASON_LENGTH);
     }
-    if (worker == kRogue) Forge(group, n, version, trainer_version);
+    if (rogue) Forge(group, n, version, trainer_version);
     return group;
   }
 
@@ -303,17 +323,19 @@ class WorkersAndTable : public clients::ReplayBufferClient {
 
   WeightStore* const weights_;
   const int rogue_every_;
+  const Senders senders_;
   std::unique_ptr<replay_buffer::RunTable> table_;
   int next_group_ = 0;
   int64_t rogue_refused_ = 0;
   absl::Mutex mu_;
-  std::map<std::string, int64_t> sampled_by_worker_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> sampled_by_sender_ ABSL_GUARDED_BY(mu_);
 };
 
 struct RunFigures {
   std::vector<v1::TrainingStepMetrics> steps;
   std::map<std::string, v1::WorkerVerification> by_worker;
   std::vector<std::string> quarantined;
+  std::vector<std::string> quarantined_connections;
   int64_t verified = 0, failed = 0, unverifiable = 0;
   double max_abs_diff = 0, verification_seconds = 0, step_seconds = 0;
 };
@@ -332,6 +354,9 @@ RunFigures Figures(const std::vector<v1::TrainingStepMetrics>& steps) {
       v1::WorkerVerification& total = f.by_worker[w.worker_id()];
       total.set_groups_verified(total.groups_verified() + w.groups_verified());
       total.set_groups_failed(total.groups_failed() + w.groups_failed());
+      for (const std::string& c : w.quarantined_connections()) {
+        f.quarantined_connections.push_back(c);
+      }
     }
     for (const std::string& q : s.workers_quarantined()) f.quarantined.push_back(q);
   }
@@ -339,9 +364,10 @@ RunFigures Figures(const std::vector<v1::TrainingStepMetrics>& steps) {
 }
 
 RunFigures Train(const v1::RunSpec& spec, int rogue_every,
-                 std::unique_ptr<WorkersAndTable>* kept = nullptr) {
+                 std::unique_ptr<WorkersAndTable>* kept = nullptr,
+                 const Senders& senders = kAuthenticated) {
   WeightStore weights(8);
-  auto buffer = std::make_unique<WorkersAndTable>(spec, &weights, rogue_every);
+  auto buffer = std::make_unique<WorkersAndTable>(spec, &weights, rogue_every, senders);
   ExactReward reward;
   std::vector<v1::TrainingStepMetrics> steps;
   TrainerRunDeps deps{buffer.get(), &reward, nullptr, &weights};
@@ -358,13 +384,17 @@ TEST(TrainerVerificationTest, RogueWorkerIsLeftOutAndQuarantinedHonestOneIsNot) 
   const v1::RunSpec spec = VerifySpec(/*steps=*/12);
   std::unique_ptr<WorkersAndTable> buffer;
   const RunFigures f = Train(spec, /*rogue_every=*/3, &buffer);
-  const std::map<std::string, int64_t> sampled = buffer->sampled_by_worker();
+  std::map<std::string, int64_t> sampled;
+  for (const auto& [sender, count] : buffer->sampled_by_sender()) {
+    sampled[sender == kAuthenticated.rogue ? kRogue : kHonest] += count;
+  }
   // Every rogue group the trainer sampled failed; no honest one did.
   ASSERT_GT(sampled.count(kRogue), 0u);
   EXPECT_EQ(f.by_worker.at(kRogue).groups_failed(), sampled.at(kRogue));
   EXPECT_EQ(f.by_worker.at(kRogue).groups_verified(), 0);
   EXPECT_EQ(f.by_worker.at(kHonest).groups_failed(), 0);
   EXPECT_EQ(f.by_worker.at(kHonest).groups_verified(), sampled.at(kHonest));
+  EXPECT_TRUE(f.quarantined_connections.empty());
   EXPECT_EQ(f.unverifiable, 0);
   // Quarantined once, at the third failure; the buffer refuses it since
   // (only the rest of that step's batch can hold more of its groups).
@@ -399,6 +429,42 @@ TEST(TrainerVerificationTest, RogueWorkerIsLeftOutAndQuarantinedHonestOneIsNot) 
   for (const auto& [kind, count] : buffer->forged) {
     std::printf("  forged %-34s %lld\n", kind.c_str(), static_cast<long long>(count));
   }
+}
+
+// The hostile test's attack on a plain stack: a local client inserts forged
+// groups naming the honest worker. Its groups are left out as before, but
+// the honest worker is not quarantined (its name was only claimed): the
+// connection that sent them is, and the buffer refuses that connection while
+// the honest worker goes on.
+TEST(TrainerVerificationTest, ForgedGroupsNamingTheHonestWorkerQuarantineTheirConnectionOnly) {
+  const v1::RunSpec spec = VerifySpec(/*steps=*/12);
+  std::unique_ptr<WorkersAndTable> buffer;
+  const RunFigures f = Train(spec, /*rogue_every=*/3, &buffer, kPlain);
+  const std::map<std::string, int64_t> sampled = buffer->sampled_by_sender();
+  ASSERT_GT(sampled.count(kPlain.rogue), 0u);
+  // All under the honest worker's name: the forged ones failed, the rest passed.
+  EXPECT_EQ(f.by_worker.size(), 1u);
+  EXPECT_EQ(f.by_worker.at(kHonest).groups_failed(), sampled.at(kPlain.rogue));
+  EXPECT_EQ(f.by_worker.at(kHonest).groups_verified(), sampled.at(kPlain.honest));
+  EXPECT_TRUE(f.quarantined.empty());
+  EXPECT_TRUE(buffer->table().QuarantinedWorkers().empty());
+  EXPECT_THAT(f.quarantined_connections, ElementsAre(kPlain.rogue));
+  EXPECT_GT(buffer->rogue_refused(), 0);  // Its inserts, by its connection.
+  replay_buffer::AcquireRequest acquire;
+  acquire.worker_id = kHonest;
+  acquire.worker_incarnation = 99;
+  acquire.num_groups = 1;
+  acquire.caller = kPlain.rogue;
+  const absl::StatusOr<replay_buffer::AcquireResult> refused =
+      buffer->table().AcquireSlots(acquire);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("the connection " + kPlain.rogue + " is quarantined"));
+  acquire.caller = kPlain.honest;
+  EXPECT_TRUE(buffer->table().AcquireSlots(acquire).ok());
+  int64_t trained_groups = 0;
+  for (const v1::TrainingStepMetrics& s : f.steps) trained_groups += s.groups();
+  EXPECT_EQ(trained_groups, 12 * 4 - sampled.at(kPlain.rogue));
 }
 
 // A long honest run: no group fails. Also what verification costs the

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
@@ -93,6 +94,7 @@ absl::Status LocalStackOptions::Validate() const {
         absl::StrCat("torch_threads must be >= 0; got ", torch_threads));
   }
   RETURN_IF_ERROR(restart.Validate());
+  RETURN_IF_ERROR(liveness.Validate());
   return log::ParseFormat(log_format).status();
 }
 
@@ -341,8 +343,14 @@ absl::Status LocalStack::StartProcess(Child& child, bool restart) {
 absl::Status LocalStack::OnExit(Child& child) {
   const std::optional<ExitStatus> exit = child.process->TryWait();
   if (!exit.has_value()) return absl::OkStatus();  // Not gone after all.
-  const std::string event =
+  std::string event =
       absl::StrCat(child.endpoint.name, " (pid ", child.endpoint.pid, ") ", DescribeExit(*exit));
+  if (!child.killed_because.empty()) {
+    // Killed by this stack for not answering: why, not only how.
+    event = absl::StrCat(child.endpoint.name, " (pid ", child.endpoint.pid, ") ",
+                         child.killed_because, "; killed (SIGKILL) by ", options_.console_prefix);
+    child.killed_because.clear();
+  }
   child.process.reset();
   child.endpoint.pid = 0;
   child.endpoint.last_exit = event;
@@ -459,11 +467,66 @@ absl::Status LocalStack::RestartDue() {
       continue;
     }
     policy_->OnRestarted(name);
+    // Liveness starts afresh with the new process.
+    child.liveness.reset();
+    child.probe_at = absl::Now() + options_.liveness.period;
     child.endpoint.restarts = policy_->restarts(name);
     Say(absl::StrCat(name, " restarted: pid ", child.endpoint.pid, " at ", child.endpoint.grpc));
     Republish();
   }
   return absl::OkStatus();
+}
+
+absl::Time LocalStack::ProbeLiveness() {
+  if (!options_.liveness.enabled()) return absl::InfiniteFuture();
+  // How soon to look again for an answer in flight.
+  constexpr absl::Duration kAnswerPoll = absl::Milliseconds(20);
+  const absl::Time now = absl::Now();
+  absl::Time next = absl::InfiniteFuture();
+  for (Child& child : children_) {
+    if (child.state != State::kRunning || child.process == nullptr) continue;
+    if (child.probe != nullptr && child.probed_pid != child.endpoint.pid) {
+      child.probe.reset();  // It asked a process that is gone.
+    }
+    if (child.probe != nullptr) {
+      if (child.probe->wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+        next = std::min(next, now + kAnswerPoll);
+        continue;
+      }
+      const absl::Status answer = child.probe->get();
+      child.probe.reset();
+      if (child.liveness == nullptr) {
+        child.liveness = std::make_shared<LivenessCount>(options_.liveness);
+      }
+      if (child.liveness->OnProbe(answer.ok(), std::string(answer.message())) &&
+          child.killed_because.empty()) {
+        child.killed_because = child.liveness->Describe();
+        Say(absl::StrCat(child.endpoint.name, " (pid ", child.endpoint.pid, ") ",
+                         child.killed_because, "; killing it (liveness check)"));
+        // Its exit then shows on its pidfd, and OnExit restarts it. SIGKILL
+        // ends a process stopped with SIGSTOP too.
+        child.process->Signal(SIGKILL).IgnoreError();
+        continue;
+      }
+    }
+    if (now >= child.probe_at) {
+      child.probe_at = now + options_.liveness.period;
+      child.probed_pid = child.endpoint.pid;
+      const std::string target = child.endpoint.grpc;
+      const absl::Duration timeout = options_.liveness.timeout;
+      // On its own thread: a hung service must not hold the supervision.
+      // Any answer (NOT_SERVING included) is one: the process is alive.
+      child.probe = std::make_shared<std::future<absl::Status>>(
+          std::async(std::launch::async, [target, timeout]() -> absl::Status {
+            absl::StatusOr<std::string> health = runtime::CheckHealth(target, "", timeout);
+            return health.ok() ? absl::OkStatus() : health.status();
+          }));
+      next = std::min(next, now + kAnswerPoll);
+      continue;
+    }
+    next = std::min(next, child.probe_at);
+  }
+  return next;
 }
 
 absl::Status LocalStack::Publish() {
@@ -558,11 +621,12 @@ absl::Status LocalStack::Supervise(std::string* reason, int wake_fd) {
     }
     // Last, so a child that died at the same moment is handled first.
     if (wake_fd >= 0) fds.push_back({wake_fd, POLLIN, 0});
+    const absl::Time next_event = std::min(next_restart, ProbeLiveness());
     int timeout_ms = -1;
-    if (next_restart != absl::InfiniteFuture()) {
+    if (next_event != absl::InfiniteFuture()) {
       timeout_ms = static_cast<int>(std::clamp<int64_t>(
-          absl::ToInt64Milliseconds(absl::Ceil(next_restart - absl::Now(), absl::Milliseconds(1))),
-          0, 1 << 30));
+          absl::ToInt64Milliseconds(absl::Ceil(next_event - absl::Now(), absl::Milliseconds(1))), 0,
+          1 << 30));
     }
     const int n = poll(fds.data(), fds.size(), timeout_ms);
     if (n < 0 && errno == EINTR) continue;

@@ -3,6 +3,7 @@
 
 #include <sys/types.h>
 
+#include <future>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -64,6 +65,9 @@ struct LocalStackOptions {
   // When a service dies: restarted with backoff, or given up on (see
   // supervisor.h).
   RestartPolicyOptions restart;
+  // When a running service stops answering its health check: killed and
+  // restarted (supervisor.h, LivenessOptions).
+  LivenessOptions liveness;
   // How long each service may take to report ready and healthy.
   absl::Duration start_timeout = absl::Seconds(60);
   // After SIGTERM, how long a service may drain before it is killed.
@@ -209,6 +213,15 @@ class LocalStack {
     std::unique_ptr<Subprocess> process;  // Null while not running.
     State state = State::kRunning;
     absl::Time restart_at;  // kRestarting: when to start it again.
+    // Liveness: the next probe, the one in flight (its answer, or an error
+    // saying why none came), and the process it asked.
+    absl::Time probe_at = absl::InfinitePast();
+    std::shared_ptr<std::future<absl::Status>> probe;
+    pid_t probed_pid = 0;
+    std::shared_ptr<LivenessCount> liveness;
+    // Set when the stack killed the process for its liveness: why, said
+    // with its death.
+    std::string killed_because;
     bool singleton() const { return endpoint.kind != "rollout_worker"; }
   };
 
@@ -229,6 +242,12 @@ class LocalStack {
   absl::Status OnFailure(Child& child, const std::string& description);
   // Starts the children whose backoff is over. Error: the stack cannot go on.
   absl::Status RestartDue();
+  // Liveness: starts the probes that are due (each on its own thread, so
+  // that the supervision never waits on a hung service), reads those that
+  // have answered, and kills a process that failed too many in a row (its
+  // death then goes through OnExit). Returns when the next probe is due or
+  // an answer should be looked for.
+  absl::Time ProbeLiveness();
   // Tells the controller that `child` is gone for good; says how that went.
   void ReportToController(const Child& child, const std::string& description);
 

@@ -2,6 +2,7 @@
 //
 //   sluice up [--state-dir DIR] [--runs-dir DIR] [--rollout-workers N] [--restart on-failure|never]
 //             [--max-restarts N] [--restart-window D] [--buffer-data-dir DIR|none]
+//             [--liveness-period D] [--liveness-timeout D] [--liveness-failures N]
 //                                      run and supervise the local stack until Ctrl-C / SIGTERM
 //   sluice health --target HOST:PORT   exit 0 when the service is SERVING
 //   sluice quickstart [--runs-dir DIR]  up + submit the built-in run + watch + tear down
@@ -23,6 +24,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -130,6 +132,8 @@ struct StackFlags {
   std::string restart = "on-failure";
   std::string restart_window = "2m";
   std::optional<std::string> buffer_data_dir;
+  std::string liveness_period = "5s";
+  std::string liveness_timeout = "2s";
 };
 
 void AddStackFlags(CLI::App* command, LocalStackOptions* options, StackFlags* flags) {
@@ -161,6 +165,19 @@ void AddStackFlags(CLI::App* command, LocalStackOptions* options, StackFlags* fl
   command->add_option("--restart-window", flags->restart_window,
                       "the window of --max-restarts (e.g. 90s, 2m)")
       ->capture_default_str();
+  command->add_option("--liveness-period", flags->liveness_period,
+                      "how often each running service's gRPC health is asked, as Kubernetes' "
+                      "livenessProbe (0 = never)")
+      ->capture_default_str();
+  command->add_option("--liveness-timeout", flags->liveness_timeout,
+                      "a health check not answered within this long is a liveness failure (an "
+                      "answer of any kind, NOT_SERVING included, is not)")
+      ->capture_default_str();
+  command->add_option("--liveness-failures", options->liveness.failures,
+                      "liveness failures in a row after which a service that is still running "
+                      "(hung, or stopped with SIGSTOP) is killed and restarted like a dead one")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
   command->add_flag("--tls", options->tls,
                     "secure the stack: a local CA and certificates in <state-dir>/tls/ (mutual "
                     "TLS between the services), and bearer tokens for the CLI (operator.token: "
@@ -187,6 +204,20 @@ bool ApplyStackFlags(const StackFlags& flags, const std::string& command,
       options->restart.window <= absl::ZeroDuration()) {
     std::cerr << "sluice " << command << ": --restart-window must be a positive duration such as "
               << "90s or 2m, got \"" << flags.restart_window << "\"\n";
+    return false;
+  }
+  for (const auto& [flag, text, duration] :
+       {std::tuple{"--liveness-period", &flags.liveness_period, &options->liveness.period},
+        std::tuple{"--liveness-timeout", &flags.liveness_timeout, &options->liveness.timeout}}) {
+    const std::string value = *text == "0" ? "0s" : *text;
+    if (!absl::ParseDuration(value, duration) || *duration < absl::ZeroDuration()) {
+      std::cerr << "sluice " << command << ": " << flag
+                << " must be a duration such as 5s or 500ms, got \"" << *text << "\"\n";
+      return false;
+    }
+  }
+  if (absl::Status valid = options->liveness.Validate(); !valid.ok()) {
+    std::cerr << "sluice " << command << ": " << valid.message() << "\n";
     return false;
   }
   options->buffer_data_dir = flags.buffer_data_dir;
@@ -456,6 +487,7 @@ int RunRunsCommand(const std::string& command, const std::string& run_id,
   }
   if (command == "get") {
     std::cout << sluice::cli::RunToJson(*run) << "\n";
+    std::cerr << sluice::cli::FormatConditions(*run, absl::Now());
   } else {
     std::cout << run->run_id() << " " << sluice::v1::RunState_Name(run->state())
               << (run->error_message().empty() ? "" : ": " + run->error_message()) << "\n";

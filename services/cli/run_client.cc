@@ -64,6 +64,11 @@ std::string Clock(double seconds) {
   return absl::StrFormat("%02d:%02d", total / 60, total % 60);
 }
 
+absl::Time SinceOf(const v1::RunCondition& condition) {
+  return absl::FromUnixSeconds(condition.since().seconds()) +
+         absl::Nanoseconds(condition.since().nanos());
+}
+
 std::string Duration(double seconds) {
   if (seconds < 1) return absl::StrFormat("%.2fs", seconds);
   return absl::FormatDuration(absl::Trunc(absl::Seconds(seconds), absl::Seconds(1)));
@@ -263,7 +268,28 @@ std::string FormatProgressLine(const v1::Run& run) {
   }
   std::string line = absl::StrJoin(parts, "  ");
   if (!p.phase().empty()) absl::StrAppend(&line, "  | ", p.phase());
+  if (run.conditions_size() > 0) {
+    const absl::Time now = absl::Now();
+    std::vector<std::string> waits;
+    for (const v1::RunCondition& c : run.conditions()) {
+      waits.push_back(
+          absl::StrCat(c.service().empty() ? "" : c.service() + " ", c.kind(), " ",
+                       Duration(std::max(0.0, absl::ToDoubleSeconds(now - SinceOf(c))))));
+    }
+    absl::StrAppend(&line, "  | waiting: ", absl::StrJoin(waits, "; "));
+  }
   return line;
+}
+
+std::string FormatConditions(const v1::Run& run, absl::Time now) {
+  std::string text;
+  for (const v1::RunCondition& c : run.conditions()) {
+    const absl::Time since = SinceOf(c);
+    absl::StrAppend(
+        &text, "waiting (since ", absl::FormatTime("%H:%M:%S", since, absl::LocalTimeZone()), ", ",
+        Duration(std::max(0.0, absl::ToDoubleSeconds(now - since))), "): ", c.message(), "\n");
+  }
+  return text;
 }
 
 std::string FormatRunListLine(const v1::Run& run) {

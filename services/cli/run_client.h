@@ -89,7 +89,14 @@ absl::StatusOr<v1::ListRunsResponse> ListRuns(const std::string& target,
 // One line of live progress, e.g.
 //   training  step 12/200  v12  reward 0.41  pass 38%  stale 0.8/2  gen 1.5k tok/s
 //   train 3.4k tok/s  eval 42% @10  | waiting for data
+// and, while something holds the run back (Run.conditions), what and for how
+// long:  | waiting: trainer service_unresponsive 12s
 std::string FormatProgressLine(const v1::Run& run);
+
+// What holds the run back (Run.conditions), one line each, as of `now`:
+//   waiting (since 12:00:01, 35s): trainer (127.0.0.1:50053) has not answered ...
+// Empty when nothing does. `sluice runs get` prints it under the JSON.
+std::string FormatConditions(const v1::Run& run, absl::Time now);
 
 // The end of a run in a few lines: state and wall time, the error if any,
 // eval_before -> eval_after and the main figures.

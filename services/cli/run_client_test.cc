@@ -367,5 +367,24 @@ TEST(FormatTest, ProgressLineShowsTheFigures) {
             "1.5k tok/s  train 3.4k tok/s  eval 42.0% @10  | waiting for data");
 }
 
+// What holds a run back (Run.conditions) shows on the progress line and in
+// `sluice runs get`, with since when.
+TEST(FormatTest, ConditionsShowWhatTheRunWaitsForAndSinceWhen) {
+  v1::Run run;
+  run.set_state(v1::RUN_STATE_TRAINING);
+  EXPECT_EQ(FormatConditions(run, absl::Now()), "");
+  EXPECT_THAT(FormatProgressLine(run), ::testing::Not(HasSubstr("waiting:")));
+  v1::RunCondition* c = run.add_conditions();
+  c->set_kind("no_worker");
+  c->set_service("rollout_worker");
+  c->set_message("no rollout worker serves the run (rollout.min_workers = 1) since 12:00:00");
+  const absl::Time since = absl::Now() - absl::Seconds(42);
+  c->mutable_since()->set_seconds(absl::ToUnixSeconds(since));
+  EXPECT_THAT(FormatProgressLine(run), HasSubstr("| waiting: rollout_worker no_worker 4"));
+  const std::string text = FormatConditions(run, since + absl::Seconds(42));
+  EXPECT_THAT(text, HasSubstr("42s): no rollout worker serves the run"));
+  EXPECT_THAT(text, HasSubstr("waiting (since "));
+}
+
 }  // namespace
 }  // namespace sluice::cli

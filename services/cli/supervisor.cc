@@ -82,6 +82,42 @@ std::string RestartPolicy::DescribeRestart(const RestartDecision& decision) cons
                          options_.max_restarts, absl::FormatDuration(options_.window));
 }
 
+absl::Status LivenessOptions::Validate() const {
+  if (period < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("--liveness-period must be >= 0 (0 = off), got ",
+                                                   absl::FormatDuration(period)));
+  }
+  if (!enabled()) return absl::OkStatus();
+  if (timeout <= absl::ZeroDuration() || timeout > period) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--liveness-timeout must be > 0 and at most --liveness-period (",
+                     absl::FormatDuration(period), "), got ", absl::FormatDuration(timeout)));
+  }
+  if (failures < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--liveness-failures must be >= 1, got ", failures));
+  }
+  return absl::OkStatus();
+}
+
+bool LivenessCount::OnProbe(bool answered, const std::string& error) {
+  if (answered) {
+    failures_ = 0;
+    return false;
+  }
+  last_error_ = error;
+  if (++failures_ < options_.failures) return false;
+  last_run_ = failures_;
+  failures_ = 0;
+  return true;
+}
+
+std::string LivenessCount::Describe() const {
+  return absl::StrCat("did not answer its health check within ",
+                      absl::FormatDuration(options_.timeout), ", ", last_run_,
+                      last_run_ == 1 ? " time" : " times in a row", " (last: ", last_error_, ")");
+}
+
 bool IsFailure(const ExitStatus& exit) { return !exit.success(); }
 
 std::string DescribeExit(const ExitStatus& exit) {

@@ -103,6 +103,47 @@ class RestartPolicy {
   std::map<std::string, History> histories_;
 };
 
+// What `sluice up` does about a service that is alive but does not answer (a
+// process stopped with SIGSTOP, a deadlock): as Kubernetes' livenessProbe
+// with a gRPC health check, every `period` each running service is asked for
+// its health; no answer within `timeout` (or a refused connection) is one
+// failure, and `failures` of them in a row get the process killed (SIGKILL)
+// and handed to the restart policy like any other death. An answer of any
+// kind resets the count: NOT_SERVING is the service saying it cannot work
+// now (a buffer that cannot write), which a restart does not mend; liveness
+// asks only whether the process answers at all. A period of zero turns the
+// check off.
+struct LivenessOptions {
+  absl::Duration period = absl::Seconds(5);
+  absl::Duration timeout = absl::Seconds(2);
+  int failures = 3;
+
+  // Messages name the flag (--liveness-period, ...) and the value refused.
+  absl::Status Validate() const;
+  bool enabled() const { return period > absl::ZeroDuration(); }
+};
+
+// Counts one service's consecutive liveness failures. Thread-compatible.
+class LivenessCount {
+ public:
+  explicit LivenessCount(const LivenessOptions& options) : options_(options) {}
+
+  // One probe's outcome. Returns true when the service has now failed
+  // options.failures probes in a row and should be killed; the count then
+  // starts again. `error` (for a failure) is kept for Describe.
+  bool OnProbe(bool answered, const std::string& error);
+  int consecutive_failures() const { return failures_; }
+  // "did not answer its health check within 2s, 3 times in a row (last:
+  // deadline exceeded)", for the console and the restart's description.
+  std::string Describe() const;
+
+ private:
+  LivenessOptions options_;
+  int failures_ = 0;
+  int last_run_ = 0;  // The length of the run of failures that fired.
+  std::string last_error_;
+};
+
 // Whether a service's exit, outside the stack's own stop, is a failure:
 // anything but exit code 0.
 bool IsFailure(const ExitStatus& exit);

@@ -126,6 +126,36 @@ TEST(RestartPolicyOptionsTest, ValidateNamesTheBadOption) {
   EXPECT_TRUE(RestartPolicyOptions{}.Validate().ok());
 }
 
+// As Kubernetes' livenessProbe: the service is killed after `failures`
+// probes in a row went unanswered; any answer starts the count again.
+TEST(LivenessCountTest, KillsAfterTheFailuresInARowOnly) {
+  LivenessCount count({.period = absl::Seconds(5), .timeout = absl::Seconds(2), .failures = 3});
+  EXPECT_FALSE(count.OnProbe(false, "deadline exceeded"));
+  EXPECT_FALSE(count.OnProbe(false, "deadline exceeded"));
+  EXPECT_FALSE(count.OnProbe(true, ""));  // An answer (NOT_SERVING too) resets it.
+  EXPECT_FALSE(count.OnProbe(false, "deadline exceeded"));
+  EXPECT_FALSE(count.OnProbe(false, "deadline exceeded"));
+  EXPECT_EQ(count.consecutive_failures(), 2);
+  EXPECT_TRUE(count.OnProbe(false, "Deadline Exceeded"));
+  EXPECT_EQ(count.Describe(),
+            "did not answer its health check within 2s, 3 times in a row (last: Deadline "
+            "Exceeded)");
+  EXPECT_EQ(count.consecutive_failures(), 0);
+}
+
+TEST(LivenessOptionsTest, ValidateNamesTheFlag) {
+  EXPECT_TRUE(LivenessOptions{}.Validate().ok());
+  EXPECT_TRUE(LivenessOptions{.period = absl::ZeroDuration()}.Validate().ok());  // Off.
+  EXPECT_FALSE(LivenessOptions{.period = absl::ZeroDuration()}.enabled());
+  EXPECT_THAT(
+      std::string(LivenessOptions{.period = absl::Seconds(1), .timeout = absl::Seconds(2)}
+                      .Validate()
+                      .message()),
+      HasSubstr("--liveness-timeout must be > 0 and at most --liveness-period (1s), got 2s"));
+  EXPECT_THAT(std::string(LivenessOptions{.failures = 0}.Validate().message()),
+              HasSubstr("--liveness-failures must be >= 1, got 0"));
+}
+
 TEST(DescribeExitTest, SaysHowTheProcessEnded) {
   EXPECT_EQ(DescribeExit({.signaled = true, .signal = SIGKILL}),
             "was killed by signal 9 (SIGKILL)");

@@ -69,6 +69,9 @@ void ControllerMetrics::OnRunUpdated(const v1::Run& run) {
     runs_.Add({{"state", StateLabel(run.state())}}).Increment();
     it->second = run.state();
   }
+  // A queued run has no figures yet: its series appear when it starts, so
+  // that a long queue costs a count, not a set of series per run.
+  if (run.state() == v1::RUN_STATE_QUEUED) return;
   const prometheus::Labels labels = {{"run_id", id}};
   step_.Add(labels).Set(static_cast<double>(run.progress().step()));
   policy_version_.Add(labels).Set(static_cast<double>(run.progress().policy_version()));

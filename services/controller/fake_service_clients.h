@@ -298,6 +298,7 @@ class FakeBuffer : public ReplayBufferClient {
     v1::GetStatsResponse response;
     response.set_incarnation(incarnation_);
     response.set_write_error(write_error_);
+    response.set_starts(starts_);
     v1::BufferStats& stats = *response.mutable_stats();
     stats.set_run_id(run_id);
     v1::EvictionCount* stale = stats.add_evictions();
@@ -318,6 +319,12 @@ class FakeBuffer : public ReplayBufferClient {
   void SetIncarnation(uint64_t incarnation) {
     absl::MutexLock lock(&mu_);
     incarnation_ = incarnation;
+  }
+  // As a buffer that has started `starts` times on its data directory
+  // (GetStatsResponse.starts; 0 = it has none).
+  void SetStarts(int64_t starts) {
+    absl::MutexLock lock(&mu_);
+    starts_ = starts;
   }
   // GetStats answers this error (e.g. NOT_FOUND: a buffer that lost the run).
   void FailStats(absl::Status status) {
@@ -355,6 +362,7 @@ class FakeBuffer : public ReplayBufferClient {
   int64_t memory_budget_ ABSL_GUARDED_BY(mu_) = int64_t{8} << 30;
   v1::ConfigureRunRequest configure_ ABSL_GUARDED_BY(mu_);
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_) = 1;
+  int64_t starts_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status stats_error_ ABSL_GUARDED_BY(mu_);
   std::string write_error_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> released_ ABSL_GUARDED_BY(mu_);

@@ -60,6 +60,18 @@ int main(int argc, char** argv) {
                  "slots go to the others")
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
       ->capture_default_str();
+  int64_t worker_clock_skew_ms = absl::ToInt64Milliseconds(worker_options.max_clock_skew);
+  app.add_option("--worker-clock-skew-ms", worker_clock_skew_ms,
+                 "a rollout worker's incarnation (its start time) may lead this controller's "
+                 "clock by at most this much; one further ahead is refused, so that a forged "
+                 "incarnation cannot lock a worker id's real process out")
+      ->check(CLI::Range(int64_t{0}, int64_t{86400000}))
+      ->capture_default_str();
+  app.add_option("--max-queued-runs", registry_options.max_queued_runs,
+                 "runs that may wait in the queue behind the active one; SubmitRun refuses one "
+                 "more with RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   int64_t worker_grace_ms = absl::ToInt64Milliseconds(registry_options.driver.worker_grace);
   app.add_option("--worker-grace-ms", worker_grace_ms,
                  "fail a run served by fewer than rollout.min_workers workers for this long")
@@ -105,6 +117,7 @@ int main(int argc, char** argv) {
     }
     worker_options.heartbeat_interval = absl::Milliseconds(heartbeat_interval_ms);
     worker_options.worker_ttl = absl::Milliseconds(worker_ttl_ms);
+    worker_options.max_clock_skew = absl::Milliseconds(worker_clock_skew_ms);
     metrics = std::make_unique<controller::ControllerMetrics>(context.metrics_registry());
     controller::ServiceClients clients = controller::MakeGrpcServiceClients(addresses);
     clients.workers = std::make_shared<controller::WorkerRegistry>(worker_options);

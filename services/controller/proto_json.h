@@ -13,7 +13,9 @@ namespace sluice::controller {
 // rather than the proto mapping's strings, so that jq, Python and pandas
 // read `"steps": 12` as the number it is. (Well-known types such as
 // Timestamp keep their proto JSON form.) `pretty` = indented by two spaces;
-// otherwise one line. Fields keep the proto order. Thread-safe.
+// otherwise one line. Fields keep the proto order; a map's entries are
+// sorted by key. O(n log n) in the message's size (a spec with 500,000
+// labels takes about a second, not minutes). Thread-safe.
 std::string ProtoToJson(const google::protobuf::Message& message, bool pretty);
 
 }  // namespace sluice::controller

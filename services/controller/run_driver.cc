@@ -97,11 +97,21 @@ RunDriver::RunDriver(RunRecord record, RunFiles files, ServiceClients clients,
   max_policy_version_ = record.max_policy_version;
   recent_step_rewards_ = std::move(record.recent_step_rewards);
   known_incarnations_ = record.incarnations;
-  if (auto it = record.incarnations.find("replay_buffer"); it != record.incarnations.end()) {
-    buffer_incarnation_ = it->second;
-  }
-  if (auto it = record.incarnations.find("reward_server"); it != record.incarnations.end()) {
-    reward_incarnation_ = it->second;
+  const auto known = [&record](const char* key) -> uint64_t {
+    auto it = record.incarnations.find(key);
+    return it == record.incarnations.end() ? 0 : it->second;
+  };
+  buffer_incarnation_ = known("replay_buffer");
+  buffer_starts_ = static_cast<int64_t>(known("replay_buffer.starts"));
+  reward_incarnation_ = known("reward_server");
+  // The newest trainer incarnation the record counted, and what for: its
+  // later reports add only what is new, and older ones (counted before the
+  // restart, or never) are not counted again.
+  if (const uint64_t trainer = known("trainer"); trainer != 0) {
+    newest_trainer_ = trainer;
+    trainer_floor_ = trainer;
+    trainers_counted_[trainer] = {known("trainer.resumed") != 0,
+                                  static_cast<int64_t>(known("trainer.steps_redone"))};
   }
   if (IsTerminal(run_.state())) {
     started_ = true;  // A record of a run that ended: nothing to start or stop.
@@ -327,6 +337,13 @@ void RunDriver::OfferToWorkers() {
 }
 
 bool RunDriver::StartServices() {
+  // A spec the services cannot be sent (one recorded by an older
+  // controller, before specs were bounded) fails here, saying why, instead
+  // of holding the services and the queue behind it.
+  if (absl::Status sizes = ValidateRunSpecSizes(spec_); !sizes.ok()) {
+    Fail(absl::StrCat("the run's spec cannot be sent to its services: ", sizes.message()));
+    return false;
+  }
   // A re-adopted run's workers are still generating for it: they must find
   // it in their next heartbeat's answer (not an empty one, which would stop
   // them) even while the buffer and the trainer are asked again.
@@ -374,6 +391,12 @@ bool RunDriver::StartServices() {
       !status.ok()) {
     Fail(CallFailure("replay_buffer", clients_.replay_buffer->address(), "ConfigureRun", status));
     return false;
+  }
+  // The buffer's start count as the run begins: every later start of it is
+  // a restart the run survived, seen between two checks or not.
+  if (absl::StatusOr<v1::GetStatsResponse> stats = clients_.replay_buffer->GetStats(run_id_);
+      stats.ok()) {
+    NoteBufferStarts(stats->incarnation(), stats->starts());
   }
 
   if (Stopping()) return false;
@@ -991,6 +1014,8 @@ v1::ReportTrainerProgressResponse RunDriver::ReportTrainerProgress(
     ProgressLocked();  // E.g. loading -> evaluating: the trainer moved on.
   }
   if (request.has_step()) ApplyStepLocked(request.step());
+  NoteTrainerLocked(request.trainer_incarnation(), request.has_resumed_from_step(),
+                    request.steps_redone());
   for (const std::string& worker : request.quarantined_worker_ids()) {
     if (!quarantined_workers_.insert(worker).second) continue;
     // Its prompts go back to the feed for the honest workers.

@@ -279,9 +279,26 @@ private:
   // Workers: joins, restarts and losses (their leases and slots are given
   // back), failures, and the rollout.min_workers floor.
   void ReconcileWorkers();
-  // Counts restarts of the buffer and the reward server (incarnations).
+  // Counts restarts of the reward server: each incarnation newer than the
+  // newest seen (a late answer of an older process counts nothing).
   void NoteIncarnation(const std::string &service, uint64_t incarnation,
                        uint64_t *known);
+  // Counts restarts of the buffer: from its start count (GetStatsResponse.
+  // starts: every start on its data directory, seen or not), else as
+  // NoteIncarnation does.
+  void NoteBufferStarts(uint64_t incarnation, int64_t starts);
+  // What a trainer incarnation said of itself (a report or a status): each
+  // one newer than the newest seen is a restart, each that resumed a
+  // resume, and the steps it redid are added as they grow. Persisted with
+  // the record (RunRecord::incarnations), so that a restarted controller
+  // neither forgets nor counts again.
+  void NoteTrainerLocked(uint64_t incarnation, bool resumed,
+                         int64_t steps_redone)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Run.conditions for the services the health check found failing (which,
+  // since when, and what the run will do), cleared when they answer again.
+  void ShowServiceWait(const HealthTarget &target, const absl::Status &status,
+                       absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
   // Adds to RunSummary.recovery under the lock.
   void AddRestartLocked(const std::string &service)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -378,12 +395,27 @@ private:
   // What StartTraining carried, re-sent to a restarted trainer.
   v1::StartTrainingRequest start_training_;
   uint64_t trainer_incarnation_ = 0;
-  // Per trainer incarnation: steps it redid after resuming.
-  std::map<uint64_t, int64_t> steps_redone_;
   uint64_t buffer_incarnation_ = 0;
+  int64_t buffer_starts_ = 0;
   uint64_t reward_incarnation_ = 0;
-  // The same, for state.json (RunRecord::incarnations).
+  // The same, for state.json (RunRecord::incarnations): "replay_buffer",
+  // "reward_server", "trainer" (the newest incarnation of each), and the
+  // buffer's start count and what the newest trainer incarnation was
+  // counted for ("replay_buffer.starts", "trainer.resumed",
+  // "trainer.steps_redone").
   std::map<std::string, uint64_t> known_incarnations_ ABSL_GUARDED_BY(mu_);
+  // What each trainer incarnation seen by this controller was counted for
+  // (NoteTrainerLocked), and the newest.
+  struct TrainerCounted {
+    bool resumed = false;
+    int64_t steps_redone = 0;
+  };
+  std::map<uint64_t, TrainerCounted> trainers_counted_ ABSL_GUARDED_BY(mu_);
+  uint64_t newest_trainer_ ABSL_GUARDED_BY(mu_) = 0;
+  // The newest one the restored record knew: an unknown incarnation at or
+  // below it was counted before this controller started, or cannot be told
+  // apart from one that was.
+  uint64_t trainer_floor_ ABSL_GUARDED_BY(mu_) = 0;
   // Since when fewer than rollout.min_workers workers serve the run.
   absl::Time workers_short_since_ = absl::InfiniteFuture();
   std::optional<v1::TrainerStatus> last_trainer_status_;

@@ -64,6 +64,7 @@ void RunDriver::CheckHealth() {
   for (size_t i = 0; i < health_targets_.size(); ++i) {
     HealthTarget& target = health_targets_[i];
     const absl::Status status = checks[i].get();
+    ShowServiceWait(target, status, now);
     if (status.ok()) {
       if (target.failing_since != absl::InfiniteFuture()) {
         log::Info("service reachable again",
@@ -107,6 +108,32 @@ void RunDriver::NoteBufferWriteHealth(const v1::GetStatsResponse& stats) {
                             "; it refuses inserts until it can, and resumes by itself then"));
 }
 
+void RunDriver::ShowServiceWait(const HealthTarget& target, const absl::Status& status,
+                                absl::Time now) {
+  // A process that does not answer within the deadline (stopped, hung) is
+  // told apart from one that refuses or says it cannot serve.
+  static constexpr absl::string_view kUnresponsive = "service_unresponsive";
+  static constexpr absl::string_view kUnreachable = "service_unreachable";
+  if (status.ok()) {
+    ClearCondition(kUnresponsive, target.name);
+    ClearCondition(kUnreachable, target.name);
+    return;
+  }
+  const bool unresponsive = status.code() == absl::StatusCode::kDeadlineExceeded;
+  const absl::Time since =
+      target.failing_since == absl::InfiniteFuture() ? now : target.failing_since;
+  const absl::string_view kind = unresponsive ? kUnresponsive : kUnreachable;
+  ClearCondition(unresponsive ? kUnreachable : kUnresponsive, target.name);
+  SetCondition(kind, target.name,
+               absl::StrCat(target.name, " (", target.address, ") ",
+                            unresponsive ? "has not answered its health check since "
+                                         : "cannot be reached since ",
+                            absl::FormatTime("%H:%M:%S", since, absl::LocalTimeZone()), ": ",
+                            status.message(), "; the run waits for it and fails after ",
+                            absl::FormatDuration(options_.service_unreachable_timeout),
+                            " (--service-unreachable-timeout-ms)"));
+}
+
 void RunDriver::AddRestartLocked(const std::string& service) {
   v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
   ++(*recovery.mutable_restarts())[service];
@@ -115,7 +142,9 @@ void RunDriver::AddRestartLocked(const std::string& service) {
 
 void RunDriver::NoteIncarnation(const std::string& service, uint64_t incarnation,
                                 uint64_t* known) {
-  if (incarnation == 0 || incarnation == *known) return;
+  // Incarnations are start times: only a newer one is a restart (an answer
+  // from an older process, or another replica, is not).
+  if (incarnation == 0 || incarnation <= *known) return;
   const bool restarted = *known != 0;
   *known = incarnation;
   absl::MutexLock lock(&mu_);
@@ -131,6 +160,67 @@ void RunDriver::NoteIncarnation(const std::string& service, uint64_t incarnation
   if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED) PersistLocked(false);
 }
 
+void RunDriver::NoteBufferStarts(uint64_t incarnation, int64_t starts) {
+  if (starts <= 0) {  // A buffer without a data directory counts nothing.
+    NoteIncarnation("replay_buffer", incarnation, &buffer_incarnation_);
+    return;
+  }
+  if (starts == buffer_starts_) return;
+  const int64_t before = buffer_starts_;
+  buffer_starts_ = starts;
+  buffer_incarnation_ = std::max(buffer_incarnation_, incarnation);
+  absl::MutexLock lock(&mu_);
+  known_incarnations_["replay_buffer"] = buffer_incarnation_;
+  known_incarnations_["replay_buffer.starts"] = static_cast<uint64_t>(starts);
+  // The first count seen is where the run's own count begins; one that went
+  // down is another directory (a replaced volume): a new beginning too.
+  if (before == 0 || starts < before) {
+    persist_pending_ = true;
+    return;
+  }
+  log::Warning("service restarted",
+               {{"run_id", run_id_}, {"service", "replay_buffer"}, {"restarts", starts - before}});
+  v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+  (*recovery.mutable_restarts())["replay_buffer"] += starts - before;
+  TouchLocked();
+  if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED) PersistLocked(false);
+}
+
+void RunDriver::NoteTrainerLocked(uint64_t incarnation, bool resumed, int64_t steps_redone) {
+  if (incarnation == 0) return;
+  auto it = trainers_counted_.find(incarnation);
+  if (it == trainers_counted_.end()) {
+    if (incarnation <= trainer_floor_) return;  // Counted before, or cannot tell.
+    const bool first = trainers_counted_.empty();
+    it = trainers_counted_.emplace(incarnation, TrainerCounted{}).first;
+    if (!first) {
+      log::Warning("trainer restarted (a new incarnation)",
+                   {{"run_id", run_id_}, {"incarnation", std::to_string(incarnation)}});
+      AddRestartLocked("trainer");
+    }
+  }
+  v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
+  TrainerCounted& counted = it->second;
+  bool changed = false;
+  if (resumed && !counted.resumed) {
+    counted.resumed = true;
+    recovery.set_trainer_resumes(recovery.trainer_resumes() + 1);
+    changed = true;
+  }
+  if (steps_redone > counted.steps_redone) {
+    recovery.set_trainer_steps_redone(recovery.trainer_steps_redone() + steps_redone -
+                                      counted.steps_redone);
+    counted.steps_redone = steps_redone;
+    changed = true;
+  }
+  newest_trainer_ = std::max(newest_trainer_, incarnation);
+  const TrainerCounted& newest = trainers_counted_.at(newest_trainer_);
+  known_incarnations_["trainer"] = newest_trainer_;
+  known_incarnations_["trainer.resumed"] = newest.resumed ? 1 : 0;
+  known_incarnations_["trainer.steps_redone"] = static_cast<uint64_t>(newest.steps_redone);
+  if (changed) TouchLocked();
+}
+
 void RunDriver::ReconcileTrainer() {
   if (Terminal()) return;
   absl::StatusOr<v1::TrainerStatus> trainer = clients_.trainer->GetStatus();
@@ -144,12 +234,16 @@ void RunDriver::ReconcileTrainer() {
     if (restarted) {
       log::Warning("trainer restarted; asking it to resume the run",
                    {{"run_id", run_id_}, {"address", clients_.trainer->address()}});
-      absl::MutexLock lock(&mu_);
-      AddRestartLocked("trainer");
     }
   }
   const bool ours = trainer->run_id() == run_id_;
   const v1::TrainerState state = trainer->state();
+  {
+    // Counted here and from its reports, whichever sees it first.
+    absl::MutexLock lock(&mu_);
+    NoteTrainerLocked(incarnation, ours && trainer->resumed_from_step() >= 0,
+                      ours ? trainer->steps_redone() : 0);
+  }
   if (restarted && (trainer->run_id().empty() || state == v1::TRAINER_STATE_IDLE)) {
     // A new incarnation knows nothing of the run: it resumes from the run's
     // latest checkpoint, or refuses (FAILED_PRECONDITION) when it cannot.
@@ -164,20 +258,6 @@ void RunDriver::ReconcileTrainer() {
     }
     trainer_mismatches_ = 0;
     return;
-  }
-  if (ours && trainer->resumed_from_step() >= 0) {
-    // Each incarnation that resumed says how many steps it redid so far.
-    steps_redone_[incarnation] = trainer->steps_redone();
-    int64_t redone = 0;
-    for (const auto& [unused, steps] : steps_redone_) redone += steps;
-    const int64_t resumes = static_cast<int64_t>(steps_redone_.size());
-    absl::MutexLock lock(&mu_);
-    v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-    if (recovery.trainer_steps_redone() != redone || recovery.trainer_resumes() != resumes) {
-      recovery.set_trainer_steps_redone(redone);
-      recovery.set_trainer_resumes(resumes);
-      TouchLocked();
-    }
   }
   if (ours && state == v1::TRAINER_STATE_FAILED) {
     // Its own report of the failure may have been lost.
@@ -291,11 +371,26 @@ void RunDriver::ReconcileWorkers() {
     }
   }
   const absl::Time now = absl::Now();
+  static constexpr absl::string_view kNoWorker = "no_worker";
   if (live >= min_workers) {
     workers_short_since_ = absl::InfiniteFuture();
+    ClearCondition(kNoWorker, "rollout_worker");
     return;
   }
   if (workers_short_since_ == absl::InfiniteFuture()) workers_short_since_ = now;
+  // Shown while it lasts (GetRun, `sluice runs get`), with since when and
+  // what happens next, so that a run without workers never sits in
+  // TRAINING with nothing said.
+  SetCondition(
+      kNoWorker, "rollout_worker",
+      absl::StrCat(live == 0 ? std::string("no rollout worker serves the run")
+                             : absl::StrCat("only ", live, " rollout worker(s) serve the run"),
+                   " (rollout.min_workers = ", min_workers, ") since ",
+                   absl::FormatTime("%H:%M:%S", workers_short_since_, absl::LocalTimeZone()),
+                   "; the run fails if none comes within ",
+                   absl::FormatDuration(options_.worker_grace),
+                   " (--worker-grace-ms): start workers with --controller-address "
+                   "pointing at this controller"));
   const std::map<std::string, std::string> given_up = clients_.workers->GivenUp();
   if (given_up.empty() && now - workers_short_since_ < options_.worker_grace) return;
   std::string message = absl::StrCat(
@@ -375,7 +470,7 @@ void RunDriver::RefreshBufferStats() {
     }
     return;  // Not fatal; the health check judges reachability.
   }
-  NoteIncarnation("replay_buffer", response->incarnation(), &buffer_incarnation_);
+  NoteBufferStarts(response->incarnation(), response->starts());
   NoteBufferWriteHealth(*response);
   if (clients_.reward_server != nullptr) {
     if (absl::StatusOr<uint64_t> reward = clients_.reward_server->Incarnation(); reward.ok()) {

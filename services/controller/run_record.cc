@@ -337,6 +337,12 @@ void ApplyVerificationFigures(const v1::TrainingStepMetrics& step,
     v1::WorkerVerification& total = worker(w.worker_id());
     total.set_groups_verified(total.groups_verified() + w.groups_verified());
     total.set_groups_failed(total.groups_failed() + w.groups_failed());
+    for (const std::string& connection : w.quarantined_connections()) {
+      if (std::find(total.quarantined_connections().begin(), total.quarantined_connections().end(),
+                    connection) == total.quarantined_connections().end()) {
+        total.add_quarantined_connections(connection);
+      }
+    }
   }
   for (const std::string& id : step.workers_quarantined()) worker(id).set_quarantined(true);
 }

@@ -63,8 +63,12 @@ struct RunRecord {
   // Mean rewards of the last steps (at most 10), for final_reward_mean.
   std::deque<double> recent_step_rewards;
   // The last incarnation seen of each service the driver watches for
-  // restarts ("replay_buffer", "reward_server"), so that a restarted
-  // controller still counts a restart that happened around its own.
+  // restarts ("replay_buffer", "reward_server", "trainer"), so that a
+  // restarted controller still counts a restart that happened around its
+  // own; and what the driver counted them for ("replay_buffer.starts": the
+  // buffer's start count; "trainer.resumed", "trainer.steps_redone": what
+  // the newest trainer incarnation was counted for), so that it counts
+  // nothing twice.
   std::map<std::string, uint64_t> incarnations;
 };
 

@@ -1,5 +1,7 @@
 #include "services/controller/run_registry.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +21,9 @@ namespace {
 
 constexpr int kDefaultPageSize = 50;
 constexpr int kMaxPageSize = 1000;
+// What one ListRuns page may take: well under the 4 MiB a gRPC client
+// receives by default, whatever the runs' specs hold.
+constexpr size_t kMaxListRunsPageBytes = 2 << 20;
 
 // A new run whose record could not be written (its files in the runs
 // directory): nothing of it is kept, and the caller is told what to mend.
@@ -140,6 +145,17 @@ absl::StatusOr<RunSizes> RunRegistry::CheckAgainstServices(const v1::RunSpec& sp
 }
 
 absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request) {
+  // First, and on the spec as sent: an absurd one is judged on its bounds
+  // alone, before anything copies, resolves or reads what it names.
+  RETURN_IF_ERROR(ValidateRunSpecSizes(request.spec()));
+  // Validating a spec builds its task and tokenizes every prompt (megabytes
+  // for a default arithmetic task), freed at once but kept by the malloc
+  // arena of whichever gRPC thread served the call: with many concurrent
+  // submits that, not the runs, was what a long queue cost. Given back to
+  // the system when the call is done.
+  struct TrimOnReturn {
+    ~TrimOnReturn() { malloc_trim(0); }
+  } trim;
   v1::RunSpec spec = ResolveDefaults(request.spec());
   // Before ValidateRunSpec opens the model and the dataset: a path outside
   // the roots is refused in words that tell nothing of what is there.
@@ -166,6 +182,12 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
     if (auto it = by_request_id_.find(request.request_id()); it != by_request_id_.end()) {
       return by_id_.at(it->second)->Get().run;
     }
+  }
+  if (active_ != nullptr && static_cast<int>(queue_.size()) >= options_.max_queued_runs) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the queue is full: ", queue_.size(), " runs wait behind run ", active_->run_id(),
+        ", the most this controller takes (--max-queued-runs ", options_.max_queued_runs,
+        "); submit again once one has started or been cancelled (sluice runs cancel RUN_ID)"));
   }
   const std::string run_id = NewRunIdLocked();
   absl::StatusOr<RunFiles> files = RunFiles::Create(options_.runs_dir, run_id);
@@ -403,16 +425,26 @@ absl::StatusOr<v1::ListRunsResponse> RunRegistry::List(const v1::ListRunsRequest
     start = static_cast<size_t>(it - runs.begin()) + 1;
   }
   v1::ListRunsResponse response;
+  size_t bytes = 0;
   for (size_t i = start; i < runs.size(); ++i) {
     v1::Run run = runs[i]->Get().run;
     if (!request.states().empty() && std::find(request.states().begin(), request.states().end(),
                                                run.state()) == request.states().end()) {
       continue;
     }
-    if (response.runs_size() == page_size) {
-      response.set_next_page_token(response.runs(page_size - 1).run_id());
+    // A spec over the bounds (recorded by an older controller) would take
+    // the page past what a client receives: listed without it (spec.json
+    // in the run's directory has it).
+    if (run.spec().ByteSizeLong() > kMaxRunSpecBytes) run.clear_spec();
+    const size_t size = run.ByteSizeLong();
+    // A page ends at page_size runs or kMaxListRunsPageBytes, whichever
+    // comes first (at least one run), so that it fits any client.
+    if (response.runs_size() == page_size ||
+        (response.runs_size() > 0 && bytes + size > kMaxListRunsPageBytes)) {
+      response.set_next_page_token(response.runs(response.runs_size() - 1).run_id());
       break;
     }
+    bytes += size;
     *response.add_runs() = std::move(run);
   }
   return response;

@@ -26,6 +26,10 @@ struct RunRegistryOptions {
   // file of the spec (run::ConfineRunSpecPaths), and stores relative ones
   // resolved. The binary always sets it; unrestricted only for tests.
   PathPolicy allowed_paths = PathPolicy::Unrestricted();
+  // Most runs waiting in the queue (--max-queued-runs); one more is refused
+  // with RESOURCE_EXHAUSTED saying so. A queued run costs its record (the
+  // spec and a few figures, O(spec)) in memory and on disk.
+  int max_queued_runs = 1000;
   RunDriverOptions driver;
 };
 

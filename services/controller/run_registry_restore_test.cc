@@ -364,6 +364,41 @@ TEST_F(RunRegistryRestoreTest, EndedRunsAreListedAndQueuedRunsQueueAgainInOrder)
   EXPECT_EQ(second->Get(newest)->queue_position(), 2);
 }
 
+// A queued run recorded before specs had bounds (here: a 20 MB name written
+// into its spec.json) cannot be sent to any service: when its turn comes it
+// fails saying why, instead of holding the services and the runs behind it,
+// and ListRuns shows it without its spec.
+TEST_F(RunRegistryRestoreTest, ARecordedSpecOverItsBoundsFailsSayingWhyAndTheQueueMovesOn) {
+  std::unique_ptr<RunRegistry> first = StartController();
+  const std::string active = Submit(*first);
+  ASSERT_TRUE(trainer_->AwaitStarts(1, kWait));
+  const std::string oversized = Submit(*first);
+  const std::string last = Submit(*first);
+  first.reset();
+  const std::string spec_path = runs_dir_ + "/" + oversized + "/spec.json";
+  nlohmann::json spec = nlohmann::json::parse(ReadFile(spec_path));
+  spec["name"] = std::string(20 << 20, 'n');
+  std::ofstream(spec_path) << spec.dump();
+
+  std::unique_ptr<RunRegistry> second = StartController();
+  absl::StatusOr<v1::ListRunsResponse> list = second->List(v1::ListRunsRequest());
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->runs_size(), 3);
+  EXPECT_EQ(list->runs(1).run_id(), oversized);
+  EXPECT_FALSE(list->runs(1).has_spec());
+  EXPECT_LT(list->ByteSizeLong(), size_t{1} << 20);
+  ASSERT_TRUE(trainer_->AwaitStarts(2, kWait));  // The re-adoption.
+  Report(*second, active, v1::TRAINER_STATE_FINISHED);
+  AwaitState(*second, active, v1::RUN_STATE_SUCCEEDED);
+  const v1::Run failed = AwaitState(*second, oversized, v1::RUN_STATE_FAILED);
+  EXPECT_THAT(failed.error_message(),
+              HasSubstr("the run's spec cannot be sent to its services: name: must be at most 256 "
+                        "bytes, got 20971520"));
+  AwaitState(*second, last, v1::RUN_STATE_PENDING);
+  ASSERT_TRUE(trainer_->AwaitStarts(3, kWait));
+  EXPECT_EQ(trainer_->start_request().run_id(), last);
+}
+
 TEST_F(RunRegistryRestoreTest, AnUnreadableRecordFailsThatRunOnlyAndSaysWhy) {
   std::unique_ptr<RunRegistry> first = StartController();
   const std::string good = TrainingRun(*first);

@@ -7,6 +7,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "services/controller/fake_service_clients.h"
+#include "services/controller/run_conditions.h"
 #include "services/controller/run_spec.h"
 
 namespace sluice::controller {
@@ -1024,6 +1027,161 @@ TEST_F(RunRegistryTest, LateGroupsRefusedAreCounted) {
   ASSERT_TRUE(registry_->ReportRolloutProgress(report).ok());
   ASSERT_TRUE(registry_->ReportRolloutProgress(report).ok());
   EXPECT_EQ(registry_->Get(run_id)->summary().recovery().late_groups_refused(), 4);
+}
+
+// A run that no worker serves says so in GetRun (Run.conditions: what, since
+// when, and what happens next), and stops saying it once one serves it.
+TEST_F(RunRegistryTest, ARunWithoutWorkersShowsItWhileItLasts) {
+  MakeRegistry(true, [](RunRegistryOptions& o) { o.driver.worker_grace = absl::Minutes(10); });
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  worker_->Detach();
+  const v1::Run waiting = AwaitRun(run_id, [](const v1::Run& r) {
+    return RunConditions::Find(r, "no_worker", "rollout_worker") != nullptr;
+  });
+  const v1::RunCondition* condition = RunConditions::Find(waiting, "no_worker", "rollout_worker");
+  ASSERT_NE(condition, nullptr);
+  EXPECT_THAT(condition->message(),
+              ::testing::AllOf(HasSubstr("no rollout worker serves the run (rollout.min_workers "
+                                         "= 1) since "),
+                               HasSubstr("the run fails if none comes within 10m "
+                                         "(--worker-grace-ms)")));
+  EXPECT_GT(condition->since().seconds(), 0);
+  EXPECT_FALSE(IsTerminal(waiting.state()));
+  worker_->Attach(workers_);
+  AwaitRun(run_id, [](const v1::Run& r) { return r.conditions_size() == 0; });
+}
+
+// A service that stops answering its health check (SIGSTOP, a hang) shows in
+// the run's status, which one and since when, until it answers again; one
+// that refuses connections shows as unreachable.
+TEST_F(RunRegistryTest, AServiceTheRunWaitsForIsShownUntilItAnswers) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  health_->Fail("trainer:1", -1, absl::DeadlineExceededError("Deadline Exceeded"));
+  health_->Fail("reward:1", -1, absl::UnavailableError("connection refused"));
+  const v1::Run waiting = AwaitRun(run_id, [](const v1::Run& r) {
+    return RunConditions::Find(r, "service_unresponsive", "trainer") != nullptr &&
+           RunConditions::Find(r, "service_unreachable", "reward_server") != nullptr;
+  });
+  const v1::RunCondition* trainer = RunConditions::Find(waiting, "service_unresponsive", "trainer");
+  ASSERT_NE(trainer, nullptr);
+  EXPECT_THAT(trainer->message(),
+              ::testing::AllOf(HasSubstr("trainer (trainer:1) has not answered its health check "
+                                         "since "),
+                               HasSubstr("Deadline Exceeded"),
+                               HasSubstr("--service-unreachable-timeout-ms")));
+  EXPECT_GT(trainer->since().seconds(), 0);
+  EXPECT_THAT(RunConditions::Find(waiting, "service_unreachable", "reward_server")->message(),
+              HasSubstr("reward_server (reward:1) cannot be reached since "));
+  EXPECT_EQ(RunConditions::Find(waiting, "service_unresponsive", "replay_buffer"), nullptr);
+  health_->Fail("trainer:1", 0, absl::OkStatus());
+  health_->Fail("reward:1", 0, absl::OkStatus());
+  const v1::Run answered =
+      AwaitRun(run_id, [](const v1::Run& r) { return r.conditions_size() == 0; });
+  EXPECT_FALSE(IsTerminal(answered.state()));
+}
+
+// One run holds the services; the queue behind it is bounded, with an error
+// that says so, and has room again once a queued run is cancelled.
+TEST_F(RunRegistryTest, TheQueueIsBoundedWithAnErrorThatSaysSo) {
+  MakeRegistry(true, [](RunRegistryOptions& o) { o.max_queued_runs = 2; });
+  const std::string active = Submit(SmallSpec());
+  const std::string first = Submit(SmallSpec());
+  Submit(SmallSpec());
+  v1::SubmitRunRequest request;
+  *request.mutable_spec() = SmallSpec();
+  const absl::StatusOr<v1::Run> refused = registry_->Submit(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              ::testing::AllOf(HasSubstr("the queue is full: 2 runs wait behind run " + active),
+                               HasSubstr("--max-queued-runs 2")));
+  ASSERT_TRUE(registry_->Cancel(first, "").ok());
+  EXPECT_TRUE(registry_->Submit(request).ok());
+}
+
+// The trainer's resumes and redone steps come from its own reports, each
+// incarnation's counted once, whether or not the controller's status checks
+// ever saw it (a trainer killed again within a second was missed, and
+// summary.json said 2 resumes after 3).
+TEST_F(RunRegistryTest, TrainerResumesAndRedoneStepsAreCountedFromItsReports) {
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  const auto report = [&](uint64_t incarnation, std::optional<int64_t> resumed, int64_t redone) {
+    Report(run_id, v1::TRAINER_STATE_TRAINING, [&](v1::ReportTrainerProgressRequest& r) {
+      r.set_trainer_incarnation(incarnation);
+      if (resumed.has_value()) r.set_resumed_from_step(*resumed);
+      r.set_steps_redone(redone);
+    });
+  };
+  // The first incarnation (the one the status checks see too) and three
+  // that only ever report, one of them twice and one late.
+  report(1, std::nullopt, 0);
+  report(100, 10, 1);
+  report(100, 10, 3);
+  report(200, 20, 2);
+  report(300, 20, 1);
+  report(300, 20, 1);  // A repeated report counts nothing more.
+  report(200, 20, 2);  // Nor a late one of an older incarnation.
+  const v1::RecoveryStats recovery = registry_->Get(run_id)->summary().recovery();
+  EXPECT_EQ(recovery.trainer_resumes(), 3);
+  EXPECT_EQ(recovery.trainer_steps_redone(), 3 + 2 + 1);
+  EXPECT_EQ(recovery.restarts().at("trainer"), 3);
+}
+
+// A buffer that starts on its data directory counts its starts there: every
+// restart is counted, including those no status check saw (five kills in a
+// row were counted three).
+TEST_F(RunRegistryTest, BufferRestartsAreCountedFromItsStartCount) {
+  buffer_->SetStarts(3);
+  MakeRegistry();
+  const std::string run_id = Submit(SmallSpec());
+  AwaitServicesStarted(run_id);
+  Report(run_id, v1::TRAINER_STATE_WAITING_FOR_DATA);
+  AwaitState(run_id, v1::RUN_STATE_TRAINING);
+  buffer_->SetIncarnation(50);
+  buffer_->SetStarts(8);  // Five starts since, one incarnation seen.
+  const v1::Run run = AwaitRun(run_id, [](const v1::Run& r) {
+    return r.summary().recovery().restarts().count("replay_buffer") > 0;
+  });
+  EXPECT_EQ(run.summary().recovery().restarts().at("replay_buffer"), 5);
+}
+
+// Specs as big as their bounds allow (~150 KB each): ListRuns stops a page
+// before 2 MiB, so that it reaches a client that takes 4 MiB a message (a
+// page of 50 such runs was 7 MB), and the pages together hold every run.
+TEST_F(RunRegistryTest, ListRunsPagesStayUnderTwoMebibytesAndHoldEveryRun) {
+  MakeRegistry();
+  v1::RunSpec big = SmallSpec();
+  for (int i = 0; i < 64; ++i) {
+    (*big.mutable_labels())[absl::StrCat("label-", i)] = std::string(256, 'v');
+  }
+  for (int i = 0; i < 32; ++i) {
+    v1::WeightedVerifier* verifier = big.mutable_reward()->add_verifiers();
+    verifier->set_name("format");
+    (*verifier->mutable_params())["format_regex"] = std::string(4000, 'a');
+  }
+  ASSERT_TRUE(ValidateRunSpecSizes(big).ok());
+  constexpr int kRuns = 20;
+  std::set<std::string> submitted;
+  for (int i = 0; i < kRuns; ++i) submitted.insert(Submit(big));
+  std::set<std::string> listed;
+  v1::ListRunsRequest request;
+  request.set_page_size(1000);
+  int pages = 0;
+  do {
+    absl::StatusOr<v1::ListRunsResponse> page = registry_->List(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    EXPECT_LE(page->ByteSizeLong(), size_t{2} << 20);
+    ASSERT_GT(page->runs_size(), 0);
+    for (const v1::Run& run : page->runs()) listed.insert(run.run_id());
+    request.set_page_token(page->next_page_token());
+  } while (!request.page_token().empty() && pages < kRuns);
+  EXPECT_GT(pages, 1);
+  EXPECT_EQ(listed, submitted);
 }
 
 TEST_F(RunRegistryTest, ListWorkersShowsRegisteredWorkers) {

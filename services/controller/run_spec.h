@@ -1,6 +1,7 @@
 #ifndef SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_
 #define SLUICE_SERVICES_CONTROLLER_RUN_SPEC_H_
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,30 @@ namespace sluice::controller {
 // file), O(size).
 v1::RunSpec ResolveDefaults(v1::RunSpec spec);
 
+// The most a serialized RunSpec may take. A spec goes whole to every service
+// of its run and to every user that looks at it (WorkerHeartbeat answers,
+// StartTraining, GetRun, WatchRun, ListRuns), and their receivers take 4 MiB
+// a message by default: a run that cannot be sent would hold the services,
+// and every run queued behind it, for nothing.
+inline constexpr size_t kMaxRunSpecBytes = 256 << 10;
+
+// The bounds of the spec's strings and lists, checked before anything else
+// (cheap: no file is read, nothing is tokenized): name <= 256 bytes; at most
+// 64 labels, keys 1-63 bytes, values <= 256; paths (model.hf_model_dir,
+// model.tokenizer_path, task.dataset.path, checkpoint.dir) <= 4096; names
+// among known ones (model.builtin, model.device, task.chat_template,
+// task.dataset.*_field, task.arithmetic.operators[i], verifier names) <= 128;
+// task.prompt_template and task.system_prompt <= 32 KiB; at most 16
+// operators, 64 stop token ids, 16 stop strings of <= 256 bytes, 32
+// verifiers with at most 32 params each (keys <= 128 bytes, values <= 4096);
+// and the whole spec <= kMaxRunSpecBytes serialized. INVALID_ARGUMENT with a
+// line per field over its bound, naming it, the bound and the size:
+//
+//   name: must be at most 256 bytes, got 20971520
+//
+// O(size of the spec).
+absl::Status ValidateRunSpecSizes(const v1::RunSpec& spec);
+
 // Checks a (normally resolved) spec and reports every problem at once, one
 // per line, each naming the field path and what is wrong with it:
 //
@@ -66,7 +91,9 @@ v1::RunSpec ResolveDefaults(v1::RunSpec spec);
 // (a behaviour-weight floor with GRPO, kl_coef with trajectory balance, ...:
 // docs/objectives.md).
 //
-// Every numeric field also has an upper bound far beyond real runs
+// A spec over the bounds of ValidateRunSpecSizes gets those problems only
+// (it is not read further). Every numeric field also has an upper bound far
+// beyond real runs
 // (algorithm.group_size <= 1024, batch_size_groups <= 65536, ...), so that an
 // absurd value is refused here; what the run needs in memory is judged by
 // CheckRunMemory.

@@ -293,6 +293,103 @@ TEST(ValidateRunSpecTest, AbsurdValuesAreRefusedByTheirBounds) {
   EXPECT_EQ(ProblemsOf(at_bounds), "");
 }
 
+TEST(ValidateRunSpecTest, EveryStringAndListOfTheSpecIsBoundedNamingTheField) {
+  struct Case {
+    std::function<void(v1::RunSpec&)> set;
+    std::string expected;
+  };
+  const std::string kib(1024, 'x');
+  const std::vector<Case> cases = {
+      {[](v1::RunSpec& s) { s.set_name(std::string(257, 'n')); },
+       "name: must be at most 256 bytes, got 257"},
+      {[](v1::RunSpec& s) {
+         for (int i = 0; i < 65; ++i) (*s.mutable_labels())[absl::StrCat("k", i)] = "v";
+       },
+       "labels: must be <= 64 (entries), got 65"},
+      {[](v1::RunSpec& s) { (*s.mutable_labels())[std::string(64, 'k')] = "v"; },
+       "labels: a key must be 1 to 63 bytes, got 64"},
+      {[](v1::RunSpec& s) { (*s.mutable_labels())["team"] = std::string(257, 'v'); },
+       "labels[\"team\"]: must be at most 256 bytes, got 257"},
+      {[](v1::RunSpec& s) { s.mutable_model()->set_builtin(std::string(129, 'm')); },
+       "model.builtin: must be at most 128 bytes, got 129"},
+      {[](v1::RunSpec& s) { s.mutable_model()->set_tokenizer_path(std::string(4097, 'p')); },
+       "model.tokenizer_path: must be at most 4096 bytes, got 4097"},
+      {[](v1::RunSpec& s) { s.mutable_model()->set_device(std::string(129, 'd')); },
+       "model.device: must be at most 128 bytes, got 129"},
+      {[&](v1::RunSpec& s) { s.mutable_task()->set_system_prompt(std::string(33 * 1024, 's')); },
+       "task.system_prompt: must be at most 32768 bytes, got 33792"},
+      {[&](v1::RunSpec& s) { s.mutable_task()->set_prompt_template(std::string(33 * 1024, 't')); },
+       "task.prompt_template: must be at most 32768 bytes, got 33792"},
+      {[](v1::RunSpec& s) { s.mutable_task()->set_chat_template(std::string(129, 'c')); },
+       "task.chat_template: must be at most 128 bytes, got 129"},
+      {[](v1::RunSpec& s) {
+         for (int i = 0; i < 17; ++i) s.mutable_task()->mutable_arithmetic()->add_operators("+");
+       },
+       "task.arithmetic.operators: must be <= 16 (entries), got 17"},
+      {[](v1::RunSpec& s) {
+         s.mutable_rollout()->mutable_sampling()->add_stop_strings(std::string(257, 'x'));
+       },
+       "rollout.sampling.stop_strings[0]: must be 1 to 256 bytes, got 257"},
+      {[](v1::RunSpec& s) {
+         for (int i = 0; i < 65; ++i) s.mutable_eval()->mutable_sampling()->add_stop_token_ids(i);
+       },
+       "eval.sampling.stop_token_ids: must be <= 64 (entries), got 65"},
+      {[](v1::RunSpec& s) { s.mutable_reward()->add_verifiers()->set_name(std::string(129, 'v')); },
+       "reward.verifiers[0].name: must be at most 128 bytes, got 129"},
+      {[](v1::RunSpec& s) {
+         auto* v = s.mutable_reward()->add_verifiers();
+         v->set_name("format");
+         for (int i = 0; i < 33; ++i) (*v->mutable_params())[absl::StrCat("p", i)] = "1";
+       },
+       "reward.verifiers[0].params: must be <= 32 (entries), got 33"},
+      {[](v1::RunSpec& s) {
+         auto* v = s.mutable_reward()->add_verifiers();
+         v->set_name("format");
+         (*v->mutable_params())["format_regex"] = std::string(4097, 'r');
+       },
+       "reward.verifiers[0].params[\"format_regex\"]: must be at most 4096 bytes, got 4097"},
+      {[](v1::RunSpec& s) { s.mutable_checkpoint()->set_dir(std::string(4097, 'c')); },
+       "checkpoint.dir: must be at most 4096 bytes, got 4097"},
+      // Each field within its bound, the whole over it: 32 verifiers with 32
+      // long parameters each.
+      {[&](v1::RunSpec& s) {
+         for (int i = 0; i < 32; ++i) {
+           auto* v = s.mutable_reward()->add_verifiers();
+           v->set_name("format");
+           for (int k = 0; k < 32; ++k) (*v->mutable_params())[absl::StrCat("p", k)] = kib;
+         }
+       },
+       "the run spec: must be at most 262144 bytes serialized"},
+  };
+  for (const Case& c : cases) {
+    v1::RunSpec spec = ArithmeticSpec();
+    c.set(spec);
+    const absl::Status sizes = ValidateRunSpecSizes(spec);
+    EXPECT_EQ(sizes.code(), absl::StatusCode::kInvalidArgument) << c.expected;
+    EXPECT_THAT(std::string(sizes.message()), HasSubstr(c.expected));
+    EXPECT_THAT(ProblemsOf(spec), HasSubstr(c.expected)) << c.expected;
+  }
+  // Every bound itself passes.
+  v1::RunSpec at_bounds = ArithmeticSpec();
+  at_bounds.set_name(std::string(256, 'n'));
+  for (int i = 0; i < 64; ++i)
+    (*at_bounds.mutable_labels())[absl::StrCat("k", i)] = std::string(256, 'v');
+  at_bounds.mutable_task()->set_chat_template("chatml");
+  at_bounds.mutable_task()->set_system_prompt(std::string(32 * 1024, 's'));
+  EXPECT_TRUE(ValidateRunSpecSizes(at_bounds).ok()) << ValidateRunSpecSizes(at_bounds);
+}
+
+// The 20 MB name that wedged a stack: refused at once, on its bound alone
+// (nothing else of the spec is read), so that it never reaches a service.
+TEST(ValidateRunSpecTest, AHugeNameIsRefusedOnItsBoundAlone) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.set_name(std::string(20 << 20, 'n'));
+  spec.mutable_algorithm()->set_group_size(1);  // Not reported: the size decides.
+  const std::string problems = ProblemsOf(spec);
+  EXPECT_THAT(problems, HasSubstr(absl::StrCat("name: must be at most 256 bytes, got ", 20 << 20)));
+  EXPECT_THAT(problems, Not(HasSubstr("group_size")));
+}
+
 TEST(CheckVerifierNamesTest, UnknownNamesGetADidYouMeanAndTheServersList) {
   v1::RunSpec spec = ResolveDefaults(ArithmeticSpec());
   spec.mutable_reward()->mutable_verifiers(0)->set_name("mth");

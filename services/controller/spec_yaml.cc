@@ -20,6 +20,7 @@
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
+#include "yaml-cpp/depthguard.h"
 #include "yaml-cpp/yaml.h"
 
 namespace sluice::controller {
@@ -386,6 +387,12 @@ absl::Status YamlToMessage(absl::string_view yaml_text, absl::string_view source
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::DeepRecursion& e) {
+    // yaml-cpp's own message for this one is "bad file", which says nothing.
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1,
+                     ": invalid YAML: nested more than ", e.depth() - 1,
+                     " levels deep (lists or mappings inside each other; a run spec nests a few)"));
   } catch (const YAML::ParserException& e) {
     return absl::InvalidArgumentError(absl::StrCat(source, ":", e.mark.line + 1, ":",
                                                    e.mark.column + 1, ": invalid YAML: ", e.msg));

@@ -1,8 +1,10 @@
 #include "services/controller/worker_registry.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "google/protobuf/util/time_util.h"
@@ -20,6 +22,30 @@ WorkerRegistry::WorkerRegistry(WorkerRegistryOptions options) : options_(std::mo
 
 absl::Time WorkerRegistry::Now() const { return options_.clock ? options_.clock() : absl::Now(); }
 
+absl::Duration WorkerRegistry::HandoverAfter() const {
+  return std::min(3 * options_.heartbeat_interval, options_.worker_ttl);
+}
+
+void WorkerRegistry::NoteConflictLocked(const std::string& worker_id, Worker& holder,
+                                        const std::string& what, absl::Time now) {
+  holder.conflict = what;
+  holder.conflict_at = now;
+  if (now - holder.conflict_logged_at < absl::Seconds(30)) return;
+  holder.conflict_logged_at = now;
+  log::Error(
+      "two live processes claim one rollout worker id; the id stays with the one that "
+      "holds it, the other is refused (start each worker with its own --worker-id)",
+      {{"worker_id", worker_id},
+       {"holder_incarnation", std::to_string(holder.incarnation)},
+       {"holder_address", holder.address},
+       {"other", what}});
+}
+
+std::string WorkerRegistry::CurrentConflictLocked(const Worker& worker, absl::Time now) const {
+  if (worker.conflict.empty() || now - worker.conflict_at >= options_.worker_ttl) return "";
+  return worker.conflict;
+}
+
 absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
     const v1::WorkerHeartbeatRequest& request) {
   if (request.worker_id().empty()) {
@@ -34,11 +60,64 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
 
   absl::MutexLock lock(&mu_);
   const absl::Time now = Now();
+  // Incarnations are start times: one far ahead of this clock is forged (or
+  // its host's clock is wrong), and would lock the id's real process out
+  // for as long as it stays ahead.
+  const absl::Time started = absl::FromUnixNanos(static_cast<int64_t>(
+      std::min<uint64_t>(request.incarnation(), std::numeric_limits<int64_t>::max())));
+  if (started - now > options_.max_clock_skew) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "incarnation: ", request.incarnation(), " is ",
+        absl::FormatDuration(absl::Trunc(started - now, absl::Seconds(1))),
+        " ahead of the controller's clock; an incarnation is the worker's start time in "
+        "nanoseconds since the epoch and may lead the controller's clock by at most ",
+        absl::FormatDuration(options_.max_clock_skew),
+        " (--worker-clock-skew-ms; synchronize the hosts' clocks)"));
+  }
   ExpireLocked(now);
   auto it = workers_.find(request.worker_id());
   if (it != workers_.end() && request.incarnation() < it->second.incarnation) {
-    response.set_superseded(true);
-    return response;
+    if (it->second.live) {
+      // A leftover (an old process that was stopped, not killed), or a
+      // second process: assigned nothing, and the holder is told.
+      NoteConflictLocked(request.worker_id(), it->second,
+                         absl::StrCat("an older process (incarnation ", request.incarnation(),
+                                      ", address ", request.address(),
+                                      ") still heartbeats with this worker id; it serves nothing"),
+                         now);
+      response.set_superseded(true);
+      response.set_conflict(absl::StrCat("this worker id is held by a newer process (incarnation ",
+                                         it->second.incarnation, ", address ", it->second.address,
+                                         "); this one serves nothing"));
+      return response;
+    }
+    // The newer process is gone (lost or left): this one is the id's only
+    // live process and holds it again. Not a restart: nothing new started.
+    log::Warning("rollout worker id held again by an older incarnation (the newer one is gone)",
+                 {{"worker_id", request.worker_id()},
+                  {"incarnation", std::to_string(request.incarnation())},
+                  {"gone_incarnation", std::to_string(it->second.incarnation)},
+                  {"address", request.address()}});
+    it->second.incarnation = request.incarnation();
+    it->second.registered_at = now;
+  }
+  if (it != workers_.end() && request.incarnation() > it->second.incarnation && it->second.live &&
+      now - it->second.last_heartbeat < HandoverAfter()) {
+    // The id's process still heartbeats: this is a second process with the
+    // same --worker-id, not its restart (a restarted process's predecessor
+    // is dead and silent).
+    Worker& holder = it->second;
+    const std::string other =
+        absl::StrCat("another process (incarnation ", request.incarnation(), ", address ",
+                     request.address(), ") asked for this worker id and was refused");
+    NoteConflictLocked(request.worker_id(), holder, other, now);
+    return absl::AlreadyExistsError(absl::StrCat(
+        "worker_id: \"", request.worker_id(), "\" is held by a live process (incarnation ",
+        holder.incarnation, ", address ", holder.address, ", last heartbeat ",
+        absl::FormatDuration(absl::Trunc(now - holder.last_heartbeat, absl::Milliseconds(1))),
+        " ago); two processes cannot share a worker id: give each its own --worker-id. A "
+        "restarted worker takes the id over once its old process has been silent for ",
+        absl::FormatDuration(HandoverAfter())));
   }
   if (it == workers_.end()) {
     it = workers_.emplace(request.worker_id(), Worker{}).first;
@@ -48,6 +127,15 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
                                             {"incarnation", std::to_string(request.incarnation())},
                                             {"address", request.address()}});
   } else if (request.incarnation() > it->second.incarnation) {
+    // Runs it served and was lost to (a restart slower than the TTL) count
+    // the restart too; those it still serves end with it.
+    for (auto& [run_id, offered] : offers_) {
+      if (offered.served.count(request.worker_id()) > 0 &&
+          offered.assigned.count(request.worker_id()) == 0) {
+        offered.events.push_back({WorkerEvent::Kind::kRestarted, request.worker_id(),
+                                  it->second.incarnation, absl::ZeroDuration()});
+      }
+    }
     UnassignLocked(request.worker_id(), it->second.incarnation, WorkerEvent::Kind::kRestarted,
                    absl::ZeroDuration());
     log::Info("rollout worker restarted", {{"worker_id", request.worker_id()},
@@ -55,6 +143,7 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
                                            {"address", request.address()}});
     it->second.incarnation = request.incarnation();
     it->second.registered_at = now;
+    it->second.conflict.clear();
     ++it->second.restarts;
   } else if (!it->second.live) {
     log::Info("rollout worker is back", {{"worker_id", request.worker_id()},
@@ -86,6 +175,7 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
     failed_.erase(request.worker_id());
   }
 
+  response.set_conflict(CurrentConflictLocked(worker, now));
   for (auto& [run_id, offered] : offers_) {
     auto assigned = offered.assigned.find(request.worker_id());
     if (assigned == offered.assigned.end()) {
@@ -94,12 +184,22 @@ absl::StatusOr<v1::WorkerHeartbeatResponse> WorkerRegistry::Heartbeat(
         continue;
       }
       offered.assigned[request.worker_id()] = worker.incarnation;
+      offered.served.insert(request.worker_id());
       offered.events.push_back({WorkerEvent::Kind::kJoined, request.worker_id(),
                                 worker.incarnation, absl::ZeroDuration()});
       log::Info("rollout worker assigned", {{"worker_id", request.worker_id()},
                                             {"run_id", run_id}});
     }
-    *response.add_assignments() = offered.assignment;
+    v1::RolloutAssignment& assignment = *response.add_assignments();
+    if (std::find(request.serving_run_ids().begin(), request.serving_run_ids().end(), run_id) !=
+        request.serving_run_ids().end()) {
+      // The worker has the spec: a run's spec crosses the wire once.
+      assignment.set_run_id(run_id);
+      *assignment.mutable_endpoints() = offered.assignment.endpoints();
+      assignment.set_max_prompt_tokens(offered.assignment.max_prompt_tokens());
+    } else {
+      assignment = offered.assignment;
+    }
   }
   return response;
 }
@@ -197,6 +297,7 @@ v1::ListWorkersResponse WorkerRegistry::List() {
     *info->mutable_registered_at() = ToProto(worker.registered_at);
     *info->mutable_last_heartbeat_at() = ToProto(worker.last_heartbeat);
     info->set_restarts(worker.restarts);
+    info->set_conflict(CurrentConflictLocked(worker, Now()));
     for (const auto& [run_id, offered] : offers_) {
       auto assigned = offered.assigned.find(worker_id);
       if (assigned != offered.assigned.end() && assigned->second == worker.incarnation) {

@@ -21,6 +21,10 @@ struct WorkerRegistryOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // A worker silent this long is lost.
   absl::Duration worker_ttl = absl::Seconds(10);
+  // Incarnations are process start times (ns since the epoch): one more than
+  // this ahead of the controller's clock is refused, so that nobody can push
+  // a worker id's incarnation arbitrarily far ahead (--worker-clock-skew-ms).
+  absl::Duration max_clock_skew = absl::Minutes(1);
   // Null = absl::Now. Tests pass a fake.
   std::function<absl::Time()> clock;
 };
@@ -29,7 +33,8 @@ struct WorkerRegistryOptions {
 struct WorkerEvent {
   enum class Kind {
     kJoined,     // A worker incarnation was given the run (first or later).
-    kRestarted,  // A worker serving the run came back with a new incarnation.
+    kRestarted,  // A worker that served the run came back with a new incarnation
+                 // (whether or not it had been lost meanwhile).
     kLost,       // A worker serving the run stopped heartbeating (TTL).
     kLeft,       // A worker serving the run said it is leaving (shutdown).
   };
@@ -59,14 +64,27 @@ struct RunWorker {
 //
 // Membership:
 // - A higher incarnation of a known worker_id replaces the old one (a
-//   restart): the old incarnation's assignments end (kRestarted for their
-//   runs) and the new one is assigned afresh on the same heartbeat.
-// - A lower incarnation than the known one is superseded: a leftover
-//   process, assigned nothing.
+//   restart) once the old one has been silent for HandoverAfter() (three
+//   heartbeat intervals, at most the TTL): the old incarnation's assignments
+//   end (kRestarted for their runs) and the new one is assigned afresh on
+//   the same heartbeat. A restarted process is back within a few seconds;
+//   the old one is dead and silent.
+// - While the old one still heartbeats, the higher incarnation is a second
+//   live process with the same worker_id (a copy-pasted --worker-id), not a
+//   restart: it is refused (ALREADY_EXISTS naming the holder) and the holder
+//   is told (WorkerHeartbeatResponse.conflict, ListWorkers) for a TTL; both
+//   are logged as errors. Nothing is handed over, nothing counted.
+// - An incarnation more than max_clock_skew ahead of the controller's clock
+//   is refused (INVALID_ARGUMENT): a forged one cannot lock the id's real
+//   process out beyond that.
+// - A lower incarnation than the known one is superseded while the known
+//   one is live: a leftover process, assigned nothing (and the holder is
+//   told of it). Once the known one is lost or left, the lower one is the
+//   id's only live process and holds the id again (no restart counted).
 // - A worker silent for worker_ttl is lost: its assignments end (kLost) and
 //   it makes room for others. One that says it is leaving (a heartbeat with
-//   `leaving`, sent at shutdown) is gone at once (kLeft). If it heartbeats again (a partition healed), it
-//   is re-admitted like a new worker.
+//   `leaving`, sent at shutdown) is gone at once (kLeft). If it heartbeats again (a partition
+//   healed), it is re-admitted like a new worker.
 // Expiry is checked on every call (no thread of its own), so the driver's
 // periodic RunWorkers() call bounds how late a loss is noticed. Live workers
 // are indexed by their last heartbeat, so the check costs O(log n) per worker
@@ -79,8 +97,11 @@ class WorkerRegistry {
  public:
   explicit WorkerRegistry(WorkerRegistryOptions options = {});
 
-  // Registers or refreshes the worker and answers with its assignments.
-  // INVALID_ARGUMENT without worker_id or incarnation. O(log n + runs).
+  // Registers or refreshes the worker and answers with its assignments: a
+  // run the request names in serving_run_ids is listed without its spec
+  // (the worker has it). INVALID_ARGUMENT without worker_id or incarnation,
+  // or with an incarnation too far ahead; ALREADY_EXISTS while another live
+  // process holds the worker_id (class comment). O(log n + runs).
   absl::StatusOr<v1::WorkerHeartbeatResponse> Heartbeat(const v1::WorkerHeartbeatRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -122,6 +143,11 @@ class WorkerRegistry {
 
   const WorkerRegistryOptions& options() const { return options_; }
 
+  // How long a worker_id's live process must have been silent before a
+  // higher incarnation takes the id over as its restart: three heartbeat
+  // intervals, at most the TTL.
+  absl::Duration HandoverAfter() const;
+
  private:
   struct Worker {
     uint64_t incarnation = 0;
@@ -131,12 +157,20 @@ class WorkerRegistry {
     absl::Time last_heartbeat;
     v1::RolloutWorkerStatus status;
     int64_t restarts = 0;
+    // Another live process that claimed the id, as said to this one, and
+    // when it last did (told for a TTL after); when it was last logged.
+    std::string conflict;
+    absl::Time conflict_at = absl::InfinitePast();
+    absl::Time conflict_logged_at = absl::InfinitePast();
   };
   struct Offered {
     v1::RolloutAssignment assignment;
     int max_workers = 0;
     // worker_id -> the incarnation assigned.
     std::map<std::string, uint64_t> assigned;
+    // Every worker_id that served the run: one lost (or gone) before its
+    // new incarnation registered restarted all the same.
+    std::set<std::string> served;
     std::vector<WorkerEvent> events;
   };
 
@@ -153,6 +187,13 @@ class WorkerRegistry {
   void UnassignLocked(const std::string& worker_id, uint64_t incarnation, WorkerEvent::Kind kind,
                       absl::Duration silent_for) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   RunWorker ViewLocked(const std::string& worker_id, const Worker& worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Records that another process claims the held id (`what` says which and
+  // how) and logs it at most every 30 s per id.
+  void NoteConflictLocked(const std::string& worker_id, Worker& holder, const std::string& what,
+                          absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The holder's conflict while it is recent (a TTL), else empty.
+  std::string CurrentConflictLocked(const Worker& worker, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const WorkerRegistryOptions options_;

@@ -489,6 +489,13 @@ grpc::Status CheckWorkerIdentity(const grpc::ServerContextBase* context, absl::s
                                    "credentials"));
 }
 
+std::string CallerAttribution(const grpc::ServerContextBase* context) {
+  if (const std::optional<Principal> caller = Caller(context); caller.has_value()) {
+    return absl::StrCat(RoleName(caller->role), ":", caller->identity);
+  }
+  return absl::StrCat("peer:", context->peer());
+}
+
 bool AuthEnforced() { return enforced_for_process.load(std::memory_order_relaxed); }
 void SetAuthEnforcedForProcess(bool enforced) { enforced_for_process.store(enforced); }
 

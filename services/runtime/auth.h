@@ -170,6 +170,15 @@ std::optional<Principal> Caller(const grpc::ServerContextBase* context);
 // dead worker's slots).
 grpc::Status CheckWorkerIdentity(const grpc::ServerContextBase* context, absl::string_view claimed,
                                  absl::string_view what);
+// Who a call can be attributed to, for a record of who did what (the buffer
+// stamps it on the groups a call inserts, and rollout verification
+// quarantines by it): "<role>:<identity>" for an authenticated caller
+// ("worker:worker-0"), else "peer:<the connection's address>"
+// ("peer:ipv4:127.0.0.1:53118"). Without authentication a name in a request
+// is a claim anyone can make; the connection is all a service knows for
+// sure, and it lasts as long as the client's channel.
+std::string CallerAttribution(const grpc::ServerContextBase* context);
+
 // Whether this process enforces authentication (set once by ServiceMain).
 bool AuthEnforced();
 void SetAuthEnforcedForProcess(bool enforced);

@@ -1,0 +1,118 @@
+// `sluice up`'s liveness check, as a user meets it: each service of the stack
+// in turn is stopped with SIGSTOP (alive, holding its port, answering
+// nothing). Restarting on exit alone would leave it so for good; the stack
+// asks every service's health, and one that does not answer a few times in a
+// row is killed and restarted like a dead one, its death saying why.
+#include <signal.h>
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "services/runtime/health_client.h"
+#include "tests/test_support.h"
+
+namespace sluice {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct Service {
+  pid_t pid = 0;
+  std::string grpc;
+  std::string last_exit;
+  int64_t restarts = 0;
+};
+
+class LivenessProcessTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("liveness");
+    SubprocessOptions up;
+    up.argv = {testing::BinDir() + "/sluice", "up", "--state-dir=" + dir_ + "/stack",
+               "--runs-dir=" + dir_ + "/runs", "--rollout-workers=1",
+               // Asked every second; no answer within a second, three times
+               // in a row, and it is killed.
+               "--liveness-period=1s", "--liveness-timeout=1s", "--liveness-failures=3",
+               absl::StrCat("--ready-fd=", Subprocess::kReadyFd)};
+    up.log_path = dir_ + "/up.log";
+    up.ready_pipe = true;
+    absl::StatusOr<std::unique_ptr<Subprocess>> started = Subprocess::Start(up);
+    ASSERT_TRUE(started.ok()) << started.status();
+    up_ = std::move(*started);
+    absl::StatusOr<std::string> ready = up_->WaitReady(absl::Now() + absl::Minutes(2));
+    ASSERT_TRUE(ready.ok()) << ready.status() << "\n" << testing::ReadFile(dir_ + "/up.log");
+    endpoints_path_ = *ready;
+  }
+
+  void TearDown() override {
+    if (up_ == nullptr) return;
+    up_->Signal(SIGTERM).IgnoreError();
+    EXPECT_TRUE(up_->Wait(absl::Now() + absl::Seconds(60)).ok());
+  }
+
+  std::map<std::string, Service> Endpoints() const {
+    std::map<std::string, Service> services;
+    const nlohmann::json document =
+        nlohmann::json::parse(testing::ReadFile(endpoints_path_), nullptr, false);
+    if (!document.is_object() || !document.contains("services")) return services;
+    for (const auto& [name, entry] : document["services"].items()) {
+      Service& service = services[name];
+      if (entry.contains("pid") && entry["pid"].is_number()) service.pid = entry["pid"];
+      service.grpc = entry.value("grpc", "");
+      service.last_exit = entry.value("last_exit", "");
+      service.restarts = entry.value("restarts", int64_t{0});
+    }
+    return services;
+  }
+
+  std::string dir_;
+  std::string endpoints_path_;
+  std::unique_ptr<Subprocess> up_;
+};
+
+TEST_F(LivenessProcessTest, EachServiceStoppedWithSigstopIsKilledAndRestarted) {
+  for (const std::string name :
+       {"rollout_worker-0", "reward_server", "replay_buffer", "trainer", "controller"}) {
+    SCOPED_TRACE(name);
+    const Service before = Endpoints()[name];
+    ASSERT_NE(before.pid, 0) << testing::ReadFile(endpoints_path_);
+    ASSERT_EQ(kill(before.pid, SIGSTOP), 0);
+    // Stopped, it answers nothing...
+    EXPECT_FALSE(runtime::CheckHealth(before.grpc, "", absl::Milliseconds(500)).ok());
+    // ...until the stack has killed it (SIGKILL ends a stopped process) and
+    // started it again, serving.
+    ASSERT_TRUE(testing::WaitForPidExit(before.pid, absl::Now() + absl::Seconds(60)))
+        << "still alive (stopped) after 60s\n"
+        << testing::ReadFile(dir_ + "/up.log");
+    Service after;
+    const absl::Time deadline = absl::Now() + absl::Seconds(120);
+    while (absl::Now() < deadline) {
+      after = Endpoints()[name];
+      if (after.pid != 0 && after.pid != before.pid) break;
+      absl::SleepFor(absl::Milliseconds(100));
+    }
+    ASSERT_NE(after.pid, 0) << testing::ReadFile(dir_ + "/up.log");
+    ASSERT_NE(after.pid, before.pid);
+    EXPECT_EQ(after.restarts, before.restarts + 1);
+    EXPECT_THAT(after.last_exit,
+                ::testing::AllOf(HasSubstr("did not answer its health check within 1s, 3 times "
+                                           "in a row"),
+                                 HasSubstr("killed (SIGKILL) by sluice up")));
+    absl::StatusOr<std::string> health = runtime::CheckHealth(after.grpc, "", absl::Seconds(30));
+    ASSERT_TRUE(health.ok()) << health.status();
+    EXPECT_EQ(*health, "SERVING");
+  }
+  EXPECT_THAT(testing::ReadFile(dir_ + "/up.log"), HasSubstr("killing it (liveness check)"));
+}
+
+}  // namespace
+}  // namespace sluice

@@ -10,6 +10,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/run/run_paths.h"
+#include "common/run/run_verification.h"
 #include "common/status_macros.h"
 #include "services/controller/run_spec.h"
 #include "services/controller/worker_registry.h"
@@ -121,6 +122,8 @@ absl::StatusOr<RunSizes> RunRegistry::CheckAgainstServices(const v1::RunSpec& sp
 
 absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request) {
   v1::RunSpec spec = ResolveDefaults(request.spec());
+  run::ResolveRolloutVerificationDefaults(options_.trusted_worker_ids,
+                                          spec.mutable_algorithm()->mutable_rollout_verification());
   // Before ValidateRunSpec opens the model and the dataset: a path outside
   // the roots is refused in words that tell nothing of what is there.
   RETURN_IF_ERROR(run::ConfineRunSpecPaths(options_.allowed_paths, &spec));

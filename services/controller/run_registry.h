@@ -26,6 +26,11 @@ struct RunRegistryOptions {
   // file of the spec (run::ConfineRunSpecPaths), and stores relative ones
   // resolved. The binary always sets it; unrestricted only for tests.
   PathPolicy allowed_paths = PathPolicy::Unrestricted();
+  // Rollout workers this deployment started itself (--trusted-worker-ids):
+  // a submitted spec that names no trusted workers gets these
+  // (run::ResolveRolloutVerificationDefaults), so their groups are verified
+  // at the sampled trusted_fraction.
+  std::vector<std::string> trusted_worker_ids;
   RunDriverOptions driver;
 };
 

@@ -20,6 +20,7 @@
 #include "common/model/model_config.h"
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
+#include "common/run/run_verification.h"
 #include "common/run/run_weight_sync.h"
 #include "common/task/char_tokenizer.h"
 #include "common/status_macros.h"
@@ -60,6 +61,7 @@ constexpr int kMaxBatchSizeGroups = 65536;
 constexpr int kMaxStaleness = 10000;
 constexpr int64_t kMaxSteps = 1000000000;
 constexpr int kMaxWorkers = 100000;
+constexpr size_t kMaxWorkerIdBytes = 256;
 constexpr int64_t kMaxArithmeticPrompts = 10000000;  // The controller holds them all.
 constexpr int kMaxEvalSplit = 1000000;
 constexpr int64_t kMaxSftSteps = 10000000;
@@ -404,6 +406,19 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
     problems.Add("algorithm.rollout_verification.tolerance",
                  "must be >= 0 and finite (0 = default 1e-3), got ", verification.tolerance());
   }
+  if (!(verification.trusted_fraction() >= 0 && verification.trusted_fraction() <= 1)) {
+    problems.Add("algorithm.rollout_verification.trusted_fraction", "must be in [0, 1], got ",
+                 verification.trusted_fraction());
+  }
+  AtMost(problems, "algorithm.rollout_verification.trusted_worker_ids",
+         verification.trusted_worker_ids_size(), kMaxWorkers);
+  for (int i = 0; i < verification.trusted_worker_ids_size(); ++i) {
+    const std::string& id = verification.trusted_worker_ids(i);
+    if (id.empty() || id.size() > kMaxWorkerIdBytes) {
+      problems.Add(absl::StrCat("algorithm.rollout_verification.trusted_worker_ids[", i, "]"),
+                   "must be a worker id of 1 to ", kMaxWorkerIdBytes, " bytes, got ", id.size());
+    }
+  }
   if (verification.quarantine_after_failed_groups() < 0) {
     problems.Add("algorithm.rollout_verification.quarantine_after_failed_groups",
                  "must be >= 0 (0 = default 3), got ",
@@ -683,6 +698,9 @@ RunSpec ResolveDefaults(RunSpec spec) {
                                ? v1::DYNAMIC_SAMPLING_KEEP
                                : v1::DYNAMIC_SAMPLING_DROP);
   }
+
+  // The fractions (trusted workers: those the controller adds at submit).
+  run::ResolveRolloutVerificationDefaults({}, a.mutable_rollout_verification());
 
   v1::WarmStartConfig& w = *spec.mutable_warm_start();
   if (w.sft_steps() > 0) {

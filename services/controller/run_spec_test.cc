@@ -124,6 +124,11 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_EQ(a.kl_coef(), 0);
   EXPECT_EQ(a.entropy_coef(), 0);
   EXPECT_FALSE(a.tb_use_reference());
+  // Verified in full unless a worker is trusted (the controller names those).
+  EXPECT_TRUE(a.rollout_verification().has_fraction());
+  EXPECT_EQ(a.rollout_verification().fraction(), 1.0);
+  EXPECT_EQ(a.rollout_verification().trusted_fraction(), 1.0 / 16);
+  EXPECT_THAT(a.rollout_verification().trusted_worker_ids(), ::testing::IsEmpty());
 
   // No warm start asked for: its defaults stay unset.
   EXPECT_EQ(spec.warm_start().sft_steps(), 0);

@@ -493,6 +493,21 @@ TEST(FormatTest, BeforeTheWarmStartOnlyThePhaseIsShown) {
   EXPECT_EQ(FormatProgressLine(run), "pending     00:03  | loading model");
 }
 
+// A run that says what it is for (configs/smoke.yaml: a plumbing check) is
+// not read as one that failed to learn.
+TEST(FormatTest, TheOutcomeSaysWhatTheRunIsFor) {
+  v1::Run run;
+  run.set_run_id("run-x");
+  run.set_state(v1::RUN_STATE_SUCCEEDED);
+  run.mutable_summary()->set_eval_before(0.05);
+  run.mutable_summary()->set_eval_after(0.05);
+  EXPECT_THAT(FormatOutcome(run), ::testing::Not(HasSubstr("about this run")));
+  run.mutable_spec()->set_description("a plumbing check, too short to learn");
+  EXPECT_THAT(FormatOutcome(run),
+              HasSubstr("eval accuracy (held-out, greedy): 0.050 -> 0.050\n"
+                        "about this run: a plumbing check, too short to learn\n"));
+}
+
 TEST(FormatTest, RunsListHasAHeaderAndTimes) {
   v1::Run run;
   run.set_run_id("run-20260101-000000-ab12");

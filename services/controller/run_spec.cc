@@ -785,6 +785,12 @@ std::vector<std::string> DescribeZeroDefaults(const RunSpec& spec) {
   const v1::AlgorithmConfig& a = spec.algorithm();
   if (a.behaviour_weight_floor() == 0) zero("algorithm.behaviour_weight_floor", "0 = none");
   if (a.second_moment_threshold() == 0) zero("algorithm.second_moment_threshold", "0 = off");
+  if (a.rollout_verification().tolerance() == 0) {
+    zero("algorithm.rollout_verification.tolerance", "0 = 1e-3 nats per token");
+  }
+  if (a.rollout_verification().quarantine_after_failed_groups() == 0) {
+    zero("algorithm.rollout_verification.quarantine_after_failed_groups", "0 = 3 failed groups");
+  }
   const v1::RolloutConfig& r = spec.rollout();
   if (r.num_workers() == 0) {
     zero("rollout.num_workers", "0 = every registered worker (they join and leave while it runs)");

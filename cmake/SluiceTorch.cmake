@@ -55,3 +55,21 @@ else()
   message(STATUS "LibTorch ${Torch_VERSION} is CPU only: model.device cuda is refused at run "
                  "start (-DSLUICE_TORCH_CUDA=ON builds against a CUDA LibTorch)")
 endif()
+
+# sluice_torch_library(TARGET): a torch-heavy library (model, trainer, rollout
+# worker). Each of its TUs costs 13-20 s on two cores even with the
+# precompiled header, mostly in instantiating and emitting the same LibTorch
+# templates again; a unity build (SLUICE_UNITY_BUILD=ON: its .cc files
+# compiled a few at a time as one TU) emits them once per batch. A cold build
+# (CI: .ci/run sets it) gains; day-to-day incremental builds would recompile a
+# whole batch for a one-file change, so it is off by default. Test binaries
+# stay one TU per file: their helpers share names. Measured cold
+# (CCACHE_DISABLE=1, -j2, the machine shared with other builds): sluice_trainer's
+# 18 TUs took 725 s of compile time (load ~5), its 3 unity TUs 147 s (load
+# ~2.5); sluice_model's 5 TUs 207 s, its unity TU 23 s.
+option(SLUICE_UNITY_BUILD "Unity builds of the LibTorch-heavy libraries (cold builds, CI)" OFF)
+function(sluice_torch_library target)
+  if(SLUICE_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE 6)
+  endif()
+endfunction()

@@ -193,7 +193,9 @@ TEST_P(RunTableJournalTest, ReplayRebuildsTheStateFromTheStartOrAnySnapshot) {
         break;
       }
       case 7:
-        if (random() % 3 == 0) ASSERT_TRUE(table.UpdatePolicyVersion(++version).ok());
+        if (random() % 3 == 0) {
+          ASSERT_TRUE(table.UpdatePolicyVersion(++version).ok());
+        }
         break;
       case 8: {
         ReleaseRequest release{.worker_id = absl::StrCat("w", random() % 3),

@@ -71,10 +71,15 @@ TEST(CodeVerifierPoolTest, NoFreeSlotBeforeTheDeadlineIsUnavailable) {
   CodeVerifier verifier(WithSlots(1));
   std::thread busy([&] {
     const VerifyOutcome slow =
-        verifier.Verify(AddRequest("    import time\n    time.sleep(1.5)\n    return a + b\n"));
+        verifier.Verify(AddRequest("    import time\n    time.sleep(3)\n    return a + b\n"));
     EXPECT_EQ(slow.reward, 1.0) << slow.detail;
   });
-  absl::SleepFor(absl::Milliseconds(400));
+  // Its one slot taken (however long that takes here), and held for seconds
+  // after: far more than the 300 ms the next item may wait.
+  EXPECT_NE(verifier.pool(), nullptr);
+  if (verifier.pool() != nullptr) {
+    EXPECT_TRUE(verifier.pool()->AwaitBusy(1, absl::Seconds(60)));
+  }
   const VerifyOutcome waited =
       verifier.Verify(AddRequest("    return a + b\n", absl::Milliseconds(300)));
   EXPECT_EQ(waited.error_kind, VerifierErrorKind::kUnavailable) << waited.detail;

@@ -384,7 +384,7 @@ TEST_F(RewardServiceTest, FullSandboxAnswersResourceExhaustedWithARetryHint) {
   verifiers.code.sandbox_slots = 1;
   Start(options, verifiers);
   v1::ScoreBatchRequest slow;
-  AddCodeItem(&slow, "slow", "    import time\n    time.sleep(1.5)\n");
+  AddCodeItem(&slow, "slow", "    import time\n    time.sleep(3)\n");
   std::thread busy([&] {
     v1::ScoreBatchResponse response;
     const grpc::Status status = Score(slow, &response);
@@ -392,7 +392,13 @@ TEST_F(RewardServiceTest, FullSandboxAnswersResourceExhaustedWithARetryHint) {
     ASSERT_EQ(response.results_size(), 1);
     EXPECT_EQ(response.results(0).result().reward(), 1.0);
   });
-  absl::SleepFor(absl::Milliseconds(400));
+  // Its program holds the only slot (however long that took here), and for
+  // seconds after: the next batch is refused while it does.
+  const auto pool = FindSandboxPool(scorer_->registry());
+  EXPECT_NE(pool, nullptr);
+  if (pool != nullptr) {
+    EXPECT_TRUE(pool->AwaitBusy(1, absl::Seconds(60)));
+  }
   v1::ScoreBatchRequest next;
   AddCodeItem(&next, "next", "    pass\n");
   AddItem(&next, "math", "math", "1", "1");

@@ -80,7 +80,9 @@ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ "${launcher[@]}" \
   -DCMAKE_CXX_FLAGS="$flags" -DSLUICE_FUZZ=ON -DSLUICE_BUILD_TESTS=OFF >"$build/configure.log" 2>&1 ||
   { cat "$build/configure.log"; exit 1; }
+build_start=$(date +%s)
 ninja -C "$build" "${targets[@]/%/_fuzz}"
+echo "fuzz.sh: built the fuzz targets in $(($(date +%s) - build_start)) s"
 
 mkdir -p "$build/logs"
 for target in "${targets[@]}"; do

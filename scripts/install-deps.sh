@@ -57,10 +57,16 @@ packages=(
 # deploy/k8s/package-lock.json (kubernetes-models, @kubernetes-models/prometheus-operator,
 # yaml), installed with `npm ci` from the npm registry. Skipped in well under a second when
 # node_modules already matches the lock file. Node and npm: the machine image's, else
-# Debian's nodejs and npm. (kubectl is the machine image's 1.32; Debian's kubernetes-client
-# conflicts with it.)
+# Debian's nodejs and npm. kubectl (1.21 or newer: `kubectl kustomize` renders the overlays)
+# is not in Debian 12 (its kubernetes-client is 1.20, too old, and conflicts with the
+# Kubernetes project's kubectl package): where it is missing this says so, and the
+# k8s_manifests tests fail naming what to install (deploy/k8s/validate/run.sh).
 install_k8s_validation_packages() {
   local dir lock stamp
+  if ! command -v kubectl >/dev/null 2>&1; then
+    echo "install-deps: WARNING: kubectl is not installed; the k8s_manifests tests need" \
+         "kubectl 1.21 or newer on PATH (the Kubernetes project's package or release binary)" >&2
+  fi
   dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/deploy/k8s"
   lock=$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)
   stamp="$dir/node_modules/.sluice-lock-sha256"

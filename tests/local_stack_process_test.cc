@@ -582,6 +582,10 @@ TEST(LocalStackProcessTest, ValidateOnlyWorksOfflineAndNamesEveryProblem) {
   std::string output = testing::ReadFile(log);
   EXPECT_TRUE(exit->success()) << output;
   EXPECT_THAT(output, HasSubstr("\"group_size\": 8"));
+  EXPECT_THAT(output, HasSubstr("\"device\": \"cpu\""));
+  // What the fields still printed as 0 mean.
+  EXPECT_THAT(output, HasSubstr("eval.num_prompts: 0 = the whole eval split"));
+  EXPECT_THAT(output, HasSubstr("buffer.capacity_groups: 0 = unlimited"));
   EXPECT_THAT(output, HasSubstr("is valid"));
   EXPECT_THAT(output, HasSubstr("estimated memory: rollout worker"));
 

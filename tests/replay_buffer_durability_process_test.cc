@@ -50,8 +50,9 @@ struct Buffer {
   std::string log_path;
 };
 
-Buffer StartBuffer(const std::string& data_dir, const std::string& log_path,
-                   std::vector<std::string> extra = {}) {
+// Starts a buffer process; AwaitServing then waits until it serves.
+Buffer LaunchBuffer(const std::string& data_dir, const std::string& log_path,
+                    std::vector<std::string> extra = {}) {
   Buffer buffer;
   buffer.log_path = log_path;
   SubprocessOptions options;
@@ -62,13 +63,32 @@ Buffer StartBuffer(const std::string& data_dir, const std::string& log_path,
   options.ready_pipe = true;
   absl::StatusOr<std::unique_ptr<Subprocess>> process = Subprocess::Start(options);
   EXPECT_TRUE(process.ok()) << process.status();
-  if (!process.ok()) return buffer;
-  buffer.process = std::move(*process);
-  absl::StatusOr<std::string> ready = buffer.process->WaitReady(Soon());
-  EXPECT_TRUE(ready.ok()) << ready.status() << "\n" << testing::ReadFile(log_path);
-  if (!ready.ok()) return buffer;
-  buffer.grpc = nlohmann::json::parse(*ready)["grpc"];
+  if (process.ok()) buffer.process = std::move(*process);
   return buffer;
+}
+
+void AwaitServing(Buffer& buffer) {
+  if (buffer.process == nullptr) return;
+  absl::StatusOr<std::string> ready = buffer.process->WaitReady(Soon());
+  EXPECT_TRUE(ready.ok()) << ready.status() << "\n" << testing::ReadFile(buffer.log_path);
+  if (!ready.ok()) return;
+  buffer.grpc = nlohmann::json::parse(*ready)["grpc"];
+}
+
+Buffer StartBuffer(const std::string& data_dir, const std::string& log_path,
+                   std::vector<std::string> extra = {}) {
+  Buffer buffer = LaunchBuffer(data_dir, log_path, std::move(extra));
+  AwaitServing(buffer);
+  return buffer;
+}
+
+// True once the file at `path` contains `text`; false at `deadline`.
+bool AwaitFileContains(const std::string& path, const std::string& text, absl::Time deadline) {
+  while (!absl::StrContains(testing::ReadFile(path), text)) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
 }
 
 std::vector<std::string> Lines(const std::string& path) {
@@ -229,7 +249,9 @@ TEST(ReplayBufferDurabilityTest, EveryAcknowledgedGroupSurvivesKill9AndDamagedSn
 TEST(ReplayBufferDurabilityTest, RestartedAtOnceAfterKill9KeepsEveryAcknowledgedGroupEachTime) {
   const std::string dir = testing::MakeTempDir("restart-at-once");
   const std::string data_dir = dir + "/data";
-  const std::vector<std::string> flags = {"--fsync=interval"};
+  // A minute for the lock: a loaded machine may take its time to tear a big
+  // process down.
+  const std::vector<std::string> flags = {"--fsync=interval", "--data-dir-lock-wait-ms=60000"};
   Buffer buffer = StartBuffer(data_dir, dir + "/buffer0.log", flags);
   ASSERT_NE(buffer.process, nullptr);
   {
@@ -263,9 +285,24 @@ TEST(ReplayBufferDurabilityTest, RestartedAtOnceAfterKill9KeepsEveryAcknowledged
       absl::SleepFor(absl::Milliseconds(10));
     }
     // Mid-load: kill -9 and restart at once, with no wait for the death.
-    ASSERT_TRUE(buffer.process->Signal(SIGKILL).ok());
+    // Every other round the process is frozen (SIGSTOP) first, at the same
+    // arbitrary point, and killed only once the new one says it waits for
+    // the lock: so the wait is exercised whatever this machine's timing,
+    // while the other rounds keep the plain race.
     std::unique_ptr<Subprocess> killed = std::move(buffer.process);
-    buffer = StartBuffer(data_dir, absl::StrCat(dir, "/buffer", round + 1, ".log"), flags);
+    const std::string next_log = absl::StrCat(dir, "/buffer", round + 1, ".log");
+    if (round % 2 == 0) {
+      ASSERT_TRUE(killed->Signal(SIGSTOP).ok());
+      buffer = LaunchBuffer(data_dir, next_log, flags);
+      ASSERT_NE(buffer.process, nullptr);
+      const bool waiting = AwaitFileContains(next_log, "waiting for it", Soon());
+      ASSERT_TRUE(killed->Signal(SIGKILL).ok());
+      ASSERT_TRUE(waiting) << testing::ReadFile(next_log);
+      AwaitServing(buffer);
+    } else {
+      ASSERT_TRUE(killed->Signal(SIGKILL).ok());
+      buffer = StartBuffer(data_dir, next_log, flags);
+    }
     ASSERT_NE(buffer.process, nullptr);
     if (absl::StrContains(testing::ReadFile(buffer.log_path), "waiting for it")) ++waited;
     ASSERT_TRUE(killed->Wait(Soon()).ok());

@@ -10,7 +10,6 @@
 // the kill to the run's next step and the checkpoint's size.
 #include <signal.h>
 
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -20,7 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
@@ -106,18 +107,31 @@ class Feeder {
     thread_ = std::thread([this] { Loop(); });
   }
   ~Feeder() {
-    stop_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
     thread_.join();
   }
-  void set_paused(bool paused) { paused_ = paused; }
+  // Pausing returns once no insert is in flight: nothing reaches the buffer
+  // after it (slots already taken are left to expire).
+  void set_paused(bool paused) {
+    absl::MutexLock lock(&mu_);
+    paused_ = paused;
+    if (paused) mu_.Await(absl::Condition(this, &Feeder::IdleLocked));
+  }
 
  private:
+  bool IdleLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !inserting_; }
+  bool RunnableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !paused_; }
+
   void Loop() {
     int next = 0;
-    while (!stop_) {
-      if (paused_) {
-        absl::SleepFor(absl::Milliseconds(20));
-        continue;
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(this, &Feeder::RunnableLocked));
+        if (stop_) return;
       }
       v1::AcquireGenerationSlotsRequest acquire;
       acquire.set_run_id(kRun);
@@ -131,7 +145,12 @@ class Feeder {
         SetDeadline(context);
         if (!stub_->AcquireGenerationSlots(&context, acquire, &slots).ok()) continue;
       }
-      if (slots.lease_ids().empty() || paused_) continue;  // leases expire on their own
+      {
+        absl::MutexLock lock(&mu_);
+        // Paused meanwhile: the slots are left to expire on their own.
+        if (slots.lease_ids().empty() || paused_ || stop_) continue;
+        inserting_ = true;
+      }
       v1::InsertGroupsRequest insert;
       for (const std::string& lease : slots.lease_ids()) {
         *insert.add_groups() = MakeGroup(next++, slots.policy_version(), lease);
@@ -143,12 +162,16 @@ class Feeder {
       if (stream->Write(insert)) stream->Read(&acked);
       stream->WritesDone();
       (void)stream->Finish();
+      absl::MutexLock lock(&mu_);
+      inserting_ = false;
     }
   }
 
   std::unique_ptr<v1::ReplayBufferService::Stub> stub_;
-  std::atomic<bool> stop_{false};
-  std::atomic<bool> paused_{false};
+  absl::Mutex mu_;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool inserting_ ABSL_GUARDED_BY(mu_) = false;
   std::thread thread_;
 };
 
@@ -246,12 +269,18 @@ TEST(TrainerResumeProcessTest, AKilledTrainerProcessResumesTheRunFromItsCheckpoi
   });
   feeder.set_paused(true);
   ASSERT_GE(before.step(), 5) << before.last_error() << testing::ReadFile(trainer.log_path);
-  int64_t step = -1;
-  while (step != before.step()) {  // still for half a second
-    step = before.step();
-    absl::SleepFor(absl::Milliseconds(500));
-    before = Status(*trainer_stub);
-  }
+  // Nothing more comes in; the trainer has stopped once it waits for data,
+  // has trained the last batch the buffer handed it, and the buffer holds
+  // less than a batch. (Not "its step did not move for a while": on a loaded
+  // machine a step can take that long.)
+  before = WaitFor(*trainer_stub, [&](const v1::TrainerStatus& s) {
+    if (s.state() == v1::TRAINER_STATE_FAILED) return true;
+    if (s.state() != v1::TRAINER_STATE_WAITING_FOR_DATA) return false;
+    const v1::BufferStats stats = BufferStats(*buffer_stub);
+    return stats.last_recorded_step() == s.step() && stats.size_groups() < 2;
+  });
+  ASSERT_EQ(before.state(), v1::TRAINER_STATE_WAITING_FOR_DATA)
+      << before.last_error() << testing::ReadFile(trainer.log_path);
   ASSERT_LE(before.step(), 7);
   ASSERT_EQ(before.state(), v1::TRAINER_STATE_WAITING_FOR_DATA);
   const uint64_t first_incarnation = before.incarnation();

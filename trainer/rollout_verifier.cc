@@ -314,17 +314,17 @@ std::vector<GroupVerification> VerifyGroups(const std::vector<const v1::Group*>&
   return out;
 }
 
-std::vector<bool> ChooseGroupsToVerify(int64_t groups, double fraction, uint64_t seed,
+std::vector<bool> ChooseGroupsToVerify(const std::vector<double>& fractions, uint64_t seed,
                                        int64_t step) {
-  std::vector<bool> chosen(static_cast<size_t>(std::max<int64_t>(0, groups)), false);
-  if (fraction >= 1) {
-    std::fill(chosen.begin(), chosen.end(), true);
-    return chosen;
-  }
-  if (fraction <= 0) return chosen;
+  std::vector<bool> chosen(fractions.size(), false);
   std::mt19937_64 rng(seed ^ (0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(step + 1)));
-  std::bernoulli_distribution pick(fraction);
-  for (size_t g = 0; g < chosen.size(); ++g) chosen[g] = pick(rng);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  for (size_t g = 0; g < chosen.size(); ++g) {
+    // One draw per group whatever its fraction, so that a group's chance
+    // does not depend on its neighbours'.
+    const double draw = uniform(rng);
+    chosen[g] = fractions[g] >= 1 || (fractions[g] > 0 && draw < fractions[g]);
+  }
   return chosen;
 }
 

@@ -102,11 +102,11 @@ std::vector<GroupVerification> VerifyGroups(const std::vector<const v1::Group*>&
                                              const PolicyLookup& policies,
                                              const RolloutVerifierOptions& options);
 
-// Which groups of a batch of `groups` to verify, for a fraction in [0, 1]:
-// every group at 1, none at 0, else each chosen independently with that
-// probability from a generator seeded by (seed, step) so that a replayed
-// step chooses the same groups.
-std::vector<bool> ChooseGroupsToVerify(int64_t groups, double fraction, uint64_t seed,
+// Which groups of a batch to verify, given each group's fraction in [0, 1]
+// (run::RolloutVerificationPolicy::FractionFor): a group at 1 always, at 0
+// never, else chosen independently with that probability from a generator
+// seeded by (seed, step) so that a replayed step chooses the same groups.
+std::vector<bool> ChooseGroupsToVerify(const std::vector<double>& fractions, uint64_t seed,
                                        int64_t step);
 
 }  // namespace sluice::trainer

@@ -407,14 +407,29 @@ TEST(RolloutVerifierTest, OptionsValidate) {
 }
 
 TEST(RolloutVerifierTest, ChoosingAFractionIsDeterministicPerStep) {
-  EXPECT_THAT(ChooseGroupsToVerify(5, 1.0, 3, 9), ::testing::Each(true));
-  EXPECT_THAT(ChooseGroupsToVerify(5, 0.0, 3, 9), ::testing::Each(false));
-  const std::vector<bool> a = ChooseGroupsToVerify(2000, 0.25, 3, 9);
-  EXPECT_EQ(a, ChooseGroupsToVerify(2000, 0.25, 3, 9));
-  EXPECT_NE(a, ChooseGroupsToVerify(2000, 0.25, 3, 10));
+  const auto all = [](size_t n, double fraction) { return std::vector<double>(n, fraction); };
+  EXPECT_THAT(ChooseGroupsToVerify(all(5, 1.0), 3, 9), ::testing::Each(true));
+  EXPECT_THAT(ChooseGroupsToVerify(all(5, 0.0), 3, 9), ::testing::Each(false));
+  const std::vector<bool> a = ChooseGroupsToVerify(all(2000, 0.25), 3, 9);
+  EXPECT_EQ(a, ChooseGroupsToVerify(all(2000, 0.25), 3, 9));
+  EXPECT_NE(a, ChooseGroupsToVerify(all(2000, 0.25), 3, 10));
   const double chosen = std::count(a.begin(), a.end(), true);
   // Binomial(2000, 0.25): sd ~19.4; 5 sd.
   EXPECT_NEAR(chosen, 500, 100);
+}
+
+// Trusted workers' groups are sampled at their own fraction in the same
+// batch as untrusted ones, which are all verified.
+TEST(RolloutVerifierTest, EachGroupIsChosenAtItsOwnFraction) {
+  std::vector<double> fractions;
+  for (int g = 0; g < 4000; ++g) fractions.push_back(g % 2 == 0 ? 1.0 : 1.0 / 16);
+  const std::vector<bool> chosen = ChooseGroupsToVerify(fractions, 7, 1);
+  int untrusted = 0;
+  int trusted = 0;
+  for (int g = 0; g < 4000; ++g) (g % 2 == 0 ? untrusted : trusted) += chosen[g] ? 1 : 0;
+  EXPECT_EQ(untrusted, 2000);
+  // Binomial(2000, 1/16): mean 125, sd ~10.8; 5 sd.
+  EXPECT_NEAR(trusted, 125, 54);
 }
 
 // ---- PolicyHistory ---------------------------------------------------------

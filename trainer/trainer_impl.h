@@ -37,6 +37,7 @@
 #include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
+#include "common/run/run_verification.h"
 #include "common/status_macros.h"
 #include "common/task/arithmetic.h"
 #include "common/tokenizer/bpe_tokenizer.h"
@@ -233,14 +234,15 @@ class TrainerRun::Impl {
   // Steps up to this one had been trained by an earlier incarnation (the
   // buffer's policy version when this one resumed); 0 = none.
   int64_t redo_until_ = 0;
-  // Rollout verification: the fraction of groups verified (0 = off), the
-  // verifier's options, the weights of recent versions, and per attribution
+  // Rollout verification: the fractions of groups verified by trust
+  // (run_verification.h), the verifier's options, the weights of recent
+  // versions (null when nothing is verified), and per attribution
   // (Group.inserted_by: an authenticated worker, or a connection) the groups
   // verified and failed, and who is quarantined (in that order): workers by
   // their authenticated identity, connections by address; a worker id that
   // nobody proved is never quarantined. The counts live with this
   // incarnation; the buffer keeps the quarantine.
-  double verify_fraction_ = 0;
+  run::RolloutVerificationPolicy verify_policy_;
   RolloutVerifierOptions verify_options_;
   int64_t quarantine_after_failed_groups_ = 3;
   std::unique_ptr<PolicyHistory> policy_history_;

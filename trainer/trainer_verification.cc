@@ -34,7 +34,7 @@ Attribution Attribute(const std::string& inserted_by) {
 void TrainerRun::Impl::ConfigureVerification() {
   const v1::AlgorithmConfig& alg = spec_.algorithm();
   const v1::RolloutVerificationConfig& config = alg.rollout_verification();
-  verify_fraction_ = config.has_fraction() ? config.fraction() : 1.0;
+  verify_policy_ = run::ResolveRolloutVerification(config);
   verify_options_.tolerance =
       config.tolerance() > 0 ? config.tolerance() : kDefaultVerifyTolerance;
   verify_options_.temperature = temperature_;
@@ -44,7 +44,9 @@ void TrainerRun::Impl::ConfigureVerification() {
   quarantine_after_failed_groups_ = config.quarantine_after_failed_groups() > 0
                                         ? config.quarantine_after_failed_groups()
                                         : kDefaultQuarantineAfterFailedGroups;
-  if (verify_fraction_ <= 0) return;
+  const bool trusted_sampled =
+      verify_policy_.trusted_fraction > 0 && !verify_policy_.trusted_worker_ids.empty();
+  if (verify_policy_.fraction <= 0 && !trusted_sampled) return;
   // A sampled group is at most eta versions older than the trainer when
   // sampled, and the batch's minibatches publish more before its last one:
   // hold them all.
@@ -57,8 +59,17 @@ v1::TrainingStepMetrics TrainerRun::Impl::VerifyBatch(v1::SampleResponse& batch,
                                                       int64_t batch_step) {
   v1::TrainingStepMetrics figures;
   const double start = Now();
-  const std::vector<bool> chosen =
-      ChooseGroupsToVerify(batch.groups_size(), verify_fraction_, spec_.seed(), batch_step);
+  std::vector<double> fractions;
+  fractions.reserve(batch.groups_size());
+  std::vector<std::string> worker_ids;
+  for (const v1::SampledGroup& sampled : batch.groups()) {
+    worker_ids.clear();
+    for (const v1::Trajectory& t : sampled.group().trajectories()) {
+      worker_ids.push_back(t.rollout_worker_id());
+    }
+    fractions.push_back(verify_policy_.FractionFor(worker_ids));
+  }
+  const std::vector<bool> chosen = ChooseGroupsToVerify(fractions, spec_.seed(), batch_step);
   std::vector<const v1::Group*> groups;
   std::vector<int> indices;
   for (int g = 0; g < batch.groups_size(); ++g) {

@@ -467,6 +467,34 @@ TEST(TrainerVerificationTest, ForgedGroupsNamingTheHonestWorkerQuarantineTheirCo
   EXPECT_EQ(trained_groups, 12 * 4 - sampled.at(kPlain.rogue));
 }
 
+// The deployment's own worker is trusted (trusted_worker_ids): its groups
+// are a sample at the default trusted_fraction (1/16), while a worker with
+// another id is verified in full, and still caught and quarantined.
+TEST(TrainerVerificationTest, TrustedWorkersAreSampledOthersVerifiedInFull) {
+  v1::RunSpec spec = VerifySpec(/*steps=*/12);
+  spec.mutable_algorithm()->mutable_rollout_verification()->add_trusted_worker_ids(kHonest);
+  std::unique_ptr<WorkersAndTable> buffer;
+  const RunFigures f = Train(spec, /*rogue_every=*/3, &buffer);
+  std::map<std::string, int64_t> sampled;
+  for (const auto& [sender, count] : buffer->sampled_by_sender()) {
+    sampled[sender == kAuthenticated.rogue ? kRogue : kHonest] += count;
+  }
+  ASSERT_GT(sampled.count(kRogue), 0u);
+  EXPECT_EQ(f.by_worker.at(kRogue).groups_failed(), sampled.at(kRogue));
+  EXPECT_THAT(f.quarantined, ElementsAre(kRogue));
+  // About 1/16 of the ~40 honest groups: never all of them (16^-40).
+  const int64_t honest_verified =
+      f.by_worker.count(kHonest) > 0 ? f.by_worker.at(kHonest).groups_verified() : 0;
+  EXPECT_LT(honest_verified, sampled.at(kHonest));
+  EXPECT_EQ(f.failed, sampled.at(kRogue));
+  std::printf(
+      "trusted honest worker: %lld of %lld groups verified; untrusted rogue: %lld of "
+      "%lld flagged\n",
+      static_cast<long long>(honest_verified), static_cast<long long>(sampled.at(kHonest)),
+      static_cast<long long>(f.by_worker.at(kRogue).groups_failed()),
+      static_cast<long long>(sampled.at(kRogue)));
+}
+
 // A long honest run: no group fails. Also what verification costs the
 // trainer (printed; a test asserts no wall-clock figure).
 TEST(TrainerVerificationTest, LongHonestRunFlagsNothing) {

@@ -376,7 +376,9 @@ TEST(EngineTest, PartialRolloutsResumeWhereTheyStoppedKeepingTheirVersions) {
   ASSERT_EQ(static_cast<int64_t>(c.tokens.size()), r.max_new_tokens);
   for (size_t t = 0; t < c.tokens.size(); ++t) {
     EXPECT_EQ(c.versions[t], t < kept ? 4 : 5);
-    if (t < kept) EXPECT_EQ(c.logprobs[t], partial.completion.logprobs[t]);
+    if (t < kept) {
+      EXPECT_EQ(c.logprobs[t], partial.completion.logprobs[t]);
+    }
   }
   EXPECT_EQ(c.weight_swaps, c.tokens.size() > kept ? 1 : 0);
   const torch::Tensor full = FullLogProbs(*newer, kPrompts[partial.group], c.tokens);

@@ -74,12 +74,15 @@ def controller_target(target: Optional[str] = None,
 
     A non-empty `target` wins. Else the controller of an endpoints.json as
     `sluice up` writes it: `endpoints` if given (a file, or the state
-    directory holding it), otherwise .sluice/stack/endpoints.json then
-    .sluice/endpoints.json under the working directory. Else 127.0.0.1:50051.
-    An `endpoints` that cannot be read raises SluiceError.
+    directory holding it), else $SLUICE_STATE_DIR's, otherwise
+    .sluice/stack/endpoints.json then .sluice/endpoints.json under the
+    working directory. Else 127.0.0.1:50051. An `endpoints` (or
+    $SLUICE_STATE_DIR) that cannot be read raises SluiceError. The CLI's
+    --target and --state-dir resolve the same way.
     """
     if target:
         return target
+    endpoints = _state_dir_default(endpoints)
     if endpoints is not None:
         path = os.fspath(endpoints)
         if os.path.isdir(path):
@@ -94,6 +97,13 @@ def controller_target(target: Optional[str] = None,
         if found is not None:
             return found
     return DEFAULT_TARGET
+
+
+def _state_dir_default(endpoints):
+    """`endpoints`, else $SLUICE_STATE_DIR (as the CLI's --state-dir)."""
+    if endpoints is None and os.environ.get("SLUICE_STATE_DIR"):
+        return os.environ["SLUICE_STATE_DIR"]
+    return endpoints
 
 
 class Security:
@@ -166,6 +176,7 @@ def resolve_security(security: Optional[Security] = None,
     if env.is_set():
         return env
     paths = [".sluice/stack/endpoints.json", ".sluice/endpoints.json"]
+    endpoints = _state_dir_default(endpoints)
     if endpoints is not None:
         path = os.fspath(endpoints)
         paths = [os.path.join(path, "endpoints.json") if os.path.isdir(path) else path]
@@ -207,28 +218,63 @@ def _count(value: float) -> str:
     return "%.0f" % value
 
 
+def _clock(seconds: float) -> str:
+    total = int(seconds)
+    if total >= 3600:
+        return "%d:%02d:%02d" % (total // 3600, total // 60 % 60, total % 60)
+    return "%02d:%02d" % (total // 60, total % 60)
+
+
+def _eta(done: int, total: int, seconds: float, prefix: str = "") -> Optional[str]:
+    if done <= 0 or seconds <= 0 or total <= done:
+        return None
+    return "ETA " + prefix + _clock(seconds / done * (total - done))
+
+
 def format_progress(run: controller_pb2.Run) -> str:
-    """One line of live progress, as `sluice submit --watch` prints it."""
-    p = run.progress
-    elapsed = int(p.elapsed_seconds)
-    clock = ("%d:%02d:%02d" % (elapsed // 3600, elapsed // 60 % 60, elapsed % 60)
-             if elapsed >= 3600 else "%02d:%02d" % (elapsed // 60, elapsed % 60))
-    parts = [
-        "%-10s" % state_name(run.state).lower().replace("_", " "),
-        clock,
-        "step %d/%d" % (p.step, p.total_steps),
-        "v%d" % p.policy_version,
-        "reward %.3f" % p.reward_mean,
-        "pass %.1f%%" % (100 * p.pass_rate),
-        "stale %.1f/%d" % (p.staleness_mean, p.staleness_max),
-        "gen %s tok/s" % _count(p.generated_tokens_per_second),
-        "train %s tok/s" % _count(p.trained_tokens_per_second),
-    ]
-    if p.HasField("latest_eval_accuracy"):
-        parts.append("eval %.1f%% @%d" % (100 * p.latest_eval_accuracy, p.latest_eval_step))
+    """One line of live progress, as `sluice submit --watch` prints it: in the
+    warm start its SFT steps, dev accuracy against its target and at most how
+    long is left; in RL the step, version, reward, pass rate, staleness,
+    tokens/s, latest eval and the time left at the rate so far."""
+    p, s = run.progress, run.summary
+    parts = ["%-10s" % state_name(run.state).lower().replace("_", " "),
+             _clock(p.elapsed_seconds)]
+    phase = p.phase
+    if run.state == controller_pb2.RUN_STATE_WARM_START:
+        w = run.spec.warm_start
+        early = w.target_accuracy > 0
+        parts.append("sft step %d/%s%d" % (p.warm_start_step, "<=" if early else "", w.sft_steps))
+        dev = next((e for e in reversed(s.evals) if e.phase == "warm_start"), None)
+        if dev is not None:
+            parts.append("dev %.1f%% (target %.0f%%)" % (100 * dev.accuracy, 100 * w.target_accuracy)
+                         if early else "dev %.1f%%" % (100 * dev.accuracy))
+        elif early:
+            parts.append("target dev %.0f%%" % (100 * w.target_accuracy))
+        eta = _eta(p.warm_start_step, w.sft_steps, s.warm_start_seconds, "<= " if early else "")
+        if eta:
+            parts.append(eta)
+        if phase.startswith("warm start ") and not phase.startswith("warm start eval"):
+            phase = ""
+    elif run.state in (controller_pb2.RUN_STATE_TRAINING,
+                       controller_pb2.RUN_STATE_EVALUATING) or p.step > 0:
+        parts += [
+            "step %d/%d" % (p.step, p.total_steps),
+            "v%d" % p.policy_version,
+            "reward %.3f" % p.reward_mean,
+            "pass %.1f%%" % (100 * p.pass_rate),
+            "stale %.1f/%d" % (p.staleness_mean, p.staleness_max),
+            "gen %s tok/s" % _count(p.generated_tokens_per_second),
+            "train %s tok/s" % _count(p.trained_tokens_per_second),
+        ]
+        if p.HasField("latest_eval_accuracy"):
+            parts.append("eval %.1f%% @%d" % (100 * p.latest_eval_accuracy, p.latest_eval_step))
+        if run.state == controller_pb2.RUN_STATE_TRAINING:
+            eta = _eta(p.step, p.total_steps, s.rl_seconds)
+            if eta:
+                parts.append(eta)
     line = "  ".join(parts)
-    if p.phase:
-        line += "  | " + p.phase
+    if phase:
+        line += "  | " + phase
     return line
 
 
@@ -307,7 +353,8 @@ class Client:
                        % (method, self.target, details))
         elif code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
             message = ("%s: cannot reach the controller at %s: %s (is `sluice up` running? "
-                       "pass the target HOST:PORT)" % (method, self.target, details))
+                       "pass the target HOST:PORT, or endpoints= / $SLUICE_STATE_DIR its "
+                       "--state-dir)" % (method, self.target, details))
         else:
             message = "%s: %s: %s" % (method, code.name if code else "ERROR", details)
         return SluiceError(message, code=code, details=details, method=method)

@@ -108,6 +108,16 @@ class ClientProcessTest(unittest.TestCase):
             endpoints=os.path.join(self.stack.state_dir, "endpoints.json")),
             self.stack.controller_address())
         self.assertEqual(sluice.controller_target("example.invalid:1"), "example.invalid:1")
+        # $SLUICE_STATE_DIR, as the CLI's --state-dir.
+        previous = os.environ.get("SLUICE_STATE_DIR")
+        os.environ["SLUICE_STATE_DIR"] = self.stack.state_dir
+        try:
+            self.assertEqual(sluice.controller_target(), self.stack.controller_address())
+        finally:
+            if previous is None:
+                del os.environ["SLUICE_STATE_DIR"]
+            else:
+                os.environ["SLUICE_STATE_DIR"] = previous
         # grpcio is grpcio: the package's health stubs did not shadow it.
         self.assertTrue(grpc.insecure_channel.__module__.startswith("grpc"))
         for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):

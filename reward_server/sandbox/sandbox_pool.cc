@@ -774,6 +774,14 @@ SandboxPoolStats SandboxPool::GetStats() const {
   return stats;
 }
 
+bool SandboxPool::AwaitBusy(int busy, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  const auto reached = [this, busy]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stats_.busy >= busy;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&reached), timeout);
+}
+
 std::vector<pid_t> SandboxPool::ZygotePids() const {
   absl::MutexLock lock(&mu_);
   std::vector<pid_t> pids;

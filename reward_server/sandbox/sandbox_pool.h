@@ -124,6 +124,11 @@ class SandboxPool final : public SandboxRunner {
   const SandboxOptions& options() const { return options_; }
   const SandboxPoolOptions& pool_options() const { return pool_options_; }
   SandboxPoolStats GetStats() const;
+  // Blocks until at least `busy` slots are busy (taken by Run calls, their
+  // programs starting or running); false if that has not happened within
+  // `timeout`. For tests that need the pool full before they go on, without
+  // guessing how long a slot takes to be taken.
+  bool AwaitBusy(int busy, absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Host pids of the live slots' zygotes (pid 1 of each slot's namespace):
   // every process of a slot is in that process's pid namespace. For tests.

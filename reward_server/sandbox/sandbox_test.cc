@@ -1056,8 +1056,10 @@ TEST_F(SandboxPoolTest, RefusesFilesOutsideTheSandboxDirectory) {
 }
 
 TEST_F(SandboxPoolTest, AFullPoolAnswersResourceExhaustedAtTheDeadline) {
-  std::thread busy([&] { RunPython("import time; time.sleep(1.5)"); });
-  absl::SleepFor(absl::Milliseconds(300));
+  // The slot is taken (however long this machine takes to get there), then
+  // held for seconds after: far more than the 300 ms the next run waits.
+  std::thread busy([&] { EXPECT_TRUE(RunPython("import time; time.sleep(3)").ok()); });
+  EXPECT_TRUE(pool_->AwaitBusy(1, absl::Seconds(60)));
   EXPECT_EQ(pool_->GetStats().busy, 1);
   absl::StatusOr<SandboxResult> run = RunPython("pass", absl::Milliseconds(300));
   EXPECT_EQ(run.status().code(), absl::StatusCode::kResourceExhausted) << run.status();

@@ -164,6 +164,16 @@ void LocalStack::Say(const std::string& line) const {
 
 std::vector<std::string> LocalStack::ControllerFlags() const {
   std::vector<std::string> flags = {absl::StrCat("--runs-dir=", runs_dir())};
+  // The workers this stack starts are its own: their groups are verified
+  // at a sampled fraction, any other worker's in full
+  // (common/run/run_verification.h).
+  std::vector<std::string> own_workers;
+  for (const Child& child : children_) {
+    if (!child.endpoint.worker_id.empty()) own_workers.push_back(child.endpoint.worker_id);
+  }
+  if (!own_workers.empty()) {
+    flags.push_back(absl::StrCat("--trusted-worker-ids=", absl::StrJoin(own_workers, ",")));
+  }
   for (const Child& child : children_) {
     const ServiceEndpoint& endpoint = child.endpoint;
     if (endpoint.kind == "trainer") {

@@ -132,7 +132,9 @@ absl::StatusOr<StackSecurity> WriteStackSecurity(
 //
 // Start order, each only after the previous one answered its health check:
 // reward server, replay buffer, trainer, controller (given the others'
-// addresses and --runs-dir), then the rollout workers (given the
+// addresses, --runs-dir, and the ids of the workers it will start as
+// --trusted-worker-ids: their rollouts are verified at a sampled fraction,
+// common/run/run_verification.h), then the rollout workers (given the
 // controller's address and a stable --worker-id; they register with the
 // controller themselves). Stop order is the reverse.
 //

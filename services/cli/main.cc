@@ -6,8 +6,8 @@
 //                                      run and supervise the local stack until Ctrl-C / SIGTERM
 //   sluice health --target HOST:PORT   exit 0 when the service is SERVING
 //   sluice quickstart [--runs-dir DIR]  up + submit the built-in run + watch + tear down
-//   sluice submit SPEC.yaml [--target ADDR] [--watch] [--validate-only]
-//   sluice runs get|cancel|watch RUN_ID [--target ADDR]; sluice runs list
+//   sluice submit SPEC.yaml [--target ADDR | --state-dir DIR] [--watch] [--validate-only]
+//   sluice runs get|cancel|watch RUN_ID [--target ADDR | --state-dir DIR]; sluice runs list
 //   sluice buffer stats --target ADDR --run-id ID [--json]
 //   sluice score --input IN.jsonl --output OUT.jsonl [--verifier V] [--target ADDR]
 //   sluice tokenize|detokenize --tokenizer FILE   (JSONL on stdin -> JSONL on stdout)
@@ -372,9 +372,15 @@ int RunQuickstart(LocalStackOptions options, const QuickstartFlags& flags) {
             << "; eval accuracy " << run->summary().eval_before() << " -> "
             << run->summary().eval_after() << "\n"
             << "  run files: " << fs::path(summary).parent_path().string() << "/"
-            << " (summary.json, metrics.jsonl, evals.jsonl, spec.json)\n";
+            << " (summary.json, metrics.jsonl, evals.jsonl, spec.json; state.json and "
+               "prompt_feed.jsonl are the controller's record of the run, see "
+               "docs/run-lifecycle.md)\n";
   return run->state() == sluice::v1::RUN_STATE_SUCCEEDED && supervised.ok() ? 0 : 1;
 }
+
+constexpr char kStateDirHelp[] =
+    "the state directory of the `sluice up` to talk to (its endpoints.json names the controller "
+    "and, with --tls, the CA and operator token); default $SLUICE_STATE_DIR, else .sluice/";
 
 // Client commands are ordinary foreground programs: Ctrl-C ends them.
 void UnblockTerminationSignals() {
@@ -388,10 +394,20 @@ void UnblockTerminationSignals() {
 struct SubmitFlags {
   std::string spec_path;
   std::string target;
+  std::string state_dir;
   bool watch = false;
   bool validate_only = false;
   int64_t interval_ms = 1000;
 };
+
+// After a validated spec's JSON: what the fields it leaves 0 or UNSPECIFIED
+// mean, so that "every default resolved" holds for them too.
+void PrintZeroDefaults(const sluice::v1::RunSpec& resolved) {
+  const std::vector<std::string> lines = sluice::controller::DescribeZeroDefaults(resolved);
+  if (lines.empty()) return;
+  std::cerr << "sluice submit: fields left 0 or UNSPECIFIED above mean:\n";
+  for (const std::string& line : lines) std::cerr << "  " << line << "\n";
+}
 
 // Says why the spec is refused, one problem per line; exit code 2.
 int InvalidSpec(const std::string& spec_path, const absl::Status& status) {
@@ -407,22 +423,28 @@ int RunSubmit(const SubmitFlags& flags) {
               << absl::StrReplaceAll(spec.status().message(), {{"\n", "\n  "}}) << "\n";
     return 2;
   }
-  if (flags.validate_only && flags.target.empty()) {
+  if (flags.validate_only && flags.target.empty() && flags.state_dir.empty()) {
     // Offline: the same checks SubmitRun makes, without a controller; only
     // the services' memory budgets are theirs to judge.
     absl::StatusOr<sluice::controller::OfflineValidation> valid =
         sluice::controller::ValidateSpecOffline(*spec);
     if (!valid.ok()) return InvalidSpec(flags.spec_path, valid.status());
     std::cout << sluice::cli::RunToJson(valid->spec) << "\n";
+    PrintZeroDefaults(valid->spec);
     std::cerr << "sluice submit: " << flags.spec_path
               << " is valid (above: the spec with every default resolved; checked offline, "
-                 "--target also asks a controller)\n"
+                 "--target or --state-dir also asks a controller)\n"
               << "sluice submit: estimated memory: "
               << sluice::controller::DescribeRunMemory(valid->memory)
               << "; the controller checks it against the services' --memory-budget at submit\n";
     return 0;
   }
-  const std::string target = sluice::cli::ResolveControllerTarget(flags.target);
+  const absl::StatusOr<std::string> target =
+      sluice::cli::ResolveControllerTarget(flags.target, flags.state_dir);
+  if (!target.ok()) {
+    std::cerr << "sluice submit: " << target.status().message() << "\n";
+    return 1;
+  }
   sluice::cli::SubmitOptions options;
   options.validate_only = flags.validate_only;
   options.watch = flags.watch;
@@ -430,11 +452,15 @@ int RunSubmit(const SubmitFlags& flags) {
   options.out = &std::cout;
   options.progress = &std::cerr;
   options.progress_redraw = isatty(STDERR_FILENO) == 1;
+  if (flags.watch && !spec->description().empty()) {
+    std::cerr << "sluice submit: " << (spec->name().empty() ? flags.spec_path : spec->name())
+              << ": " << spec->description() << "\n";
+  }
   if (flags.watch) {
     std::cerr << "sluice submit: following the run (Ctrl-C stops following; the run goes on, "
                  "`sluice runs cancel RUN_ID` stops it)\n";
   }
-  absl::StatusOr<sluice::v1::Run> run = sluice::cli::SubmitAndWatch(target, *spec, options);
+  absl::StatusOr<sluice::v1::Run> run = sluice::cli::SubmitAndWatch(*target, *spec, options);
   if (!run.ok()) {
     if (run.status().code() == absl::StatusCode::kInvalidArgument) {
       return InvalidSpec(flags.spec_path, run.status());
@@ -444,6 +470,7 @@ int RunSubmit(const SubmitFlags& flags) {
   }
   if (flags.validate_only) {
     std::cout << sluice::cli::RunToJson(run->spec()) << "\n";
+    PrintZeroDefaults(run->spec());
     std::cerr << "sluice submit: " << flags.spec_path
               << " is valid (above: the spec with every default resolved)\n";
     return 0;
@@ -453,9 +480,16 @@ int RunSubmit(const SubmitFlags& flags) {
 }
 
 int RunRunsCommand(const std::string& command, const std::string& run_id,
-                   const std::string& target_flag, const std::string& reason) {
-  const std::string target = sluice::cli::ResolveControllerTarget(target_flag);
+                   const std::string& target_flag, const std::string& state_dir,
+                   const std::string& reason) {
   const std::string prefix = "sluice runs " + command + ": ";
+  const absl::StatusOr<std::string> resolved =
+      sluice::cli::ResolveControllerTarget(target_flag, state_dir);
+  if (!resolved.ok()) {
+    std::cerr << prefix << resolved.status().message() << "\n";
+    return 1;
+  }
+  const std::string& target = *resolved;
   if (command == "list") {
     absl::StatusOr<sluice::v1::ListRunsResponse> runs =
         sluice::cli::ListRuns(target, sluice::v1::ListRunsRequest());
@@ -463,16 +497,29 @@ int RunRunsCommand(const std::string& command, const std::string& run_id,
       std::cerr << prefix << runs.status().message() << "\n";
       return 1;
     }
+    if (runs->runs().empty()) {
+      std::cout << "no runs (submit one with `sluice submit SPEC.yaml`)\n";
+      return 0;
+    }
+    std::cout << sluice::cli::FormatRunListHeader() << "\n";
     for (const auto& run : runs->runs()) {
       std::cout << sluice::cli::FormatRunListLine(run) << "\n";
     }
     return 0;
   }
+  if (command == "cancel") {
+    absl::StatusOr<sluice::v1::CancelRunResponse> cancelled =
+        sluice::cli::CancelRun(target, run_id, reason);
+    if (!cancelled.ok()) {
+      std::cerr << prefix << cancelled.status().message() << "\n";
+      return cancelled.status().code() == absl::StatusCode::kNotFound ? 2 : 1;
+    }
+    std::cout << sluice::cli::FormatCancelOutcome(*cancelled) << "\n";
+    return 0;
+  }
   absl::StatusOr<sluice::v1::Run> run;
   if (command == "get") {
     run = sluice::cli::GetRun(target, run_id);
-  } else if (command == "cancel") {
-    run = sluice::cli::CancelRun(target, run_id, reason);
   } else {
     sluice::cli::SubmitOptions options;
     options.out = &std::cout;
@@ -485,13 +532,9 @@ int RunRunsCommand(const std::string& command, const std::string& run_id,
     std::cerr << prefix << run.status().message() << "\n";
     return run.status().code() == absl::StatusCode::kNotFound ? 2 : 1;
   }
-  if (command == "get") {
-    std::cout << sluice::cli::RunToJson(*run) << "\n";
-    std::cerr << sluice::cli::FormatConditions(*run, absl::Now());
-  } else {
-    std::cout << run->run_id() << " " << sluice::v1::RunState_Name(run->state())
-              << (run->error_message().empty() ? "" : ": " + run->error_message()) << "\n";
-  }
+  std::cout << sluice::cli::RunToJson(*run) << "
+";
+  std::cerr << sluice::cli::FormatConditions(*run, absl::Now());
   return 0;
 }
 
@@ -614,7 +657,9 @@ int main(int argc, char** argv) {
       ->required()
       ->type_name("SPEC.yaml");
   submit->add_option("--target", submit_flags.target,
-                     "controller HOST:PORT (default: the local stack's, else 127.0.0.1:50051)");
+                     "controller HOST:PORT (default: the stack of --state-dir, else the local "
+                     "stack's in .sluice/, else 127.0.0.1:50051)");
+  submit->add_option("--state-dir", submit_flags.state_dir, kStateDirHelp)->type_name("DIR");
   submit->add_flag("--watch", submit_flags.watch,
                    "follow the run until it ends; exit 0 only if it SUCCEEDED. Rides out a "
                    "controller restart: reconnects until the controller has not answered for "
@@ -631,6 +676,7 @@ int main(int argc, char** argv) {
   CLI::App* runs = app.add_subcommand("runs", "Inspect and manage runs");
   runs->require_subcommand(1);
   std::string runs_target;
+  std::string runs_state_dir;
   std::string run_id;
   std::string cancel_reason;
   std::string runs_command;
@@ -644,11 +690,13 @@ int main(int argc, char** argv) {
     CLI::App* command = runs->add_subcommand(name, help);
     command->add_option("run_id", run_id, "the run")->required()->type_name("RUN_ID");
     command->add_option("--target", runs_target, "controller HOST:PORT");
+    command->add_option("--state-dir", runs_state_dir, kStateDirHelp)->type_name("DIR");
     if (name == "cancel") command->add_option("--reason", cancel_reason, "why (stored in the run)");
     command->callback([&runs_command, name = name] { runs_command = name; });
   }
   CLI::App* list = runs->add_subcommand("list", "List runs, newest first");
   list->add_option("--target", runs_target, "controller HOST:PORT");
+  list->add_option("--state-dir", runs_state_dir, kStateDirHelp)->type_name("DIR");
   list->callback([&runs_command] { runs_command = "list"; });
 
   sluice::cli::BufferStatsFlags buffer_stats_flags;
@@ -682,7 +730,8 @@ int main(int argc, char** argv) {
 
   if (*token) return sluice::cli::RunTokenCreate(token_flags, std::cout, std::cerr);
   if (!*up && !*quickstart) {
-    client_security = sluice::cli::ResolveClientSecurity(client_security);
+    client_security = sluice::cli::ResolveClientSecurity(
+        client_security, *submit ? submit_flags.state_dir : runs_state_dir);
     if (absl::Status valid = client_security.Validate(); !valid.ok()) {
       std::cerr << "sluice: " << valid.message() << "\n";
       return 2;
@@ -707,7 +756,7 @@ int main(int argc, char** argv) {
   }
   if (*runs) {
     UnblockTerminationSignals();
-    return RunRunsCommand(runs_command, run_id, runs_target, cancel_reason);
+    return RunRunsCommand(runs_command, run_id, runs_target, runs_state_dir, cancel_reason);
   }
   if (*buffer) {
     UnblockTerminationSignals();

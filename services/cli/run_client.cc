@@ -6,15 +6,18 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <ostream>
 #include <random>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "services/controller/proto_json.h"
@@ -92,15 +95,22 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 // The controller's status, with a hint when it cannot be reached at all.
 absl::Status CallError(const std::string& target, const grpc::Status& status) {
   absl::Status error = runtime::FromGrpcStatus(status);
+  // Nothing listens there: no hint about TLS (ExplainCallError's for a
+  // plaintext client) would help, finding the controller would.
+  const bool nothing_listens = absl::StrContains(error.message(), "Connection refused") ||
+                               absl::StrContains(error.message(), "No such file or directory");
   const std::string explained =
-      runtime::ExplainCallError(status.error_code(), std::string(error.message()));
+      nothing_listens
+          ? std::string(error.message())
+          : runtime::ExplainCallError(status.error_code(), std::string(error.message()));
   if (error.code() == absl::StatusCode::kUnavailable ||
       error.code() == absl::StatusCode::kDeadlineExceeded) {
     return absl::Status(
-        error.code(), absl::StrCat("cannot reach the controller at ", target, ": ", explained,
-                                   explained == error.message()
-                                       ? " (is `sluice up` running? pass --target HOST:PORT)"
-                                       : ""));
+        error.code(),
+        absl::StrCat("cannot reach the controller at ", target, ": ", explained,
+                     explained == error.message()
+                         ? " (is `sluice up` running? pass --target HOST:PORT or --state-dir DIR)"
+                         : ""));
   }
   return absl::Status(error.code(), explained);
 }
@@ -207,24 +217,64 @@ absl::StatusOr<v1::Run> Follow(const std::string& target, v1::ControllerService:
 
 }  // namespace
 
-std::string ResolveControllerTarget(const std::string& flag) {
+namespace {
+
+// The state directory a client verb reads endpoints.json from: --state-dir,
+// else $SLUICE_STATE_DIR; empty = neither.
+std::string StateDirFrom(const std::string& flag) {
   if (!flag.empty()) return flag;
-  for (const char* path : {".sluice/stack/endpoints.json", ".sluice/endpoints.json"}) {
-    std::ifstream in(path);
-    if (!in) continue;
-    const nlohmann::json endpoints = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (endpoints.is_discarded() || !endpoints.is_object()) continue;
-    const auto services = endpoints.find("services");
-    if (services == endpoints.end() || !services->is_object()) continue;
-    const auto controller = services->find("controller");
-    if (controller == services->end() || !controller->is_object()) continue;
-    const auto grpc = controller->find("grpc");
-    if (grpc != controller->end() && grpc->is_string()) return grpc->get<std::string>();
-  }
-  return "127.0.0.1:50051";
+  const char* env = std::getenv("SLUICE_STATE_DIR");
+  return env == nullptr ? std::string() : std::string(env);
 }
 
-runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& flags) {
+// endpoints.json as `sluice up` writes it; discarded when it cannot be read.
+nlohmann::json ReadEndpoints(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json(nlohmann::json::value_t::discarded);
+  nlohmann::json endpoints = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!endpoints.is_object()) return nlohmann::json(nlohmann::json::value_t::discarded);
+  return endpoints;
+}
+
+std::string ControllerAddressIn(const nlohmann::json& endpoints) {
+  if (endpoints.is_discarded()) return "";
+  const auto services = endpoints.find("services");
+  if (services == endpoints.end() || !services->is_object()) return "";
+  const auto controller = services->find("controller");
+  if (controller == services->end() || !controller->is_object()) return "";
+  const auto grpc = controller->find("grpc");
+  return grpc != controller->end() && grpc->is_string() ? grpc->get<std::string>() : "";
+}
+
+// The endpoints.json files a client verb looks at, in order.
+std::vector<std::string> EndpointsCandidates(const std::string& state_dir_flag) {
+  const std::string state_dir = StateDirFrom(state_dir_flag);
+  if (!state_dir.empty()) return {(std::filesystem::path(state_dir) / "endpoints.json").string()};
+  return {".sluice/stack/endpoints.json", ".sluice/endpoints.json"};
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ResolveControllerTarget(const std::string& flag,
+                                                    const std::string& state_dir_flag) {
+  if (!flag.empty()) return flag;
+  const std::string state_dir = StateDirFrom(state_dir_flag);
+  for (const std::string& path : EndpointsCandidates(state_dir_flag)) {
+    std::string address = ControllerAddressIn(ReadEndpoints(path));
+    if (!address.empty()) return address;
+  }
+  if (!state_dir.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no controller address in ", (std::filesystem::path(state_dir) / "endpoints.json").string(),
+        " (", state_dir_flag.empty() ? "$SLUICE_STATE_DIR" : "--state-dir",
+        "): is `sluice up --state-dir ", state_dir,
+        "` running? (it writes endpoints.json once every service is healthy)"));
+  }
+  return std::string(kDefaultControllerTarget);
+}
+
+runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& flags,
+                                              const std::string& state_dir_flag) {
   if (flags.tls() || !flags.token_file.empty() || !flags.cert_file.empty()) return flags;
   runtime::ClientSecurity security = flags;
   const auto env = [](const char* name) {
@@ -236,11 +286,9 @@ runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& fla
   security.cert_file = env("SLUICE_TLS_CERT");
   security.key_file = env("SLUICE_TLS_KEY");
   if (security.tls() || !security.token_file.empty()) return security;
-  for (const char* path : {".sluice/stack/endpoints.json", ".sluice/endpoints.json"}) {
-    std::ifstream in(path);
-    if (!in) continue;
-    const nlohmann::json endpoints = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (endpoints.is_discarded() || !endpoints.is_object()) continue;
+  for (const std::string& path : EndpointsCandidates(state_dir_flag)) {
+    const nlohmann::json endpoints = ReadEndpoints(path);
+    if (endpoints.is_discarded()) continue;
     const auto found = endpoints.find("security");
     if (found == endpoints.end() || !found->is_object()) return security;
     security.ca_file = found->value("tls_ca", "");
@@ -250,24 +298,78 @@ runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& fla
   return security;
 }
 
+namespace {
+
+// The warm start's latest dev evaluation, or null before the first.
+const v1::EvalResult* LatestWarmStartEval(const v1::Run& run) {
+  const auto& evals = run.summary().evals();
+  for (auto it = evals.rbegin(); it != evals.rend(); ++it) {
+    if (it->phase() == "warm_start") return &*it;
+  }
+  return nullptr;
+}
+
+// "ETA 01:10": what is left of `total` units at the rate `done` took
+// `seconds`; empty until there is a rate to go by.
+std::string Eta(int64_t done, int64_t total, double seconds, absl::string_view prefix = "") {
+  if (done <= 0 || seconds <= 0 || total <= done) return "";
+  return absl::StrCat("ETA ", prefix, Clock(seconds / done * (total - done)));
+}
+
+}  // namespace
+
 std::string FormatProgressLine(const v1::Run& run) {
   const v1::RunProgress& p = run.progress();
+  const v1::RunSummary& s = run.summary();
   std::vector<std::string> parts;
   parts.push_back(absl::StrFormat("%-10s", StateWord(run.state())));
   parts.push_back(Clock(p.elapsed_seconds()));
-  parts.push_back(absl::StrCat("step ", p.step(), "/", p.total_steps()));
-  parts.push_back(absl::StrCat("v", p.policy_version()));
-  parts.push_back(absl::StrFormat("reward %.3f", p.reward_mean()));
-  parts.push_back(absl::StrFormat("pass %.1f%%", 100 * p.pass_rate()));
-  parts.push_back(absl::StrFormat("stale %.1f/%d", p.staleness_mean(), p.staleness_max()));
-  parts.push_back(absl::StrCat("gen ", Count(p.generated_tokens_per_second()), " tok/s"));
-  parts.push_back(absl::StrCat("train ", Count(p.trained_tokens_per_second()), " tok/s"));
-  if (p.has_latest_eval_accuracy()) {
+  std::string phase = p.phase();
+  if (run.state() == v1::RUN_STATE_WARM_START) {
+    // The warm start's own figures: SFT steps (at most sft_steps; it stops
+    // at its dev-accuracy target) and that accuracy against the target.
+    const v1::WarmStartConfig& w = run.spec().warm_start();
+    const bool early_stop = w.target_accuracy() > 0;
     parts.push_back(
-        absl::StrFormat("eval %.1f%% @%d", 100 * p.latest_eval_accuracy(), p.latest_eval_step()));
+        absl::StrCat("sft step ", p.warm_start_step(), "/", early_stop ? "<=" : "", w.sft_steps()));
+    if (const v1::EvalResult* dev = LatestWarmStartEval(run); dev != nullptr) {
+      parts.push_back(early_stop ? absl::StrFormat("dev %.1f%% (target %.0f%%)",
+                                                   100 * dev->accuracy(), 100 * w.target_accuracy())
+                                 : absl::StrFormat("dev %.1f%%", 100 * dev->accuracy()));
+    } else if (early_stop) {
+      parts.push_back(absl::StrFormat("target dev %.0f%%", 100 * w.target_accuracy()));
+    }
+    // At most this much more: it may stop sooner at its target.
+    if (std::string eta = Eta(p.warm_start_step(), w.sft_steps(), s.warm_start_seconds(),
+                              early_stop ? "<= " : "");
+        !eta.empty()) {
+      parts.push_back(std::move(eta));
+    }
+    // "warm start 240/600" says again what the figures say.
+    if (absl::StartsWith(phase, "warm start ") && !absl::StartsWith(phase, "warm start eval")) {
+      phase.clear();
+    }
+  } else if (run.state() == v1::RUN_STATE_TRAINING || run.state() == v1::RUN_STATE_EVALUATING ||
+             p.step() > 0) {
+    parts.push_back(absl::StrCat("step ", p.step(), "/", p.total_steps()));
+    parts.push_back(absl::StrCat("v", p.policy_version()));
+    parts.push_back(absl::StrFormat("reward %.3f", p.reward_mean()));
+    parts.push_back(absl::StrFormat("pass %.1f%%", 100 * p.pass_rate()));
+    parts.push_back(absl::StrFormat("stale %.1f/%d", p.staleness_mean(), p.staleness_max()));
+    parts.push_back(absl::StrCat("gen ", Count(p.generated_tokens_per_second()), " tok/s"));
+    parts.push_back(absl::StrCat("train ", Count(p.trained_tokens_per_second()), " tok/s"));
+    if (p.has_latest_eval_accuracy()) {
+      parts.push_back(
+          absl::StrFormat("eval %.1f%% @%d", 100 * p.latest_eval_accuracy(), p.latest_eval_step()));
+    }
+    if (run.state() == v1::RUN_STATE_TRAINING) {
+      if (std::string eta = Eta(p.step(), p.total_steps(), s.rl_seconds()); !eta.empty()) {
+        parts.push_back(std::move(eta));
+      }
+    }
   }
   std::string line = absl::StrJoin(parts, "  ");
-  if (!p.phase().empty()) absl::StrAppend(&line, "  | ", p.phase());
+  if (!phase.empty()) absl::StrAppend(&line, "  | ", phase);
   if (run.conditions_size() > 0) {
     const absl::Time now = absl::Now();
     std::vector<std::string> waits;
@@ -292,13 +394,32 @@ std::string FormatConditions(const v1::Run& run, absl::Time now) {
   return text;
 }
 
+std::string FormatRunListHeader() {
+  return absl::StrFormat("%-26s  %-22s  %-20s  %-19s  %-9s  %s", "RUN ID", "STATE", "NAME",
+                         "CREATED (UTC)", "WALL", "STEP");
+}
+
 std::string FormatRunListLine(const v1::Run& run) {
-  std::string state = v1::RunState_Name(run.state());
+  std::string state = StateName(run.state());
   if (run.state() == v1::RUN_STATE_QUEUED && run.queue_position() > 0) {
     absl::StrAppend(&state, " (position ", run.queue_position(), ")");
   }
-  return absl::StrCat(run.run_id(), "  ", state, "  ", run.spec().name(), "  step ",
-                      run.progress().step(), "/", run.progress().total_steps());
+  std::string created = "-";
+  if (run.has_created_at()) {
+    created =
+        absl::FormatTime("%Y-%m-%d %H:%M:%S", absl::FromUnixSeconds(run.created_at().seconds()),
+                         absl::UTCTimeZone());
+  }
+  // How long it ran (ended runs) or has been running.
+  std::string wall = "-";
+  if (run.summary().wall_seconds() > 0) {
+    wall = Clock(run.summary().wall_seconds());
+  } else if (run.progress().elapsed_seconds() > 0) {
+    wall = Clock(run.progress().elapsed_seconds());
+  }
+  return absl::StrFormat("%-26s  %-22s  %-20s  %-19s  %-9s  %d/%d", run.run_id(), state,
+                         run.spec().name(), created, wall, run.progress().step(),
+                         run.progress().total_steps());
 }
 
 std::string FormatOutcome(const v1::Run& run) {
@@ -309,6 +430,11 @@ std::string FormatOutcome(const v1::Run& run) {
   absl::StrAppend(&text, "\n");
   absl::StrAppend(&text, absl::StrFormat("eval accuracy (held-out, greedy): %.3f -> %.3f\n",
                                          s.eval_before(), s.eval_after()));
+  // What the run is for, so that a run meant to check plumbing is not read
+  // as one that failed to learn.
+  if (!run.spec().description().empty()) {
+    absl::StrAppend(&text, "about this run: ", run.spec().description(), "\n");
+  }
   absl::StrAppend(
       &text,
       absl::StrFormat("steps %d, groups trained %d (generated %d, evicted stale %d), "
@@ -317,6 +443,23 @@ std::string FormatOutcome(const v1::Run& run) {
                       s.max_staleness(), s.eta(), Count(static_cast<double>(s.tokens_generated())),
                       s.final_reward_mean()));
   return text;
+}
+
+std::string FormatCancelOutcome(const v1::CancelRunResponse& response) {
+  const v1::Run& run = response.run();
+  if (!response.already_ended()) {
+    return absl::StrCat(run.run_id(), " ", v1::RunState_Name(run.state()),
+                        run.error_message().empty() ? "" : ": " + run.error_message());
+  }
+  std::string when;
+  if (run.has_finished_at()) {
+    when = absl::StrCat(" at ", absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                                 absl::FromUnixSeconds(run.finished_at().seconds()),
+                                                 absl::UTCTimeZone()));
+  }
+  return absl::StrCat("run ", run.run_id(), " had already ended (", StateName(run.state()), when,
+                      run.error_message().empty() ? "" : ": " + run.error_message(),
+                      "); nothing was cancelled");
 }
 
 std::string RunToJson(const google::protobuf::Message& message) {
@@ -362,8 +505,9 @@ absl::StatusOr<v1::Run> GetRun(const std::string& target, const std::string& run
   return std::move(*response.mutable_run());
 }
 
-absl::StatusOr<v1::Run> CancelRun(const std::string& target, const std::string& run_id,
-                                  const std::string& reason, absl::Duration timeout) {
+absl::StatusOr<v1::CancelRunResponse> CancelRun(const std::string& target,
+                                                const std::string& run_id,
+                                                const std::string& reason, absl::Duration timeout) {
   grpc::ClientContext context;
   SetDeadline(context, timeout);
   v1::CancelRunRequest request;
@@ -372,7 +516,7 @@ absl::StatusOr<v1::Run> CancelRun(const std::string& target, const std::string& 
   v1::CancelRunResponse response;
   const grpc::Status status = Connect(target)->CancelRun(&context, request, &response);
   if (!status.ok()) return CallError(target, status);
-  return std::move(*response.mutable_run());
+  return response;
 }
 
 absl::StatusOr<v1::ListRunsResponse> ListRuns(const std::string& target,

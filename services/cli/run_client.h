@@ -13,17 +13,25 @@
 
 namespace sluice::cli {
 
-// The controller's address when none is given: the controller of the local
-// stack (.sluice/stack/endpoints.json, then .sluice/endpoints.json, relative
-// to the working directory, as `sluice up` writes them), else
-// 127.0.0.1:50051. A non-empty `flag` wins.
-std::string ResolveControllerTarget(const std::string& flag);
+inline constexpr char kDefaultControllerTarget[] = "127.0.0.1:50051";
+
+// The controller's address, as the Python client resolves it: a non-empty
+// `flag` (--target) wins; else the controller named in the endpoints.json of
+// the state directory `state_dir` (--state-dir), else of $SLUICE_STATE_DIR,
+// as `sluice up --state-dir DIR` writes it (NOT_FOUND saying so when it names
+// none: the stack is not up); else that of the local stack
+// (.sluice/stack/endpoints.json, then .sluice/endpoints.json, relative to the
+// working directory); else kDefaultControllerTarget.
+absl::StatusOr<std::string> ResolveControllerTarget(const std::string& flag,
+                                                    const std::string& state_dir = "");
 
 // How the CLI dials: `flags` when any is set; else $SLUICE_TOKEN_FILE,
 // $SLUICE_TLS_CA (and $SLUICE_TLS_CERT/$SLUICE_TLS_KEY); else the CA and
 // operator token a `sluice up --tls` stack named in its endpoints.json (the
-// same files ResolveControllerTarget reads); else plaintext without a token.
-runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& flags);
+// same file ResolveControllerTarget reads for `state_dir`); else plaintext
+// without a token.
+runtime::ClientSecurity ResolveClientSecurity(const runtime::ClientSecurity& flags,
+                                              const std::string& state_dir = "");
 
 struct SubmitOptions {
   // Only validate the spec and resolve its defaults; the returned run has an
@@ -79,18 +87,32 @@ absl::StatusOr<v1::Run> WatchRun(const std::string& target, const std::string& r
 
 absl::StatusOr<v1::Run> GetRun(const std::string& target, const std::string& run_id,
                                absl::Duration timeout = absl::Seconds(30));
-absl::StatusOr<v1::Run> CancelRun(const std::string& target, const std::string& run_id,
-                                  const std::string& reason,
-                                  absl::Duration timeout = absl::Seconds(30));
+// The run after the cancel, and whether it had already ended (nothing was
+// cancelled then).
+absl::StatusOr<v1::CancelRunResponse> CancelRun(const std::string& target,
+                                                const std::string& run_id,
+                                                const std::string& reason,
+                                                absl::Duration timeout = absl::Seconds(30));
+// What `sluice runs cancel` prints: "RUN_ID RUN_STATE_CANCELLED: reason", or
+// "run RUN_ID had already ended (SUCCEEDED at ...); nothing was cancelled".
+std::string FormatCancelOutcome(const v1::CancelRunResponse& response);
 absl::StatusOr<v1::ListRunsResponse> ListRuns(const std::string& target,
                                               const v1::ListRunsRequest& request,
                                               absl::Duration timeout = absl::Seconds(30));
 
-// One line of live progress, e.g.
-//   training  step 12/200  v12  reward 0.41  pass 38%  stale 0.8/2  gen 1.5k tok/s
-//   train 3.4k tok/s  eval 42% @10  | waiting for data
-// and, while something holds the run back (Run.conditions), what and for how
-// long:  | waiting: trainer service_unresponsive 12s
+// One line of live progress: the state and the time since the run started,
+// then the figures of its phase. In the warm start, its own: SFT steps (at
+// most warm_start.sft_steps, "<=" when it stops at its dev-accuracy target),
+// the latest dev accuracy against that target, and at most how long is left:
+//   warm start  00:24  sft step 240/<=600  dev 38.0% (target 45%)  ETA <= 00:36
+// In RL: step/total, version, reward mean, pass rate, staleness mean/max,
+// generation and training tokens/s, the latest eval, and the time left at
+// the rate of the steps so far:
+//   training    01:15  step 12/200  v12  reward 0.412  pass 38.0%  stale 0.8/2
+//   gen 1.5k tok/s  train 3.4k tok/s  eval 42.0% @10  ETA 19:35  | waiting for data
+// Before either, the state, the time and the phase ("loading model"). While
+// something holds the run back (Run.conditions), what and for how long:
+//   ...  | waiting: trainer service_unresponsive 12s
 std::string FormatProgressLine(const v1::Run& run);
 
 // What holds the run back (Run.conditions), one line each, as of `now`:
@@ -98,13 +120,16 @@ std::string FormatProgressLine(const v1::Run& run);
 // Empty when nothing does. `sluice runs get` prints it under the JSON.
 std::string FormatConditions(const v1::Run& run, absl::Time now);
 
-// The end of a run in a few lines: state and wall time, the error if any,
-// eval_before -> eval_after and the main figures.
-// One line of `sluice runs list`: id, state (a queued run with its place in
-// the queue), name, steps.
-//   run-20260101-000000-ab12  RUN_STATE_QUEUED (position 2)  addition  step 0/600
+// `sluice runs list`: a header, then one line per run: id, state (a queued
+// run with its place in the queue), name, when it was created (UTC), how
+// long it ran (or has been running), steps.
+//   RUN ID                      STATE    NAME       CREATED (UTC)        WALL   STEP
+//   run-20260101-000000-ab12    QUEUED (position 2)  addition  2026-01-01 00:00:00  -  0/600
+std::string FormatRunListHeader();
 std::string FormatRunListLine(const v1::Run& run);
 
+// The end of a run in a few lines: state and wall time, the error if any,
+// eval_before -> eval_after and the main figures.
 std::string FormatOutcome(const v1::Run& run);
 
 // JSON of a run or spec as the run files write it (controller::ProtoToJson:

@@ -111,6 +111,13 @@ grpc::Status ControllerServiceImpl::CancelRun(grpc::ServerContext* context,
   SLUICE_RETURN_IF_REFUSED(
       runtime::CheckRange("reason (bytes)", static_cast<int64_t>(request->reason().size()), 0,
                           kMaxReasonBytes));
+  // Ended before this call: cancelling changes nothing, and the caller is
+  // told so rather than left to read a CANCELLED it did not cause.
+  const absl::StatusOr<v1::Run> before = registry_->Get(request->run_id());
+  if (!before.ok()) return ToGrpcStatus(before.status());
+  const v1::RunState state = before->state();
+  response->set_already_ended(state == v1::RUN_STATE_SUCCEEDED || state == v1::RUN_STATE_FAILED ||
+                              state == v1::RUN_STATE_CANCELLED);
   absl::StatusOr<v1::Run> run = registry_->Cancel(request->run_id(), request->reason());
   if (!run.ok()) return ToGrpcStatus(run.status());
   *response->mutable_run() = std::move(*run);

@@ -219,12 +219,20 @@ TEST_F(ControllerServiceTest, WatchRunEndsWhenTheRunIsCancelled) {
   v1::CancelRunResponse cancelled;
   ASSERT_TRUE(stub_->CancelRun(&cancel_context, cancel, &cancelled).ok());
   EXPECT_EQ(cancelled.run().state(), v1::RUN_STATE_CANCELLED);
+  EXPECT_FALSE(cancelled.already_ended());
 
   v1::RunUpdate last;
   while (reader->Read(&update)) last = update;
   EXPECT_TRUE(reader->Finish().ok());
   EXPECT_EQ(last.run().state(), v1::RUN_STATE_CANCELLED);
   EXPECT_EQ(last.run().error_message(), "cancelled by user");
+
+  // Again: it had ended, and the answer says so.
+  grpc::ClientContext again_context;
+  v1::CancelRunResponse again;
+  ASSERT_TRUE(stub_->CancelRun(&again_context, cancel, &again).ok());
+  EXPECT_TRUE(again.already_ended());
+  EXPECT_EQ(again.run().state(), v1::RUN_STATE_CANCELLED);
 }
 
 // The run outlives the controller (the next one re-adopts it): the watcher

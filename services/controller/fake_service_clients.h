@@ -157,6 +157,58 @@ class FakeTrainer : public TrainerClient {
   v1::StopTrainingRequest stop_ ABSL_GUARDED_BY(mu_);
 };
 
+// A WorkerRegistry's clock for tests that lose workers by a short TTL on a
+// machine that may run a heartbeat thread late: fake time that moves `step`
+// at a time, and only once every FakeWorker attached to it (Attach's `pace`)
+// has heartbeated since the last move. A live worker is then never more than
+// one step silent as the registry sees it, however late its thread runs,
+// while a detached one (killed) is lost after TTL / step moves, as fast as
+// the others heartbeat. With no worker attached, each Now() moves a step, so
+// that the last worker's loss is seen too. Thread-safe.
+class HeartbeatPacedClock {
+ public:
+  explicit HeartbeatPacedClock(absl::Duration step) : step_(step) {}
+
+  absl::Time Now() {
+    absl::MutexLock lock(&mu_);
+    if (beaten_.empty()) now_ += step_;
+    return now_;
+  }
+  // A worker starts or stops heartbeating.
+  void Join(const void* worker) {
+    absl::MutexLock lock(&mu_);
+    beaten_[worker] = false;
+  }
+  void Leave(const void* worker) {
+    absl::MutexLock lock(&mu_);
+    beaten_.erase(worker);
+    MaybeStepLocked();
+  }
+  // A joined worker's heartbeat was answered.
+  void Beat(const void* worker) {
+    absl::MutexLock lock(&mu_);
+    auto it = beaten_.find(worker);
+    if (it == beaten_.end()) return;
+    it->second = true;
+    MaybeStepLocked();
+  }
+
+ private:
+  void MaybeStepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (beaten_.empty()) return;
+    for (const auto& [worker, beaten] : beaten_) {
+      if (!beaten) return;
+    }
+    now_ += step_;
+    for (auto& [worker, beaten] : beaten_) beaten = false;
+  }
+
+  const absl::Duration step_;
+  absl::Mutex mu_;
+  absl::Time now_ ABSL_GUARDED_BY(mu_) = absl::FromUnixSeconds(1767225600);  // 2026-01-01
+  absl::flat_hash_map<const void*, bool> beaten_ ABSL_GUARDED_BY(mu_);
+};
+
 // A rollout worker that heartbeats to a WorkerRegistry from its own thread
 // (every few milliseconds) and serves what it is assigned: it reports the run
 // in its status from the first heartbeat that lists it until one no longer
@@ -167,23 +219,31 @@ class FakeWorker {
       : worker_id_(std::move(worker_id)), incarnation_(incarnation) {}
   ~FakeWorker() { Detach(); }
 
-  // Starts heartbeating to `registry`.
-  void Attach(std::shared_ptr<WorkerRegistry> registry) {
+  // Starts heartbeating to `registry`; with `pace`, the registry's clock,
+  // which then moves only as fast as this worker (and the others it paces)
+  // heartbeats.
+  void Attach(std::shared_ptr<WorkerRegistry> registry, HeartbeatPacedClock* pace = nullptr) {
     Detach();
     {
       absl::MutexLock lock(&mu_);
       registry_ = std::move(registry);
+      pace_ = pace;
       quit_ = false;
     }
+    if (pace != nullptr) pace->Join(this);
     thread_ = std::thread([this] { Loop(); });
   }
   // Stops heartbeating (as a worker that was killed).
   void Detach() {
+    HeartbeatPacedClock* pace = nullptr;
     {
       absl::MutexLock lock(&mu_);
       quit_ = true;
+      pace = pace_;
+      pace_ = nullptr;
     }
     if (thread_.joinable()) thread_.join();
+    if (pace != nullptr) pace->Leave(this);
   }
   // As a restarted worker: a new incarnation that serves nothing yet.
   void Restart(uint64_t incarnation) {
@@ -253,6 +313,12 @@ class FakeWorker {
         *request.mutable_status() = StatusLocked();
       }
       absl::StatusOr<v1::WorkerHeartbeatResponse> response = registry->Heartbeat(request);
+      HeartbeatPacedClock* pace = nullptr;
+      {
+        absl::MutexLock lock(&mu_);
+        pace = pace_;
+      }
+      if (pace != nullptr) pace->Beat(this);
       absl::MutexLock lock(&mu_);
       ++heartbeats_;
       if (!response.ok()) continue;
@@ -274,6 +340,7 @@ class FakeWorker {
   mutable absl::Mutex mu_;
   uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<WorkerRegistry> registry_ ABSL_GUARDED_BY(mu_);
+  HeartbeatPacedClock* pace_ ABSL_GUARDED_BY(mu_) = nullptr;
   bool quit_ ABSL_GUARDED_BY(mu_) = false;
   std::string serving_ ABSL_GUARDED_BY(mu_);
   bool forgotten_ ABSL_GUARDED_BY(mu_) = false;

@@ -90,6 +90,15 @@ int main(int argc, char** argv) {
                  "generated tokens) for this long, saying what each service reports; 0 = never")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  app.add_option("--trusted-worker-ids", registry_options.trusted_worker_ids,
+                 "rollout worker ids this deployment started itself (`sluice up` passes the "
+                 "workers it supervises): their groups are verified at "
+                 "algorithm.rollout_verification.trusted_fraction (default 1/16) instead of "
+                 "fraction (default 1) when a spec names no trusted workers of its own. With "
+                 "authentication on, only a worker that authenticates as one of these ids can "
+                 "insert its groups")
+      ->delimiter(',')
+      ->type_name("ID,...");
   sluice::runtime::AllowedPathRootsFlag path_roots(app);
   app.add_option("--advertise-address", advertise_address,
                  "how the other services reach this controller; default 127.0.0.1:<bound port> "

@@ -321,6 +321,7 @@ void ApplyVerificationFigures(const v1::TrainingStepMetrics& step,
                                   step.groups_verification_failed());
   verification->set_groups_unverifiable(verification->groups_unverifiable() +
                                         step.groups_unverifiable());
+  verification->set_seconds(verification->seconds() + step.verification_seconds());
   if (step.groups_verified() > 0) {
     verification->set_max_abs_diff_verified(
         std::max(verification->max_abs_diff_verified(), step.verification_max_abs_diff()));

@@ -246,6 +246,7 @@ TEST(ApplyStepFiguresTest, VerificationIsSummedPerWorker) {
   first.set_groups_verified(3);
   first.set_groups_verification_failed(1);
   first.set_verification_max_abs_diff(2e-6);
+  first.set_verification_seconds(0.25);
   v1::WorkerVerification* honest = first.add_verification_by_worker();
   honest->set_worker_id("honest");
   honest->set_groups_verified(3);
@@ -259,6 +260,7 @@ TEST(ApplyStepFiguresTest, VerificationIsSummedPerWorker) {
   second.set_groups_verification_failed(2);
   second.set_groups_unverifiable(1);
   second.set_verification_max_abs_diff(1e-6);
+  second.set_verification_seconds(0.5);
   *second.add_verification_by_worker() = *honest;
   second.mutable_verification_by_worker(0)->set_groups_verified(2);
   *second.add_verification_by_worker() = *rogue;
@@ -271,6 +273,7 @@ TEST(ApplyStepFiguresTest, VerificationIsSummedPerWorker) {
   EXPECT_EQ(v.groups_failed(), 3);
   EXPECT_EQ(v.groups_unverifiable(), 1);
   EXPECT_DOUBLE_EQ(v.max_abs_diff_verified(), 2e-6);
+  EXPECT_DOUBLE_EQ(v.seconds(), 0.75);
   ASSERT_EQ(v.workers_size(), 2);
   EXPECT_EQ(v.workers(0).worker_id(), "honest");
   EXPECT_EQ(v.workers(0).groups_verified(), 5);

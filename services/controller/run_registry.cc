@@ -12,6 +12,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "common/run/run_paths.h"
+#include "common/run/run_verification.h"
 #include "common/status_macros.h"
 #include "services/controller/run_spec.h"
 #include "services/controller/worker_registry.h"
@@ -157,6 +158,8 @@ absl::StatusOr<v1::Run> RunRegistry::Submit(const v1::SubmitRunRequest& request)
     ~TrimOnReturn() { malloc_trim(0); }
   } trim;
   v1::RunSpec spec = ResolveDefaults(request.spec());
+  run::ResolveRolloutVerificationDefaults(options_.trusted_worker_ids,
+                                          spec.mutable_algorithm()->mutable_rollout_verification());
   // Before ValidateRunSpec opens the model and the dataset: a path outside
   // the roots is refused in words that tell nothing of what is there.
   RETURN_IF_ERROR(run::ConfineRunSpecPaths(options_.allowed_paths, &spec));

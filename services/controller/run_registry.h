@@ -30,6 +30,11 @@ struct RunRegistryOptions {
   // with RESOURCE_EXHAUSTED saying so. A queued run costs its record (the
   // spec and a few figures, O(spec)) in memory and on disk.
   int max_queued_runs = 1000;
+  // Rollout workers this deployment started itself (--trusted-worker-ids):
+  // a submitted spec that names no trusted workers gets these
+  // (run::ResolveRolloutVerificationDefaults), so their groups are verified
+  // at the sampled trusted_fraction.
+  std::vector<std::string> trusted_worker_ids;
   RunDriverOptions driver;
 };
 

@@ -34,6 +34,7 @@ using testing::FakeHealth;
 using testing::FakeRewardServer;
 using testing::FakeTrainer;
 using testing::FakeWorker;
+using testing::HeartbeatPacedClock;
 
 using ::testing::HasSubstr;
 using ::testing::Not;
@@ -108,7 +109,7 @@ class RunRegistryTest : public ::testing::Test {
     registry_ = std::make_unique<RunRegistry>(options, clients);
     registry_->SetControllerAddress("controller:1");
     if (with_services) {
-      worker_->Attach(workers_);
+      worker_->Attach(workers_, worker_clock_.get());
       AwaitHeartbeats(*worker_, 1);
     }
   }
@@ -233,9 +234,16 @@ class RunRegistryTest : public ::testing::Test {
   std::string runs_dir_;
   FakeClock clock_;
   std::shared_ptr<FakeTrainer> trainer_ = std::make_shared<FakeTrainer>();
+  // The worker registry judges its 200 ms TTL by a clock that moves only as
+  // the attached workers heartbeat (HeartbeatPacedClock, 50 ms a move): a
+  // worker is lost when it is detached, never because this machine ran its
+  // heartbeat thread late.
+  std::shared_ptr<HeartbeatPacedClock> worker_clock_ =
+      std::make_shared<HeartbeatPacedClock>(absl::Milliseconds(50));
   std::shared_ptr<WorkerRegistry> workers_ = std::make_shared<WorkerRegistry>(
       WorkerRegistryOptions{.heartbeat_interval = absl::Milliseconds(5),
-                            .worker_ttl = absl::Milliseconds(200)});
+                            .worker_ttl = absl::Milliseconds(200),
+                            .clock = [clock = worker_clock_] { return clock->Now(); }});
   std::shared_ptr<FakeWorker> worker_ = std::make_shared<FakeWorker>();
   std::shared_ptr<FakeBuffer> buffer_ = std::make_shared<FakeBuffer>();
   std::shared_ptr<FakeHealth> health_ = std::make_shared<FakeHealth>();
@@ -527,8 +535,8 @@ TEST_F(RunRegistryTest, NumWorkersCapsTheWorkersServingTheRun) {
   AwaitServicesStarted(run_id);
   FakeWorker second("second");
   FakeWorker third("third");
-  second.Attach(workers_);
-  third.Attach(workers_);
+  second.Attach(workers_, worker_clock_.get());
+  third.Attach(workers_, worker_clock_.get());
   AwaitHeartbeats(second, 3);
   AwaitHeartbeats(third, 3);
   EXPECT_EQ(workers_->RunWorkers(run_id).size(), 2u);
@@ -825,7 +833,7 @@ TEST_F(RunRegistryTest, ALostWorkersPromptsAndSlotsGoToTheOthers) {
 
   worker_->Detach();  // kill -9: no more heartbeats.
   FakeWorker other("other");
-  other.Attach(workers_);
+  other.Attach(workers_, worker_clock_.get());
   const v1::Run run = AwaitRun(run_id, [](const v1::Run& r) {
     return r.summary().recovery().workers_lost() == 1 && r.progress().workers_live() == 1 &&
            r.summary().recovery().workers_joined() == 2;
@@ -908,7 +916,7 @@ TEST_F(RunRegistryTest, TooFewWorkersForTooLongFailsTheRun) {
 TEST_F(RunRegistryTest, AWorkerGivenUpBySupervisorFailsTheRunOnlyBelowMinWorkers) {
   MakeRegistry();
   FakeWorker second("second");
-  second.Attach(workers_);
+  second.Attach(workers_, worker_clock_.get());
   const std::string run_id = Submit(SmallSpec());
   AwaitRun(run_id, [](const v1::Run& r) { return r.progress().workers_live() == 2; });
 

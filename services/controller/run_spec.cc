@@ -20,6 +20,7 @@
 #include "common/model/model_config.h"
 #include "common/run/run_model.h"
 #include "common/run/run_task.h"
+#include "common/run/run_verification.h"
 #include "common/run/run_weight_sync.h"
 #include "common/task/char_tokenizer.h"
 #include "common/status_macros.h"
@@ -60,6 +61,7 @@ constexpr int kMaxBatchSizeGroups = 65536;
 constexpr int kMaxStaleness = 10000;
 constexpr int64_t kMaxSteps = 1000000000;
 constexpr int kMaxWorkers = 100000;
+constexpr size_t kMaxWorkerIdBytes = 256;
 constexpr int64_t kMaxArithmeticPrompts = 10000000;  // The controller holds them all.
 constexpr int kMaxEvalSplit = 1000000;
 constexpr int64_t kMaxSftSteps = 10000000;
@@ -424,6 +426,19 @@ void ValidateAlgorithm(const RunSpec& spec, Problems& problems) {
     problems.Add("algorithm.rollout_verification.tolerance",
                  "must be >= 0 and finite (0 = default 1e-3), got ", verification.tolerance());
   }
+  if (!(verification.trusted_fraction() >= 0 && verification.trusted_fraction() <= 1)) {
+    problems.Add("algorithm.rollout_verification.trusted_fraction", "must be in [0, 1], got ",
+                 verification.trusted_fraction());
+  }
+  AtMost(problems, "algorithm.rollout_verification.trusted_worker_ids",
+         verification.trusted_worker_ids_size(), kMaxWorkers);
+  for (int i = 0; i < verification.trusted_worker_ids_size(); ++i) {
+    const std::string& id = verification.trusted_worker_ids(i);
+    if (id.empty() || id.size() > kMaxWorkerIdBytes) {
+      problems.Add(absl::StrCat("algorithm.rollout_verification.trusted_worker_ids[", i, "]"),
+                   "must be a worker id of 1 to ", kMaxWorkerIdBytes, " bytes, got ", id.size());
+    }
+  }
   if (verification.quarantine_after_failed_groups() < 0) {
     problems.Add("algorithm.rollout_verification.quarantine_after_failed_groups",
                  "must be >= 0 (0 = default 3), got ",
@@ -724,6 +739,13 @@ absl::Status ValidateRunSpecSizes(const RunSpec& spec) {
 
 RunSpec ResolveDefaults(RunSpec spec) {
   v1::ModelConfig& model = *spec.mutable_model();
+  if (model.device().empty()) model.set_device("cpu");
+  // On CPU the model computes in float32 and checkpoints are written in it.
+  // On a GPU an unset dtype means two things (bfloat16 compute, float32
+  // checkpoints): it stays unset there, and DescribeZeroDefaults says so.
+  if (model.dtype() == v1::DTYPE_UNSPECIFIED && !run::IsCudaDevice(model.device())) {
+    model.set_dtype(v1::DTYPE_FLOAT32);
+  }
   if (model.has_builtin() && model.max_context_tokens() == 0) {
     absl::StatusOr<model::ModelConfig> config =
         model::BuiltinModelConfig(model.builtin(), task::CharTokenizer().vocab_size());
@@ -792,6 +814,9 @@ RunSpec ResolveDefaults(RunSpec spec) {
                                : v1::DYNAMIC_SAMPLING_DROP);
   }
 
+  // The fractions (trusted workers: those the controller adds at submit).
+  run::ResolveRolloutVerificationDefaults({}, a.mutable_rollout_verification());
+
   v1::WarmStartConfig& w = *spec.mutable_warm_start();
   if (w.sft_steps() > 0) {
     if (w.learning_rate() == 0) w.set_learning_rate(kDefaultWarmStartLearningRate);
@@ -846,6 +871,85 @@ RunSpec ResolveDefaults(RunSpec spec) {
     weight_sync.set_delta(sync.delta);
   }
   return spec;
+}
+
+std::vector<std::string> DescribeZeroDefaults(const RunSpec& spec) {
+  std::vector<std::string> lines;
+  const auto zero = [&lines](absl::string_view path, absl::string_view meaning) {
+    lines.push_back(absl::StrCat(path, ": ", meaning));
+  };
+  if (spec.model().dtype() == v1::DTYPE_UNSPECIFIED) {
+    zero("model.dtype",
+         run::IsCudaDevice(spec.model().device())
+             ? "UNSPECIFIED = bfloat16 compute on the GPU, float32 master weights and checkpoints"
+             : "UNSPECIFIED = float32");
+  }
+  if (spec.model().max_context_tokens() == 0) {
+    zero("model.max_context_tokens", "0 = the model's configured context length");
+  }
+  if (spec.task().has_arithmetic() && spec.task().arithmetic().max_operands() == 0) {
+    zero("task.arithmetic.max_operands", "0 = num_operands (every expression has as many)");
+  }
+  const v1::AlgorithmConfig& a = spec.algorithm();
+  if (a.behaviour_weight_floor() == 0) zero("algorithm.behaviour_weight_floor", "0 = none");
+  if (a.second_moment_threshold() == 0) zero("algorithm.second_moment_threshold", "0 = off");
+  if (a.rollout_verification().tolerance() == 0) {
+    zero("algorithm.rollout_verification.tolerance", "0 = 1e-3 nats per token");
+  }
+  if (a.rollout_verification().quarantine_after_failed_groups() == 0) {
+    zero("algorithm.rollout_verification.quarantine_after_failed_groups", "0 = 3 failed groups");
+  }
+  const v1::RolloutConfig& r = spec.rollout();
+  if (r.num_workers() == 0) {
+    zero("rollout.num_workers", "0 = every registered worker (they join and leave while it runs)");
+  }
+  if (r.max_concurrent_groups_per_worker() == 0) {
+    zero("rollout.max_concurrent_groups_per_worker",
+         "0 = auto (each worker sizes it to its memory)");
+  }
+  for (const auto& [path, sampling] :
+       {std::pair<const char*, const v1::SamplingParams*>{"rollout.sampling", &r.sampling()},
+        {"eval.sampling", &spec.eval().sampling()}}) {
+    if (sampling->top_k() == 0) zero(absl::StrCat(path, ".top_k"), "0 = off (no top-k cut)");
+    if (sampling->max_new_tokens() == 0) {
+      zero(absl::StrCat(path, ".max_new_tokens"), "0 = up to the context length");
+    }
+  }
+  if (spec.reward().item_timeout_ms() == 0) {
+    zero("reward.item_timeout_ms",
+         "0 = each verifier's default deadline on the reward server (as built: math 5 s, code "
+         "10 s, the others 1 s)");
+  }
+  const v1::BufferConfig& b = spec.buffer();
+  if (b.capacity_groups() == 0) {
+    zero("buffer.capacity_groups",
+         absl::StrCat("0 = unlimited (the admission gate holds the buffer to about (eta + 1) * "
+                      "B = ",
+                      (int64_t{a.max_staleness()} + 1) * a.batch_size_groups(), " groups)"));
+  }
+  if (b.min_size_to_sample_groups() == 0) {
+    zero("buffer.min_size_to_sample_groups",
+         absl::StrCat("0 = the batch asked for (B = ", a.batch_size_groups(), " groups)"));
+  }
+  if (b.samples_per_insert() == 0) zero("buffer.samples_per_insert", "0 = no rate limiting");
+  if (b.priority_source() == v1::PRIORITY_SOURCE_UNSPECIFIED &&
+      (b.sampler() == v1::SAMPLER_KIND_PRIORITIZED || b.sampler() == v1::SAMPLER_KIND_RECENCY)) {
+    zero("buffer.priority_source", "UNSPECIFIED = the group's mean reward");
+  }
+  const v1::EvalConfig& e = spec.eval();
+  if (e.every_n_steps() == 0) zero("eval.every_n_steps", "0 = only before RL and at the end");
+  if (e.num_prompts() == 0) {
+    zero("eval.num_prompts", absl::StrCat("0 = the whole eval split (task.eval_split_size: ",
+                                          spec.task().eval_split_size(), " prompts)"));
+  }
+  const v1::CheckpointConfig& c = spec.checkpoint();
+  if (c.dir().empty()) {
+    zero("checkpoint.dir", "empty = no checkpoints");
+  } else {
+    if (c.every_n_steps() == 0) zero("checkpoint.every_n_steps", "0 = only at the end");
+    if (c.keep_last() == 0) zero("checkpoint.keep_last", "0 = keep all");
+  }
+  return lines;
 }
 
 absl::Status ValidateRunSpec(const RunSpec& spec) {

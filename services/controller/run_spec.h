@@ -45,7 +45,12 @@ namespace sluice::controller {
 //   recency_probability 0.5; eval sampling temperature 0 (greedy), top_p 1.0;
 //   checkpoint.resume true.
 //
-// eval.num_prompts stays 0 (= the whole eval split). Idempotent:
+// model.device "cpu" when empty; model.dtype FLOAT32 on cpu (unset on a
+// GPU); algorithm.rollout_verification's fraction 1 and trusted_fraction
+// 1/16 (run_verification.h; the controller adds the trusted workers).
+//
+// eval.num_prompts stays 0 (= the whole eval split), as do the other fields
+// whose 0 means something other than a value (DescribeZeroDefaults). Idempotent:
 // ResolveDefaults(ResolveDefaults(s)) == ResolveDefaults(s). Pure (reads no
 // file), O(size).
 v1::RunSpec ResolveDefaults(v1::RunSpec spec);
@@ -73,6 +78,13 @@ inline constexpr size_t kMaxRunSpecBytes = 256 << 10;
 //
 // O(size of the spec).
 absl::Status ValidateRunSpecSizes(const v1::RunSpec& spec);
+// What the fields a resolved spec leaves 0 (or UNSPECIFIED) mean, one
+// "path: 0 = meaning" line each, e.g.
+//   buffer.capacity_groups: 0 = unlimited (the admission gate holds ...)
+//   eval.num_prompts: 0 = the whole eval split (task.eval_split_size: 500 prompts)
+// For `sluice submit --validate-only`, whose resolved spec would otherwise
+// show bare zeros. O(1).
+std::vector<std::string> DescribeZeroDefaults(const v1::RunSpec& resolved);
 
 // Checks a (normally resolved) spec and reports every problem at once, one
 // per line, each naming the field path and what is wrong with it:

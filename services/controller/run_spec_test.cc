@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/task/arithmetic.h"
 #include "gmock/gmock.h"
@@ -85,6 +86,8 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   const v1::RunSpec spec = ResolveDefaults(ArithmeticSpec());
   EXPECT_EQ(spec.model().builtin(), "tiny");
   EXPECT_EQ(spec.model().max_context_tokens(), 32);
+  EXPECT_EQ(spec.model().device(), "cpu");
+  EXPECT_EQ(spec.model().dtype(), v1::DTYPE_FLOAT32);
   EXPECT_EQ(spec.task().eval_split_size(), 200);
   const v1::ArithmeticTaskConfig& arithmetic = spec.task().arithmetic();
   EXPECT_EQ(arithmetic.min_operand(), 0);
@@ -124,6 +127,11 @@ TEST(ResolveDefaultsTest, EmptyArithmeticSpecGetsEveryDocumentedDefault) {
   EXPECT_EQ(a.kl_coef(), 0);
   EXPECT_EQ(a.entropy_coef(), 0);
   EXPECT_FALSE(a.tb_use_reference());
+  // Verified in full unless a worker is trusted (the controller names those).
+  EXPECT_TRUE(a.rollout_verification().has_fraction());
+  EXPECT_EQ(a.rollout_verification().fraction(), 1.0);
+  EXPECT_EQ(a.rollout_verification().trusted_fraction(), 1.0 / 16);
+  EXPECT_THAT(a.rollout_verification().trusted_worker_ids(), ::testing::IsEmpty());
 
   // No warm start asked for: its defaults stay unset.
   EXPECT_EQ(spec.warm_start().sft_steps(), 0);
@@ -177,6 +185,63 @@ TEST(ResolveDefaultsTest, WarmStartDefaultsOnlyWithSftSteps) {
   const v1::RunSpec resolved = ResolveDefaults(spec);
   EXPECT_DOUBLE_EQ(resolved.warm_start().learning_rate(), 1e-4);
   EXPECT_EQ(resolved.warm_start().batch_size(), 32);
+}
+
+// A GPU run's unset dtype means two dtypes (bfloat16 compute, float32
+// checkpoints): it is left unset, and described.
+TEST(ResolveDefaultsTest, AGpuRunKeepsItsUnsetDtypeAndSaysWhatItMeans) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_model()->set_device("cuda:1");
+  const v1::RunSpec resolved = ResolveDefaults(spec);
+  EXPECT_EQ(resolved.model().device(), "cuda:1");
+  EXPECT_EQ(resolved.model().dtype(), v1::DTYPE_UNSPECIFIED);
+  EXPECT_THAT(DescribeZeroDefaults(resolved),
+              ::testing::Contains(::testing::StartsWith("model.dtype: UNSPECIFIED = bfloat16")));
+}
+
+// `sluice submit --validate-only` prints the resolved spec: every field it
+// still shows as 0 says what that 0 means.
+TEST(DescribeZeroDefaultsTest, NamesWhatEachRemainingZeroMeans) {
+  v1::RunSpec spec = ArithmeticSpec();
+  spec.mutable_algorithm()->set_batch_size_groups(32);
+  spec.mutable_algorithm()->set_max_staleness(2);
+  spec.mutable_task()->set_eval_split_size(500);
+  const std::vector<std::string> lines = DescribeZeroDefaults(ResolveDefaults(spec));
+  EXPECT_THAT(lines, ::testing::IsSupersetOf({
+                         "eval.num_prompts: 0 = the whole eval split (task.eval_split_size: 500 "
+                         "prompts)",
+                         "buffer.capacity_groups: 0 = unlimited (the admission gate holds the "
+                         "buffer to about (eta + 1) * B = 96 groups)",
+                         "buffer.min_size_to_sample_groups: 0 = the batch asked for (B = 32 "
+                         "groups)",
+                         "rollout.max_concurrent_groups_per_worker: 0 = auto (each worker sizes "
+                         "it to its memory)",
+                     }));
+  EXPECT_THAT(lines, ::testing::Contains(::testing::StartsWith("reward.item_timeout_ms: 0 = ")));
+  // Resolved to a value, so not described.
+  EXPECT_THAT(lines, ::testing::Not(::testing::Contains(::testing::StartsWith("model.dtype"))));
+  spec.mutable_eval()->set_num_prompts(100);
+  spec.mutable_buffer()->set_capacity_groups(1000);
+  spec.mutable_reward()->set_item_timeout_ms(2000);
+  for (const std::string& line : DescribeZeroDefaults(ResolveDefaults(spec))) {
+    EXPECT_FALSE(absl::StartsWith(line, "eval.num_prompts") ||
+                 absl::StartsWith(line, "buffer.capacity_groups") ||
+                 absl::StartsWith(line, "reward.item_timeout_ms"))
+        << line;
+  }
+}
+
+TEST(ValidateRunSpecTest, RolloutVerificationFractionsAndTrustedWorkersAreBounded) {
+  v1::RunSpec spec = ResolveDefaults(ArithmeticSpec());
+  v1::RolloutVerificationConfig& v = *spec.mutable_algorithm()->mutable_rollout_verification();
+  v.set_trusted_fraction(1.5);
+  v.add_trusted_worker_ids("worker-0");
+  v.add_trusted_worker_ids("");
+  const std::string problems = ProblemsOf(spec);
+  EXPECT_THAT(problems, HasSubstr("algorithm.rollout_verification.trusted_fraction: must be in "
+                                  "[0, 1], got 1.5"));
+  EXPECT_THAT(problems, HasSubstr("algorithm.rollout_verification.trusted_worker_ids[1]: must be "
+                                  "a worker id of 1 to 256 bytes, got 0"));
 }
 
 TEST(ResolveDefaultsTest, IsIdempotent) {

@@ -532,8 +532,7 @@ int RunRunsCommand(const std::string& command, const std::string& run_id,
     std::cerr << prefix << run.status().message() << "\n";
     return run.status().code() == absl::StatusCode::kNotFound ? 2 : 1;
   }
-  std::cout << sluice::cli::RunToJson(*run) << "
-";
+  std::cout << sluice::cli::RunToJson(*run) << "\n";
   std::cerr << sluice::cli::FormatConditions(*run, absl::Now());
   return 0;
 }

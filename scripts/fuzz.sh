@@ -18,7 +18,7 @@
 # cmake/SluiceHelpers.cmake builds them, and ctest's <Name>FuzzReplay replays
 # the corpus in every build):
 #   math           reward_server: a model's answer against a reference
-#   run_spec       services/controller: YAML run specs and binary
+#   run_spec       controller: YAML run specs and binary
 #                  SubmitRunRequests through SubmitRun's validation
 #   dataset        common/task: dataset files (JSONL, GSM8K, MATH, HumanEval, gzip)
 #   safetensors    common/model: safetensors files and sharded indexes
@@ -42,7 +42,7 @@ cd "$(dirname "$0")/.."
 # enough that an input is quick to run).
 declare -A corpus_of=(
   [math]=reward_server/fuzz/corpus/math
-  [run_spec]=services/controller/fuzz/corpus/run_spec
+  [run_spec]=controller/fuzz/corpus/run_spec
   [dataset]=common/task/fuzz/corpus/dataset
   [safetensors]=common/model/fuzz/corpus/safetensors
   [model_config]=common/model/fuzz/corpus/model_config

@@ -20,7 +20,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
-#include "services/cli/local_stack.h"
+#include "cli/local_stack.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
 #include "sluice/v1/trainer.grpc.pb.h"

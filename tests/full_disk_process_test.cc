@@ -29,7 +29,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "services/cli/local_stack.h"
+#include "cli/local_stack.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "tests/test_support.h"
 

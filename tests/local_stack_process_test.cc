@@ -27,7 +27,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "services/cli/local_stack.h"
+#include "cli/local_stack.h"
 #include "services/runtime/health_client.h"
 #include "tests/test_support.h"
 

@@ -21,7 +21,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "services/cli/local_stack.h"
+#include "cli/local_stack.h"
 #include "services/runtime/health_client.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"

@@ -14,7 +14,7 @@ stack's endpoints.json names.
 
 Every method returns the generated protobuf messages (sluice.v1.controller_pb2.Run,
 ...) and raises SluiceError with the controller's own message when a call fails.
-The behaviour follows `sluice submit` / `sluice runs ...` (services/cli/run_client.cc):
+The behaviour follows `sluice submit` / `sluice runs ...` (cli/run_client.cc):
 the same spec reading, the same target resolution, the same watch that rides
 out a controller restart.
 """

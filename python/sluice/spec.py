@@ -1,6 +1,6 @@
 """Run specs from YAML or dicts into sluice.v1.RunSpec, as `sluice submit` reads them.
 
-This mirrors services/controller/spec_yaml.cc so that a spec means the same
+This mirrors controller/spec_yaml.cc so that a spec means the same
 thing whichever client sends it:
 
 - field names are RunSpec's (proto names, or their camelCase JSON names);

@@ -1,5 +1,5 @@
 """The generated package imports cleanly beside grpcio, and specs read from YAML
-or dicts as `sluice submit` reads them (services/controller/spec_yaml.cc).
+or dicts as `sluice submit` reads them (controller/spec_yaml.cc).
 
 Run by ctest with PYTHONPATH=<build>/python and SLUICE_SOURCE_DIR; needs no
 running service.

@@ -440,7 +440,7 @@ std::string FormatOutcome(const v1::Run& run) {
       absl::StrFormat("steps %d, groups trained %d (generated %d, evicted stale %d), "
                       "max staleness %d (eta %d), tokens generated %s, final reward %.3f\n",
                       s.steps(), s.groups_trained(), s.groups_generated(), s.groups_evicted_stale(),
-                      s.max_staleness(), s.eta(), Count(static_cast<double>(s.tokens_generated())),
+                      s.max_observed_staleness(), s.eta(), Count(static_cast<double>(s.tokens_generated())),
                       s.final_reward_mean()));
   return text;
 }

@@ -129,7 +129,12 @@ void RebuildFromAppendedFiles(const RunFiles& files, RunRecord* record) {
     summary.clear_steps();
     summary.clear_groups_trained();
     summary.clear_tokens_trained();
+    summary.clear_max_observed_staleness();
+    // Deprecated, the same figure (RunSummary.max_staleness).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     summary.clear_max_staleness();
+#pragma GCC diagnostic pop
     summary.clear_final_reward_mean();
     summary.clear_verification();
     summary.clear_weight_sync();
@@ -387,7 +392,13 @@ void ApplyStepFigures(const v1::TrainingStepMetrics& step, v1::Run* run,
   summary.set_steps(step.step());
   summary.set_groups_trained(summary.groups_trained() + step.groups());
   summary.set_tokens_trained(summary.tokens_trained() + step.tokens_trained());
-  summary.set_max_staleness(std::max(summary.max_staleness(), step.staleness_max()));
+  summary.set_max_observed_staleness(
+      std::max(summary.max_observed_staleness(), step.staleness_max()));
+  // Deprecated, the same figure: written one more version for old readers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  summary.set_max_staleness(summary.max_observed_staleness());
+#pragma GCC diagnostic pop
   progress.set_groups_trained(summary.groups_trained());
   ApplyVerificationFigures(step, summary.mutable_verification());
   ApplyWeightSyncFigures(step, run->spec(), &summary);

@@ -165,7 +165,12 @@ TEST_F(RunRecordTest, ProgressIsRebuiltFromTheAppendedFilesAheadOfTheState) {
   EXPECT_EQ(run.summary().steps(), 5);
   EXPECT_EQ(run.summary().groups_trained(), 10);
   EXPECT_EQ(run.summary().tokens_trained(), 500);
+  EXPECT_EQ(run.summary().max_observed_staleness(), 2);
+  // Deprecated, the same figure, still written for old readers.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
   EXPECT_EQ(run.summary().max_staleness(), 2);
+#pragma GCC diagnostic pop
   EXPECT_EQ(run.summary().weight_versions(), 6);
   EXPECT_DOUBLE_EQ(run.summary().final_reward_mean(), (0.1 + 0.2 + 0.3 + 0.4 + 0.9) / 5);
   EXPECT_EQ(loaded->recent_step_rewards.size(), 5u);

@@ -138,7 +138,7 @@ absl::Status CheckRunMemory(const run::RunMemoryEstimate& estimate,
 
 // What `sluice submit --validate-only` does without a controller:
 // ResolveDefaults, ValidateRunSpec, the verifier names against the builtin
-// ones (reward_server::BuiltinVerifierNames), and the memory estimate
+// ones (run::BuiltinVerifierNames, common/run/verifier_params.h), and the memory estimate
 // (shown, not checked: the budgets are the services'). INVALID_ARGUMENT
 // with every problem, as SubmitRun would answer.
 struct OfflineValidation {

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/run/run_buffer.h"
 
 namespace sluice::replay_buffer {
 
@@ -23,30 +24,7 @@ RateLimiter::Options RateLimiter::OptionsFrom(const v1::BufferConfig& config,
 
 void RateLimiter::Validate(const v1::BufferConfig& config, int32_t batch_size_groups,
                            std::vector<std::string>* problems) {
-  const double spi = config.samples_per_insert();
-  if (!std::isfinite(spi) || spi < 0) {
-    problems->push_back(
-        absl::StrCat("buffer.samples_per_insert: must be >= 0 (0 = off), got ", spi));
-    return;
-  }
-  const double tolerance = config.samples_per_insert_tolerance();
-  if (!std::isfinite(tolerance) || tolerance < 0) {
-    problems->push_back(absl::StrCat(
-        "buffer.samples_per_insert_tolerance: must be >= 0 (0 = 2 * batch_size_groups), got ",
-        tolerance));
-    return;
-  }
-  if (spi > 0 && tolerance > 0 && batch_size_groups > 0) {
-    const double needed = (batch_size_groups + spi) / 2.0;
-    if (tolerance < needed) {
-      problems->push_back(absl::StrCat(
-          "buffer.samples_per_insert_tolerance: must be >= (batch_size_groups + "
-          "samples_per_insert) / 2 = ",
-          needed, ", got ", tolerance,
-          "; with less, inserts could block before a whole batch may be sampled and both "
-          "sides would wait for ever"));
-    }
-  }
+  run::ValidateBufferRateLimit(config, batch_size_groups, problems);
 }
 
 bool RateLimiter::RatioAllowsSample(int64_t n) const {

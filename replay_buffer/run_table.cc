@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/run/run_buffer.h"
 #include "common/run/run_memory.h"
 #include "common/status_macros.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -118,41 +119,8 @@ absl::Status RunConfig::Validate() const {
     problems.push_back(absl::StrCat("min_reward: must be <= max_reward, got ", *min_reward,
                                     " > ", *max_reward));
   }
-  if (absl::StatusOr<SamplerOptions> sampler = SamplerOptions::FromConfig(buffer, seed);
-      !sampler.ok()) {
-    for (absl::string_view line : absl::StrSplit(sampler.status().message(), '\n')) {
-      problems.emplace_back(line);
-    }
-  }
-  if (!v1::PrioritySource_IsValid(buffer.priority_source())) {
-    problems.push_back(absl::StrCat("buffer.priority_source: unknown value ",
-                                    static_cast<int>(buffer.priority_source())));
-  }
-  if (!std::isfinite(buffer.priority_epsilon()) || buffer.priority_epsilon() < 0) {
-    problems.push_back(absl::StrCat("buffer.priority_epsilon: must be >= 0 (0 = 0.01), got ",
-                                    buffer.priority_epsilon()));
-  }
-  if (buffer.max_times_sampled() < 0) {
-    problems.push_back(absl::StrCat("buffer.max_times_sampled: must be >= 0 (0 = 1), got ",
-                                    buffer.max_times_sampled()));
-  }
-  if (buffer.min_size_to_sample_groups() < 0) {
-    problems.push_back(absl::StrCat("buffer.min_size_to_sample_groups: must be >= 0, got ",
-                                    buffer.min_size_to_sample_groups()));
-  }
-  const int64_t batch_minimum =
-      std::max<int64_t>(batch_size_groups, buffer.min_size_to_sample_groups());
-  if (buffer.capacity_groups() < 0) {
-    problems.push_back(absl::StrCat("buffer.capacity_groups: must be >= 0 (0 = unbounded), got ",
-                                    buffer.capacity_groups()));
-  } else if (buffer.capacity_groups() > 0 && buffer.capacity_groups() < batch_minimum) {
-    problems.push_back(
-        absl::StrCat("buffer.capacity_groups: must be 0 (unbounded) or >= max(batch_size_groups, "
-                     "min_size_to_sample_groups) = ",
-                     batch_minimum, ", got ", buffer.capacity_groups(),
-                     "; a smaller table could never fill a batch"));
-  }
-  RateLimiter::Validate(buffer, batch_size_groups, &problems);
+  // The buffer section's rules, as the controller applied them at submit.
+  run::ValidateBufferConfig(buffer, batch_size_groups, &problems);
   if (problems.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrJoin(problems, "\n"));
 }

@@ -11,7 +11,7 @@
 #include "reward_server/format_verifier.h"
 #include "reward_server/length_verifier.h"
 #include "reward_server/scorer.h"
-#include "reward_server/verifier_params.h"
+#include "common/run/verifier_params.h"
 
 namespace sluice::reward_server {
 namespace {
@@ -153,7 +153,7 @@ TEST(BuiltinVerifierNamesTest, AreTheBuiltinRegistrysNames) {
   std::vector<std::string> names;
   for (const auto& verifier : registry->List()) names.push_back(verifier->info().name);
   std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, BuiltinVerifierNames());
+  EXPECT_EQ(names, run::BuiltinVerifierNames());
 }
 
 TEST(CompositionParamsTest, RunParamsReachTheirVerifierAndItemMetadataWins) {

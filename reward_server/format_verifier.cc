@@ -8,7 +8,7 @@
 #include "re2/re2.h"
 #include "reward_server/math/math_equivalence.h"
 #include "reward_server/math_verifier.h"
-#include "reward_server/verifier_params.h"
+#include "common/run/verifier_params.h"
 
 namespace sluice::reward_server {
 namespace {
@@ -120,7 +120,7 @@ VerifyOutcome FormatVerifier::Verify(const VerifyRequest& request) const {
   const RE2& re = **compiled;
   const auto full = request.metadata.find("format_full_match");
   bool parsed = false;  // A malformed value was refused at submission (verifier_params).
-  const bool whole = full != request.metadata.end() && ParseBoolParam(full->second, &parsed);
+  const bool whole = full != request.metadata.end() && run::ParseBoolParam(full->second, &parsed);
   const re2::StringPiece text(request.response.data(), request.response.size());
   re2::StringPiece match;
   const bool matched =

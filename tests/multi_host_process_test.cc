@@ -400,7 +400,7 @@ TEST_F(MultiHostProcessTest, AWorkersHostIsPartitionedMidRunAndHealedAndTheRunSu
   const auto summary = nlohmann::json::parse(testing::ReadFile(run_dir + "/summary.json"));
   EXPECT_EQ(summary["steps"].get<int64_t>(), kSteps);
   EXPECT_EQ(summary["groups_trained"].get<int64_t>(), kSteps * kBatchGroups);
-  EXPECT_LE(summary["max_staleness"].get<int64_t>(), kEta);
+  EXPECT_LE(summary["max_observed_staleness"].get<int64_t>(), kEta);
   const auto& recovery = summary["recovery"];
   EXPECT_GE(recovery.value("workers_lost", int64_t{0}), 1) << summary;
   // Both at the start, and worker-a again after the heal.

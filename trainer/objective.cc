@@ -3,18 +3,12 @@
 #include <algorithm>
 
 #include "common/model/transformer.h"
+#include "common/run/run_objective.h"
 #include "trainer/importance_weights.h"
 #include "trainer/trajectory_balance.h"
 
 namespace sluice::trainer {
 namespace {
-
-// The documented defaults (run_spec.h's ResolveDefaults) of fields left 0.
-constexpr double kDefaultClipEps = 0.2;
-constexpr double kDefaultBehaviourWeightCap = 5.0;
-constexpr double kDefaultTbBeta = 1.0;
-constexpr double kDefaultAdvantageEps = 1e-6;
-constexpr int64_t kDefaultMaxStaleness = 4;
 
 WeightCapMode ToCapMode(v1::BehaviourWeightMode mode) {
   switch (mode) {
@@ -40,42 +34,39 @@ LossAggregation ToAggregation(v1::LossAggregation aggregation) {
 
 }  // namespace
 
-ObjectiveConfig ObjectiveConfig::FromAlgorithm(const v1::AlgorithmConfig& a,
+ObjectiveConfig ObjectiveConfig::FromAlgorithm(const v1::AlgorithmConfig& algorithm,
                                                int64_t max_new_tokens) {
+  // The spec's defaults, resolved as the controller resolved them at submit
+  // (a spec sent resolved is unchanged by this).
+  v1::AlgorithmConfig a = algorithm;
+  run::ResolveObjectiveDefaults(&a, max_new_tokens, /*max_context_tokens=*/0);
   ObjectiveConfig c;
-  c.objective = a.objective() == v1::OBJECTIVE_UNSPECIFIED ? v1::OBJECTIVE_DECOUPLED_PPO
-                                                           : a.objective();
+  c.objective = a.objective();
   if (a.truncated_importance_sampling()) {
     c.proximal = ProximalSource::kCurrent;
   } else if (a.proximal_logprobs() == v1::PROXIMAL_LOGPROBS_METHOD_LOGLINEAR) {
     c.proximal = ProximalSource::kLogLinear;
   }
   PolicyLossOptions& loss = c.loss;
-  loss.clip_eps_low = a.clip_eps_low() > 0 ? a.clip_eps_low() : kDefaultClipEps;
-  loss.clip_eps_high = a.clip_eps_high() > 0 ? a.clip_eps_high() : loss.clip_eps_low;
-  loss.behaviour_weight_cap =
-      a.behaviour_weight_cap() > 0 ? a.behaviour_weight_cap() : kDefaultBehaviourWeightCap;
+  loss.clip_eps_low = a.clip_eps_low();
+  loss.clip_eps_high = a.clip_eps_high();
+  loss.behaviour_weight_cap = a.behaviour_weight_cap();
   loss.cap_mode = ToCapMode(a.behaviour_weight_mode());
   loss.behaviour_weight_floor = a.behaviour_weight_floor();
   loss.second_moment_threshold = a.second_moment_threshold();
   loss.aggregation = ToAggregation(a.loss_aggregation());
   loss.aggregation_constant = static_cast<double>(
-      a.loss_normalizer_tokens() > 0 ? a.loss_normalizer_tokens() : std::max<int64_t>(1, max_new_tokens));
+      a.loss_normalizer_tokens() > 0 ? a.loss_normalizer_tokens()
+                                     : std::max<int64_t>(1, max_new_tokens));
   loss.kl_coef = a.kl_coef();
   loss.entropy_coef = a.entropy_coef();
-  c.tb_beta = a.tb_beta() > 0 ? a.tb_beta() : kDefaultTbBeta;
+  c.tb_beta = a.tb_beta();
   c.tb_use_reference = a.tb_use_reference();
   c.dynamic_sampling = a.dynamic_sampling();
-  if (c.dynamic_sampling == v1::DYNAMIC_SAMPLING_UNSPECIFIED) {
-    c.dynamic_sampling = c.objective == v1::OBJECTIVE_TRAJECTORY_BALANCE
-                             ? v1::DYNAMIC_SAMPLING_KEEP
-                             : v1::DYNAMIC_SAMPLING_DROP;
-  }
-  c.normalize_advantage_by_std =
-      !a.has_normalize_advantage_by_std() || a.normalize_advantage_by_std();
-  c.advantage_eps = a.advantage_eps() > 0 ? a.advantage_eps() : kDefaultAdvantageEps;
+  c.normalize_advantage_by_std = a.normalize_advantage_by_std();
+  c.advantage_eps = a.advantage_eps();
   if (a.staleness_bound() == v1::STALENESS_BOUND_TOKEN) {
-    c.max_token_staleness = a.has_max_staleness() ? a.max_staleness() : kDefaultMaxStaleness;
+    c.max_token_staleness = a.max_staleness();
   }
   return c;
 }

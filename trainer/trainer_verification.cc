@@ -5,6 +5,7 @@
 #include "trainer/trainer_impl.h"
 
 #include "absl/strings/match.h"
+#include "common/run/run_objective.h"
 
 namespace sluice::trainer {
 namespace {
@@ -50,7 +51,7 @@ void TrainerRun::Impl::ConfigureVerification() {
   // A sampled group is at most eta versions older than the trainer when
   // sampled, and the batch's minibatches publish more before its last one:
   // hold them all.
-  const int64_t eta = alg.has_max_staleness() ? alg.max_staleness() : 4;
+  const int64_t eta = run::ResolvedMaxStaleness(alg);
   policy_history_ = std::make_unique<PolicyHistory>(
       model_->config(), static_cast<int>(eta + Minibatches() + 1));
 }

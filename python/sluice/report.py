@@ -575,7 +575,7 @@ def summary_rows(run: RunFiles) -> List[Tuple[str, str]]:
             % (100 * s.get("eval_before", 0), 100 * s.get("eval_after", 0)))
     add("RL steps", s.get("steps", len(run.steps)))
     add("final reward mean (last 10 steps)", s.get("final_reward_mean"))
-    add("max staleness seen", s.get("max_staleness"))
+    add("max staleness seen", s.get("max_observed_staleness", s.get("max_staleness")))
     add("groups generated / trained / evicted stale",
         "%s / %s / %s" % (_format_value(s["groups_generated"]), _format_value(s["groups_trained"]),
                           _format_value(s.get("groups_evicted_stale", 0)))

@@ -7,37 +7,15 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/run/run_buffer.h"
 #include "sluice/v1/common.pb.h"
 
 namespace sluice::replay_buffer {
 
-// A sampler's settings, resolved from a run's BufferConfig (defaults applied).
-struct SamplerOptions {
-  // Never UNSPECIFIED once resolved.
-  v1::SamplerKind kind = v1::SAMPLER_KIND_FIFO;
-  // PRIORITIZED: P(i) ~ priority_i^alpha; 0 = uniform.
-  double priority_alpha = 0.6;
-  // RECENCY: probability that a draw takes the newest key not yet chosen.
-  double recency_probability = 0.5;
-  // RECENCY: the other draws have P(i) ~ exp(beta * priority_i); 0 = uniform.
-  double reward_inverse_temperature = 0.0;
-  // Seed of the sampler's generator (random kinds). Same seed, same calls:
-  // same keys.
-  uint64_t seed = 0;
-
-  // BufferConfig fields with their defaults; INVALID_ARGUMENT naming the
-  // field (prefixed by `field_prefix`, e.g. "buffer.") for values out of range:
-  // unknown kind, alpha < 0 or not finite, recency_probability outside [0, 1],
-  // beta not finite. Every problem is reported, one per line, e.g.
-  // "buffer.recency_probability: must be in [0, 1], got 1.5". Fields a kind
-  // does not use are validated too (a bad value is a mistake either way).
-  static absl::StatusOr<SamplerOptions> FromConfig(const v1::BufferConfig& config, uint64_t seed,
-                                                   const char* field_prefix = "buffer.");
-
-  // The same checks on resolved options (field names as in BufferConfig,
-  // prefixed by `field_prefix`); UNSPECIFIED is accepted here as FIFO.
-  absl::Status Validate(const char* field_prefix = "") const;
-};
+// A sampler's settings, resolved from a run's BufferConfig (defaults applied):
+// the buffer section's rules live with the run spec's (common/run/run_buffer.h),
+// which the controller applies at submit.
+using SamplerOptions = run::BufferSamplerOptions;
 
 // Chooses which held groups go into a batch. The run table owns the groups
 // and their bookkeeping (staleness, times sampled, eviction); a sampler only

@@ -1,5 +1,5 @@
-#ifndef SLUICE_REWARD_SERVER_VERIFIER_PARAMS_H_
-#define SLUICE_REWARD_SERVER_VERIFIER_PARAMS_H_
+#ifndef SLUICE_COMMON_RUN_VERIFIER_PARAMS_H_
+#define SLUICE_COMMON_RUN_VERIFIER_PARAMS_H_
 
 #include <map>
 #include <string>
@@ -8,13 +8,15 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
-namespace sluice::reward_server {
+namespace sluice::run {
 
 // Checks the params a run gives a built-in verifier in its composition
 // (reward.verifiers[i].params), so that a typo or a bad value is refused when
 // the run is submitted rather than turning every item into invalid input.
-// A light library (RE2 and Abseil, no GiNaC, no sandbox): the controller
-// links it.
+// One home for these rules: the controller checks a spec with them at
+// submit, the reward server's verifiers read the same params. A light
+// library (RE2 and Abseil, no GiNaC, no sandbox). A new built-in verifier
+// with params adds its rules here (docs/architecture.md).
 //
 //   format  format_regex (compiles with RE2, at most 4 KiB), format_full_match
 //           (true/false), format (answer_marker | boxed | think_answer)
@@ -38,6 +40,6 @@ const std::vector<std::string>& BuiltinVerifierNames();
 // *ok = false otherwise.
 bool ParseBoolParam(absl::string_view value, bool* ok);
 
-}  // namespace sluice::reward_server
+}  // namespace sluice::run
 
-#endif  // SLUICE_REWARD_SERVER_VERIFIER_PARAMS_H_
+#endif  // SLUICE_COMMON_RUN_VERIFIER_PARAMS_H_

@@ -1,4 +1,4 @@
-#include "reward_server/verifier_params.h"
+#include "common/run/verifier_params.h"
 
 #include <cstdint>
 #include <set>
@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "re2/re2.h"
 
-namespace sluice::reward_server {
+namespace sluice::run {
 namespace {
 
 absl::Status Bad(absl::string_view key, absl::string_view why) {
@@ -121,4 +121,4 @@ absl::Status ValidateVerifierParams(absl::string_view verifier,
   return absl::OkStatus();
 }
 
-}  // namespace sluice::reward_server
+}  // namespace sluice::run

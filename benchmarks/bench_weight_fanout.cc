@@ -43,6 +43,7 @@
 #include "nlohmann/json.hpp"
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
+#include "services/clients/grpc_clients.h"
 #include "services/weights/relay_fetcher.h"
 #include "services/weights/version_stream.h"
 #include "services/weights/weight_relay_service.h"

@@ -21,6 +21,7 @@
 #include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_service.h"
 #include "services/clients/clients.h"
+#include "services/clients/grpc_clients.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/metrics.h"
 #include "services/runtime/rpc_metrics_interceptor.h"

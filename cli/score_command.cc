@@ -22,6 +22,7 @@
 #include "reward_server/proto_convert.h"
 #include "reward_server/scorer.h"
 #include "services/clients/clients.h"
+#include "services/clients/grpc_clients.h"
 
 namespace sluice::cli {
 namespace {

@@ -1,7 +1,6 @@
 #include "controller/grpc_clients.h"
 
 #include <algorithm>
-#include <chrono>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -11,6 +10,7 @@
 #include "grpcpp/grpcpp.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/transport_security.h"
+#include "services/runtime/unary_call.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
 #include "sluice/v1/rollout_worker.grpc.pb.h"
@@ -25,9 +25,7 @@ std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
 
 constexpr absl::Duration kStopTrainingTimeout = absl::Minutes(5);
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
-}
+using runtime::UnaryCall;
 
 class GrpcTrainerClient final : public TrainerClient {
  public:
@@ -37,27 +35,30 @@ class GrpcTrainerClient final : public TrainerClient {
         stub_(v1::TrainerService::NewStub(Channel(address_))) {}
   const std::string& address() const override { return address_; }
   absl::Status StartTraining(const v1::StartTrainingRequest& request) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::StartTrainingResponse response;
-    return runtime::FromGrpcStatus(stub_->StartTraining(&context, request, &response));
+    return UnaryCall<v1::StartTrainingResponse>(timeout_,
+                                                [&](auto* context, auto* response) {
+                                                  return stub_->StartTraining(context, request,
+                                                                              response);
+                                                })
+        .status();
   }
   absl::Status StopTraining(const v1::StopTrainingRequest& request) override {
     // The trainer answers once its run has stopped, after writing the final
     // checkpoint when asked: that can take minutes for a large model.
-    grpc::ClientContext context;
-    SetDeadline(context, std::max(timeout_, kStopTrainingTimeout));
-    v1::StopTrainingResponse response;
-    return runtime::FromGrpcStatus(stub_->StopTraining(&context, request, &response));
+    return UnaryCall<v1::StopTrainingResponse>(std::max(timeout_, kStopTrainingTimeout),
+                                               [&](auto* context, auto* response) {
+                                                 return stub_->StopTraining(context, request,
+                                                                            response);
+                                               })
+        .status();
   }
   absl::StatusOr<v1::TrainerStatus> GetStatus() override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::GetTrainerStatusResponse response;
-    const grpc::Status status =
-        stub_->GetTrainerStatus(&context, v1::GetTrainerStatusRequest(), &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
-    return std::move(*response.mutable_status());
+    absl::StatusOr<v1::GetTrainerStatusResponse> response =
+        UnaryCall<v1::GetTrainerStatusResponse>(timeout_, [&](auto* context, auto* response) {
+          return stub_->GetTrainerStatus(context, v1::GetTrainerStatusRequest(), response);
+        });
+    if (!response.ok()) return response.status();
+    return std::move(*response->mutable_status());
   }
 
  private:
@@ -74,39 +75,37 @@ class GrpcReplayBufferClient final : public ReplayBufferClient {
         stub_(v1::ReplayBufferService::NewStub(Channel(address_))) {}
   const std::string& address() const override { return address_; }
   absl::Status ConfigureRun(const v1::ConfigureRunRequest& request) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::ConfigureRunResponse response;
-    return runtime::FromGrpcStatus(stub_->ConfigureRun(&context, request, &response));
+    return UnaryCall<v1::ConfigureRunResponse>(timeout_,
+                                               [&](auto* context, auto* response) {
+                                                 return stub_->ConfigureRun(context, request,
+                                                                            response);
+                                               })
+        .status();
   }
   absl::StatusOr<v1::GetStatsResponse> GetStats(const std::string& run_id) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
     v1::GetStatsRequest request;
     request.set_run_id(run_id);
-    v1::GetStatsResponse response;
-    const grpc::Status status = stub_->GetStats(&context, request, &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
-    return response;
+    return UnaryCall<v1::GetStatsResponse>(timeout_, [&](auto* context, auto* response) {
+      return stub_->GetStats(context, request, response);
+    });
   }
   absl::Status ReleaseWorkerSlots(const std::string& run_id,
                                   const std::string& worker_id) override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
     v1::ReleaseGenerationSlotsRequest request;
     request.set_run_id(run_id);
     request.set_worker_id(worker_id);
     request.set_release_all(true);
-    v1::ReleaseGenerationSlotsResponse response;
-    return runtime::FromGrpcStatus(stub_->ReleaseGenerationSlots(&context, request, &response));
+    return UnaryCall<v1::ReleaseGenerationSlotsResponse>(timeout_,
+                                                         [&](auto* context, auto* response) {
+                                                           return stub_->ReleaseGenerationSlots(
+                                                               context, request, response);
+                                                         })
+        .status();
   }
   absl::StatusOr<v1::GetStatsResponse> GetServerStats() override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::GetStatsResponse response;
-    const grpc::Status status = stub_->GetStats(&context, v1::GetStatsRequest(), &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
-    return response;
+    return UnaryCall<v1::GetStatsResponse>(timeout_, [&](auto* context, auto* response) {
+      return stub_->GetStats(context, v1::GetStatsRequest(), response);
+    });
   }
 
  private:
@@ -123,29 +122,27 @@ class GrpcRewardServerClient final : public RewardServerClient {
         stub_(v1::RewardService::NewStub(Channel(address_))) {}
   const std::string& address() const override { return address_; }
   absl::StatusOr<std::vector<std::string>> ListVerifiers() override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::ListVerifiersResponse response;
-    const grpc::Status status =
-        stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
+    absl::StatusOr<v1::ListVerifiersResponse> response = List();
+    if (!response.ok()) return response.status();
     std::vector<std::string> names;
-    for (const v1::VerifierInfo& verifier : response.verifiers()) names.push_back(verifier.name());
+    for (const v1::VerifierInfo& verifier : response->verifiers()) names.push_back(verifier.name());
     return names;
   }
   absl::StatusOr<uint64_t> Incarnation() override {
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    v1::ListVerifiersResponse response;
-    const grpc::Status status =
-        stub_->ListVerifiers(&context, v1::ListVerifiersRequest(), &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
-    return response.incarnation();
+    absl::StatusOr<v1::ListVerifiersResponse> response = List();
+    if (!response.ok()) return response.status();
+    return response->incarnation();
   }
 
  private:
   const std::string address_;
   const absl::Duration timeout_;
+  absl::StatusOr<v1::ListVerifiersResponse> List() {
+    return UnaryCall<v1::ListVerifiersResponse>(timeout_, [&](auto* context, auto* response) {
+      return stub_->ListVerifiers(context, v1::ListVerifiersRequest(), response);
+    });
+  }
+
   const std::unique_ptr<v1::RewardService::Stub> stub_;
 };
 
@@ -156,16 +153,16 @@ class GrpcHealthChecker final : public HealthChecker {
   explicit GrpcHealthChecker(absl::Duration timeout) : timeout_(timeout) {}
   absl::Status Check(const std::string& address) override {
     grpc::health::v1::Health::Stub* stub = StubFor(address);
-    grpc::ClientContext context;
-    SetDeadline(context, timeout_);
-    grpc::health::v1::HealthCheckRequest request;
-    grpc::health::v1::HealthCheckResponse response;
-    const grpc::Status status = stub->Check(&context, request, &response);
-    if (!status.ok()) return runtime::FromGrpcStatus(status);
-    if (response.status() != grpc::health::v1::HealthCheckResponse::SERVING) {
+    const absl::StatusOr<grpc::health::v1::HealthCheckResponse> response =
+        UnaryCall<grpc::health::v1::HealthCheckResponse>(
+            timeout_, [&](auto* context, auto* response) {
+              return stub->Check(context, grpc::health::v1::HealthCheckRequest(), response);
+            });
+    if (!response.ok()) return response.status();
+    if (response->status() != grpc::health::v1::HealthCheckResponse::SERVING) {
       return absl::UnavailableError(absl::StrCat(
           "health is ",
-          grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status())));
+          grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response->status())));
     }
     return absl::OkStatus();
   }

@@ -99,7 +99,7 @@ grpc::Status RewardServerServiceImpl::ScoreBatch(grpc::ServerContext* context,
     const absl::Status admitted = admission_->TryAdmit(programs);
     if (!admitted.ok()) {
       metrics_.RecordRefusedBatch("sandbox_full");
-      if (std::optional<absl::Duration> after = runtime::RetryAfter(admitted)) {
+      if (std::optional<absl::Duration> after = RetryAfter(admitted)) {
         context->AddTrailingMetadata(std::string(runtime::kRetryPushbackMetadataKey),
                                      absl::StrCat(absl::ToInt64Milliseconds(*after)));
       }

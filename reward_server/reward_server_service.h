@@ -7,7 +7,7 @@
 
 #include "absl/status/status.h"
 #include "prometheus/registry.h"
-#include "reward_server/limits.h"
+#include "common/wire_limits.h"
 #include "reward_server/reward_metrics.h"
 #include "reward_server/sandbox/sandbox_pool.h"
 #include "reward_server/sandbox_admission.h"
@@ -19,7 +19,7 @@ namespace sluice::reward_server {
 
 struct RewardServiceOptions {
   // Largest ScoreBatchRequest.items accepted; larger batches are
-  // INVALID_ARGUMENT. Clients split to the default (limits.h).
+  // INVALID_ARGUMENT. Clients split to the default (common/wire_limits.h).
   int max_batch_items = kDefaultMaxBatchItems;
   // With a sandbox pool: sandboxed programs admitted beyond its slots
   // (SandboxAdmissionOptions::max_queued) before ScoreBatch refuses a batch

@@ -340,8 +340,8 @@ TEST(SandboxAdmissionTest, AdmitsUpToCapacityThenRefusesWithAHint) {
   const absl::Status refused = admission.TryAdmit(1);
   EXPECT_EQ(refused.code(), absl::StatusCode::kResourceExhausted);
   // 5 admitted over 2 slots at 400 ms each: about 1 s of waiting.
-  ASSERT_TRUE(runtime::RetryAfter(refused).has_value());
-  EXPECT_EQ(*runtime::RetryAfter(refused), absl::Milliseconds(1000));
+  ASSERT_TRUE(RetryAfter(refused).has_value());
+  EXPECT_EQ(*RetryAfter(refused), absl::Milliseconds(1000));
   EXPECT_THAT(refused.message(), HasSubstr("retry after 1000 ms"));
   EXPECT_EQ(admission.refused(), 1u);
   admission.Release(5);
@@ -359,10 +359,10 @@ TEST(SandboxAdmissionTest, HintStaysWithinItsBounds) {
   options.max_retry_after = absl::Seconds(2);
   SandboxAdmission slow(options, [] { return absl::Seconds(10); });
   ASSERT_TRUE(slow.TryAdmit(1).ok());
-  EXPECT_EQ(*runtime::RetryAfter(slow.TryAdmit(1)), absl::Seconds(2));
+  EXPECT_EQ(*RetryAfter(slow.TryAdmit(1)), absl::Seconds(2));
   SandboxAdmission unknown(options);  // No run yet: 100 ms per program.
   ASSERT_TRUE(unknown.TryAdmit(1).ok());
-  EXPECT_EQ(*runtime::RetryAfter(unknown.TryAdmit(1)), absl::Milliseconds(100));
+  EXPECT_EQ(*RetryAfter(unknown.TryAdmit(1)), absl::Milliseconds(100));
 }
 
 TEST(SandboxAdmissionTest, CountsTheProgramsABatchRuns) {

@@ -4,7 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "services/runtime/grpc_status.h"
+#include "common/retry_after.h"
 
 namespace sluice::reward_server {
 
@@ -41,7 +41,7 @@ absl::Status SandboxAdmission::TryAdmit(int64_t programs) {
   const absl::Duration wait = std::clamp(per_program * (static_cast<double>(admitted) / options_.slots),
                                          options_.min_retry_after, options_.max_retry_after);
   const int64_t ms = absl::ToInt64Milliseconds(absl::Ceil(wait, absl::Milliseconds(1)));
-  return runtime::WithRetryAfter(
+  return WithRetryAfter(
       absl::ResourceExhaustedError(absl::StrCat(
           "the code sandbox is full: ", admitted, " programs admitted for ", options_.slots,
           " slots (at most ", capacity, "); this batch has ", programs,

@@ -42,7 +42,7 @@ class SandboxAdmission {
                    std::function<absl::Duration()> mean_run_time = nullptr);
 
   // Admits `programs` more (0 always passes). RESOURCE_EXHAUSTED, carrying
-  // runtime::WithRetryAfter's hint and saying "retry after N ms", when
+  // WithRetryAfter's hint and saying "retry after N ms", when
   // admitted + programs > slots + max_queued and something is admitted.
   absl::Status TryAdmit(int64_t programs) ABSL_LOCKS_EXCLUDED(mu_);
   // Returns what TryAdmit admitted.

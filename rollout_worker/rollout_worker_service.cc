@@ -17,6 +17,7 @@
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "services/clients/clients.h"
+#include "services/clients/grpc_clients.h"
 #include "services/clients/retry_metrics.h"
 #include "services/clients/retrying_clients.h"
 #include "services/runtime/auth.h"

@@ -19,6 +19,7 @@
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/clients/grpc_clients.h"
 #include "services/clients/retrying_clients.h"
 #include "services/runtime/health_client.h"
 #include "sluice/v1/controller.grpc.pb.h"

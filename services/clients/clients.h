@@ -18,7 +18,8 @@
 
 // What the trainer and the rollout worker need from the other services, as
 // small interfaces: the core libraries are written (and tested, with fakes)
-// against these, and grpc_clients.h implements them over gRPC. Messages are
+// against these, and grpc_clients.h implements them over gRPC (the
+// sluice_grpc_clients library; this one, sluice_clients, links no gRPC). Messages are
 // the sluice.v1 protos; no gRPC types appear here.
 //
 // Every method blocks for at most its timeout (or the stated default) and
@@ -118,16 +119,6 @@ class WeightSource {
       const v1::StreamWeightsRequest& request, absl::Duration stall,
       const std::function<absl::Status(v1::WeightsChunk& chunk)>& on_chunk) = 0;
 };
-
-// gRPC implementations; `target` is "host:port". Channels are created lazily
-// and reconnect by themselves.
-std::unique_ptr<RewardClient> NewGrpcRewardClient(const std::string& target);
-std::unique_ptr<ReplayBufferClient> NewGrpcReplayBufferClient(const std::string& target);
-std::unique_ptr<ControllerClient> NewGrpcControllerClient(const std::string& target);
-std::unique_ptr<TrainerClient> NewGrpcTrainerClient(const std::string& target);
-// The trainer's StreamWeights, and a worker's WeightRelay.StreamWeights.
-std::unique_ptr<WeightSource> NewGrpcTrainerWeightSource(const std::string& target);
-std::unique_ptr<WeightSource> NewGrpcRelayWeightSource(const std::string& target);
 
 }  // namespace sluice::clients
 

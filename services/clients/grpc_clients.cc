@@ -1,3 +1,5 @@
+#include "services/clients/grpc_clients.h"
+
 #include <grpcpp/grpcpp.h>
 
 #include <memory>
@@ -12,6 +14,7 @@
 #include "services/clients/retrier.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/transport_security.h"
+#include "services/runtime/unary_call.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
@@ -43,9 +46,7 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
   return runtime::CreateChannel(target, args);
 }
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-}
+using runtime::SetDeadline;
 
 // `status` as an absl::Status whose message names the call and its target,
 // payloads kept.
@@ -57,7 +58,7 @@ absl::Status Annotate(const grpc::Status& status, absl::string_view what,
   return Annotate(FromGrpcStatus(status), what, target);
 }
 // Same for a finished call made with `context`, with the retry hint
-// (runtime::RetryAfter) of a server that sent one in its trailing metadata:
+// (RetryAfter) of a server that sent one in its trailing metadata:
 // a server that is full (the reward server's sandbox pool) says when to come
 // back, and the retrying clients wait that long.
 absl::Status Annotate(const grpc::Status& status, const grpc::ClientContext& context,
@@ -65,14 +66,12 @@ absl::Status Annotate(const grpc::Status& status, const grpc::ClientContext& con
   return Annotate(FromGrpcStatus(status, context.GetServerTrailingMetadata()), what, target);
 }
 
+// runtime::UnaryCall, its error naming the call and its target.
 template <typename Response, typename Call>
 absl::StatusOr<Response> Unary(absl::string_view what, const std::string& target,
                                absl::Duration timeout, Call call) {
-  grpc::ClientContext context;
-  SetDeadline(context, timeout);
-  Response response;
-  grpc::Status status = call(&context, &response);
-  if (!status.ok()) return Annotate(status, context, what, target);
+  absl::StatusOr<Response> response = runtime::UnaryCall<Response>(timeout, std::move(call));
+  if (!response.ok()) return Annotate(response.status(), what, target);
   return response;
 }
 

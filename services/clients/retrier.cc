@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "services/runtime/grpc_status.h"
+#include "common/retry_after.h"
 
 namespace sluice::clients {
 namespace {
@@ -176,7 +176,7 @@ absl::Status Retrier::Run(absl::string_view method, RetryOn on,
     if (status.ok()) return status;
     // The server refused the call unprocessed and said when to come back:
     // retried whatever `on` says, and not an ambiguous answer.
-    const std::optional<absl::Duration> hint = runtime::RetryAfter(status);
+    const std::optional<absl::Duration> hint = RetryAfter(status);
     if (!hint.has_value() && !IsRetryable(status.code(), on)) return status;
     if (stopped()) return stopped_error(status);
     const absl::Duration failing_for = Now() - start;
@@ -186,7 +186,7 @@ absl::Status Retrier::Run(absl::string_view method, RetryOn on,
     if (out_of_time || (ambiguous && ambiguous_retries >= options_.max_ambiguous_retries)) {
       notify(RetryEvent::Kind::kGaveUp, status, attempts, absl::ZeroDuration(), failing_for);
       absl::Status gave_up = PrefixMessage(
-          runtime::WithoutRetryAfter(status),
+          WithoutRetryAfter(status),
           absl::StrCat(service_,
                        hint.has_value() ? " busy"
                        : unavailable    ? " unreachable"

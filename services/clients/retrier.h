@@ -75,7 +75,7 @@ struct RetryOptions {
   absl::Duration max_backoff = absl::Seconds(5);
   double backoff_multiplier = 2.0;
   // In [0, 1]; 0 = no jitter. After a failure that carries a retry hint
-  // (runtime::RetryAfter: the server was full and said when to come back)
+  // (RetryAfter: the server was full and said when to come back)
   // the backoff is instead the hint lengthened by a uniform draw of up to
   // `jitter` of itself: never shorter than the server asked, and never
   // shorter than initial_backoff (a hint of 0 must not make a busy loop).
@@ -108,7 +108,7 @@ struct RetryOptions {
 };
 
 // Which failures of a call are retried, by code. Besides these, a failure
-// that carries a retry hint (runtime::RetryAfter, from the server's
+// that carries a retry hint (RetryAfter, from the server's
 // grpc-retry-pushback-ms trailing metadata; the reward server's
 // RESOURCE_EXHAUSTED when its sandbox pool is full) is retried under either
 // value until the deadline, after waiting for the hint: the server said it

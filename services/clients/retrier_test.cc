@@ -8,7 +8,7 @@
 #include "absl/synchronization/notification.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "services/runtime/grpc_status.h"
+#include "common/retry_after.h"
 
 namespace sluice::clients {
 namespace {
@@ -350,7 +350,7 @@ struct Busy {
   absl::StatusOr<int> operator()() {
     started.push_back(absl::Now());
     if (static_cast<int>(started.size()) <= failures) {
-      return runtime::WithRetryAfter(absl::ResourceExhaustedError("sandbox pool full"), hint);
+      return WithRetryAfter(absl::ResourceExhaustedError("sandbox pool full"), hint);
     }
     return 42;
   }
@@ -417,13 +417,13 @@ TEST(RetrierTest, AHintPastTheDeadlineGivesUpAtTheDeadline) {
   absl::StatusOr<int> result = retrier.Call<int>("ScoreBatch", RetryOn::kTransient, [&] {
     // The first attempt leaves 50 ms of the deadline.
     clock.Advance(++attempts == 1 ? absl::Milliseconds(9950) : absl::Seconds(1));
-    return absl::StatusOr<int>(runtime::WithRetryAfter(
+    return absl::StatusOr<int>(WithRetryAfter(
         absl::ResourceExhaustedError("sandbox pool full; retry after 5000 ms"),
         absl::Seconds(5)));
   });
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(IsRetriesExhausted(result.status()));
-  EXPECT_EQ(runtime::RetryAfter(result.status()), std::nullopt);
+  EXPECT_EQ(RetryAfter(result.status()), std::nullopt);
   EXPECT_THAT(std::string(result.status().message()),
               HasSubstr("reward_server busy for 10.95s (ScoreBatch: 2 attempts, retry deadline "
                         "10s): sandbox pool full"));
@@ -461,7 +461,7 @@ TEST(RetrierTest, HintedRefusalsDoNotUseUpTheAmbiguousRetries) {
     ++attempts;
     if (attempts <= 3) {
       return absl::StatusOr<int>(
-          runtime::WithRetryAfter(absl::ResourceExhaustedError("full"), absl::Milliseconds(1)));
+          WithRetryAfter(absl::ResourceExhaustedError("full"), absl::Milliseconds(1)));
     }
     return absl::StatusOr<int>(absl::InternalError("broken"));
   });
@@ -472,9 +472,9 @@ TEST(RetrierTest, HintedRefusalsDoNotUseUpTheAmbiguousRetries) {
 
 TEST(RetrierTest, TheRetryHintSurvivesAPrefix) {
   const absl::Status hinted =
-      runtime::WithRetryAfter(absl::ResourceExhaustedError("full"), absl::Milliseconds(150));
+      WithRetryAfter(absl::ResourceExhaustedError("full"), absl::Milliseconds(150));
   const absl::Status prefixed = PrefixMessage(hinted, "reward_server ScoreBatch on host:1");
-  EXPECT_EQ(runtime::RetryAfter(prefixed), absl::Milliseconds(150));
+  EXPECT_EQ(RetryAfter(prefixed), absl::Milliseconds(150));
   EXPECT_EQ(prefixed.message(), "reward_server ScoreBatch on host:1: full");
 }
 

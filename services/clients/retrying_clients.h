@@ -74,7 +74,7 @@
 // "hinted", for every method retried here whatever its column says (so all
 // but InsertGroups; within its own timeout for WaitForVersionAfter): a
 // failure that carries a retry hint (the server's grpc-retry-pushback-ms
-// trailing metadata, read by the gRPC clients into runtime::RetryAfter) is
+// trailing metadata, read by the gRPC clients into RetryAfter) is
 // retried until the deadline, after waiting at least the hint (plus up to
 // RetryOptions::jitter of it, at most until the deadline), and does not
 // count against max_ambiguous_retries. A server sends one only with a refusal of a

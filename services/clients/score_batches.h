@@ -5,7 +5,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "reward_server/limits.h"
+#include "common/wire_limits.h"
 #include "services/clients/clients.h"
 #include "sluice/v1/reward_server.pb.h"
 
@@ -14,7 +14,7 @@ namespace sluice::clients {
 struct ScoreBatchesOptions {
   // Items per ScoreBatch call (>= 1): the reward server refuses more than
   // its --max-batch-items.
-  int max_items = reward_server::kDefaultMaxBatchItems;
+  int max_items = kDefaultMaxBatchItems;
   // Deadline of each call.
   absl::Duration timeout = absl::Seconds(60);
   // Calls per batch (>= 1): a failed call is repeated up to this many

@@ -12,6 +12,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "prometheus/registry.h"
+#include "services/clients/grpc_clients.h"
 #include "services/weights/relay_tree.h"
 #include "services/weights/test_version.h"
 #include "services/weights/weight_relay_service.h"

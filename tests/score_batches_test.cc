@@ -13,6 +13,7 @@
 #include "reward_server/builtin_verifiers.h"
 #include "reward_server/reward_server_service.h"
 #include "reward_server/scorer.h"
+#include "services/clients/grpc_clients.h"
 #include "services/clients/retrier.h"
 
 namespace sluice::clients {
@@ -82,7 +83,7 @@ void ExpectResultsInOrder(const v1::ScoreBatchResponse& response, int n) {
 // group_size 64 x batch_size_groups 256 = 16,384 items, four times the
 // reward server's limit: they go in four calls, each within it.
 TEST(ScoreInBatchesTest, SplitsWhatTheServerWouldRefuseAndKeepsTheOrder) {
-  FakeReward reward(reward_server::kDefaultMaxBatchItems);
+  FakeReward reward(kDefaultMaxBatchItems);
   absl::StatusOr<v1::ScoreBatchResponse> scored = ScoreInBatches(reward, Items(16384));
   ASSERT_TRUE(scored.ok()) << scored.status();
   ExpectResultsInOrder(*scored, 16384);

@@ -21,6 +21,7 @@
 #include "reward_server/builtin_verifiers.h"
 #include "reward_server/reward_server_service.h"
 #include "reward_server/scorer.h"
+#include "services/clients/grpc_clients.h"
 #include "services/clients/retry_metrics.h"
 #include "services/runtime/grpc_status.h"
 #include "sluice/v1/reward_server.grpc.pb.h"
@@ -564,7 +565,7 @@ TEST(RetryingClientsTest, ResourceExhaustedWithoutAPushbackIsFinal) {
   EXPECT_EQ(scored.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(std::string(scored.status().message()),
               HasSubstr("reward_server ScoreBatch on " + server.address()));
-  EXPECT_EQ(runtime::RetryAfter(scored.status()), std::nullopt);
+  EXPECT_EQ(RetryAfter(scored.status()), std::nullopt);
   EXPECT_EQ(server.calls().size(), 1u);
   absl::MutexLock lock(&recorded.mu);
   EXPECT_TRUE(recorded.retries.empty());
@@ -577,7 +578,7 @@ TEST(RetryingClientsTest, TheGrpcRewardClientAttachesThePushbackToItsError) {
   std::unique_ptr<RewardClient> reward = NewGrpcRewardClient(server.address());
   absl::StatusOr<v1::ScoreBatchResponse> scored = reward->ScoreBatch(TwoItems(), absl::Seconds(10));
   EXPECT_EQ(scored.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_EQ(runtime::RetryAfter(scored.status()), absl::Milliseconds(150));
+  EXPECT_EQ(RetryAfter(scored.status()), absl::Milliseconds(150));
   EXPECT_THAT(std::string(scored.status().message()), HasSubstr("retry after 150 ms"));
 }
 

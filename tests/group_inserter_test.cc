@@ -24,6 +24,7 @@
 #include "replay_buffer/replay_buffer.h"
 #include "replay_buffer/replay_buffer_service.h"
 #include "replay_buffer/test_util.h"
+#include "services/clients/grpc_clients.h"
 #include "services/clients/retrier.h"
 #include "services/runtime/grpc_status.h"
 #include "sluice/v1/replay_buffer.grpc.pb.h"

@@ -1,6 +1,7 @@
 #include "rollout_worker/rollout_run.h"
 
 #include "common/run/run_placement.h"
+#include "common/run/run_weight_sync.h"
 #include "rollout_worker/rollout_run_impl.h"
 
 namespace sluice::rollout_worker {
@@ -115,6 +116,16 @@ absl::Status RolloutRun::Impl::Init() {
     }
   };
   ASSIGN_OR_RETURN(inserter_, clients::GroupInserter::Create(*deps_.buffer, std::move(options)));
+  if (deps_.trainer != nullptr) {
+    // How versions reach this worker: the spec's resolved weight_sync.
+    const run::WeightSync sync = run::ResolveWeightSync(spec_);
+    weights::WeightReceiverDeps receiver;
+    receiver.trainer = deps_.trainer;
+    receiver.relay_fetcher = deps_.weight_fetcher;
+    receiver.on_delta_fallback = deps_.on_weight_delta_fallback;
+    ASSIGN_OR_RETURN(weight_receiver_,
+                     weights::NewWeightReceiver(sync.transport, sync.delta, std::move(receiver)));
+  }
   return absl::OkStatus();
 }
 

@@ -40,6 +40,7 @@
 #include "rollout_worker/generation_budget.h"
 #include "services/clients/group_inserter.h"
 #include "services/clients/score_batches.h"
+#include "services/weights/weight_transport.h"
 
 namespace sluice::rollout_worker {
 
@@ -86,19 +87,16 @@ class RolloutRun::Impl {
 
   void FollowWeights();
 
-  // The latest version: through the relay tree when the worker has a
-  // fetcher and the trainer places workers, else straight from the trainer.
-  // With weight_sync.delta, first as a sparse delta against the version
-  // held (held_weights_), falling back to the full version. `transfer`
+  // The latest version, from the weight receiver (weight_sync.transport),
+  // with the version held (held_weights_) as the base of a delta. `transfer`
   // gets what it moved.
   absl::StatusOr<clients::FetchedWeights> Download(WeightTransfer* transfer);
-  // The full latest version: relay tree, or the trainer.
-  absl::StatusOr<clients::FetchedWeights> DownloadFull();
   absl::StatusOr<std::shared_ptr<const model::Transformer>> BuildModel(
       const clients::FetchedWeights& fetched);
 
-  // The trainer answered GetWeightSource with UNIMPLEMENTED (follower thread only).
-  bool relay_unsupported_ = false;
+  // How versions reach this worker (services/weights/weight_transport.h);
+  // made by Init() from the resolved weight_sync. Follower thread only.
+  std::unique_ptr<weights::WeightReceiver> weight_receiver_;
   // The version the worker holds as it came (in weight_sync.dtype), the base
   // of the next delta; null without deltas (float32 runs keep nothing). It
   // costs one more copy of the weights in the transfer dtype (bf16: half the

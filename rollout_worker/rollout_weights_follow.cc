@@ -64,57 +64,15 @@ void RolloutRun::Impl::FollowWeights() {
 }
 
 absl::StatusOr<clients::FetchedWeights> RolloutRun::Impl::Download(WeightTransfer* transfer) {
-  transfer->transport = "grpc";
-  if (held_weights_ != nullptr && deps_.weight_fetcher != nullptr) {
-    auto delta = deps_.weight_fetcher->FetchDelta(run_id_, *held_weights_);
-    if (delta.ok()) {
-      transfer->transport = "grpc_delta";
-      transfer->wire_bytes = delta->bytes_received;
-      transfer->full_bytes = delta->full_bytes;
-      return std::move(delta->weights);
-    }
-    // The trainer has no delta of the latest against the version held (this
-    // worker skipped one): the full version, the usual way, quietly.
-    if (!absl::IsFailedPrecondition(delta.status())) {
-      log::Warning("weight delta failed; fetching the full version",
-                   {{"run_id", run_id_},
-                    {"held_version", held_weights_->manifest.version().version()},
-                    {"error", std::string(delta.status().message())}});
-      if (deps_.on_weight_delta_fallback) {
-        deps_.on_weight_delta_fallback(absl::IsDataLoss(delta.status()) ? "data_loss"
-                                                                          : "unavailable");
-      }
-    }
+  if (weight_receiver_ == nullptr) {
+    return absl::FailedPreconditionError("the rollout run has no trainer to receive weights from");
   }
-  auto full = DownloadFull();
-  if (full.ok()) {
-    for (const std::string& bytes : full->tensor_bytes) {
-      transfer->wire_bytes += static_cast<int64_t>(bytes.size());
-    }
-    transfer->full_bytes = transfer->wire_bytes;
-  }
-  return full;
-}
-
-absl::StatusOr<clients::FetchedWeights> RolloutRun::Impl::DownloadFull() {
-  if (deps_.weight_fetcher != nullptr && !relay_unsupported_) {
-    auto relayed = deps_.weight_fetcher->FetchLatest(run_id_);
-    if (relayed.ok()) {
-      if (relayed->depth > 1 || relayed->attempts > 1) {
-        log::Debug("weights relayed", {{"run_id", run_id_},
-                                       {"version", relayed->version},
-                                       {"depth", relayed->depth},
-                                       {"source", relayed->source},
-                                       {"attempts", relayed->attempts}});
-      }
-      return std::move(relayed->weights);
-    }
-    if (!absl::IsUnimplemented(relayed.status())) return relayed.status();
-    log::Info("the trainer does not place weight downloads; fetching from it directly",
-              {{"run_id", run_id_}});
-    relay_unsupported_ = true;
-  }
-  return deps_.trainer->FetchWeights(run_id_, /*version=*/-1);
+  ASSIGN_OR_RETURN(weights::ReceivedWeights received,
+                   weight_receiver_->ReceiveLatest(run_id_, held_weights_.get()));
+  transfer->transport = std::move(received.transport);
+  transfer->wire_bytes = received.wire_bytes;
+  transfer->full_bytes = received.full_bytes;
+  return std::move(received.weights);
 }
 
 absl::StatusOr<std::shared_ptr<const model::Transformer>> RolloutRun::Impl::BuildModel(

@@ -31,6 +31,8 @@ packages=(
   python3-torch
   # Tests and benchmarks.
   libgtest-dev libgmock-dev libbenchmark-dev
+  # The tree's habits: scripts/check_format.py (ctest format_check) and .clang-tidy.
+  clang-format clang-tidy
   # Used by tests and scripts to talk HTTP to /metrics.
   curl procps
   # Multi-host tests (network namespaces and veth pairs) and bench_weight_fanout's

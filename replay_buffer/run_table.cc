@@ -5,9 +5,7 @@
 #include <limits>
 #include <utility>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/run/run_buffer.h"
@@ -24,11 +22,6 @@ void SetTimestamp(absl::Time time, google::protobuf::Timestamp* timestamp) {
   timestamp->set_seconds(seconds);
   timestamp->set_nanos(
       static_cast<int32_t>(absl::ToInt64Nanoseconds(time - absl::FromUnixSeconds(seconds))));
-}
-
-std::string NewLeaseIdPrefix() {
-  absl::BitGen random;
-  return absl::StrFormat("lease-%012x-", absl::Uniform<uint64_t>(random) >> 16);
 }
 
 }  // namespace
@@ -166,11 +159,14 @@ RunTable::RunTable(RunConfig config, RunTableOptions options, std::unique_ptr<Sa
       staleness_bound_(config.resolved_staleness_bound()),
       group_size_(config.group_size),
       options_(std::move(options)),
-      lease_id_prefix_(NewLeaseIdPrefix()),
-      rate_limiter_(RateLimiter::OptionsFrom(config.buffer, config.batch_size_groups)) {
+      rate_limiter_(RateLimiter::OptionsFrom(config.buffer, config.batch_size_groups)),
+      gate_({.run_id = config.run_id,
+             .batch_size_groups = config.batch_size_groups,
+             .max_staleness = config.max_staleness,
+             .lease_ttl = options_.lease_ttl,
+             .clock = options_.clock},
+            config.initial_policy_version) {
   absl::MutexLock lock(&mu_);
-  policy_version_ = config.initial_policy_version;
-  accepted_ = config.initial_policy_version * config.batch_size_groups;
   sampler_ = std::move(sampler);
   config_ = std::move(config);
   SetGroupLimitsLocked(config_);
@@ -221,7 +217,7 @@ absl::Status RunTable::Reconfigure(const RunConfig& config) {
   v1::storage::WalRecord record;
   *record.mutable_configured() = RunConfigToProto(config);
   if (record.configured().SerializeAsString() == now.SerializeAsString() &&
-      config.initial_policy_version <= policy_version_) {
+      config.initial_policy_version <= gate_.policy_version()) {
     return absl::OkStatus();  // nothing changes
   }
   RETURN_IF_ERROR(JournalLocked(record).status());
@@ -411,7 +407,7 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
                           std::string message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::storage::WalRecord record;
     record.mutable_refused()->set_status(proto_status);
-    if (leases_.contains(lease_id)) record.mutable_refused()->set_released_lease_id(lease_id);
+    if (gate_.HasLease(lease_id)) record.mutable_refused()->set_released_lease_id(lease_id);
     if (absl::Status journaled = JournalLocked(record).status(); !journaled.ok()) {
       return retryable(std::string(journaled.message()));
     }
@@ -422,18 +418,10 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   };
 
   if (shutdown_) return retryable(kRunTableShuttingDown);
-  ExpireLeasesLocked();
-  if (!quarantined_workers_.empty()) {
-    for (const v1::Trajectory& t : stored->trajectories()) {
-      if (quarantined_workers_.count(t.rollout_worker_id()) > 0) {
-        return refuse(InsertStatus::kQuarantined, v1::INSERT_STATUS_REFUSED_QUARANTINED,
-                      QuarantineMessage(run_id_, t.rollout_worker_id()));
-      }
-    }
-  }
-  if (!stored->inserted_by().empty() && quarantined_connections_.count(stored->inserted_by()) > 0) {
+  gate_.ExpireLeases();
+  if (absl::Status allowed = gate_.CheckGroupNotQuarantined(*stored); !allowed.ok()) {
     return refuse(InsertStatus::kQuarantined, v1::INSERT_STATUS_REFUSED_QUARANTINED,
-                  ConnectionQuarantineMessage(run_id_, stored->inserted_by()));
+                  std::string(allowed.message()));
   }
   if (!result.idempotency_key.empty()) {
     if (auto it = stored_keys_.find(result.idempotency_key); it != stored_keys_.end()) {
@@ -473,15 +461,16 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   // limiter's wait refuses no more than checking before it would. The
   // trainer makes version v + 1 downloadable before it tells the buffer, so
   // tokens of v + 1 can legitimately arrive first; nothing newer can.
-  if (const int64_t newest = policy_version_ + 1; stored->max_policy_version() > newest) {
+  const int64_t policy_version = gate_.policy_version();
+  if (const int64_t newest = policy_version + 1; stored->max_policy_version() > newest) {
     return refuse(InsertStatus::kInvalid, v1::INSERT_STATUS_INVALID,
                   std::string(CheckVersionsNotAhead(*stored, newest).message()));
   }
-  if (const int64_t staleness = policy_version_ - StalenessVersion(item);
+  if (const int64_t staleness = policy_version - StalenessVersion(item);
       staleness > max_staleness_) {
     return refuse(
         InsertStatus::kRejectedStale, v1::INSERT_STATUS_REJECTED_STALE,
-        absl::StrCat("group is ", staleness, " versions stale (policy version ", policy_version_,
+        absl::StrCat("group is ", staleness, " versions stale (policy version ", policy_version,
                      staleness_bound_ == v1::STALENESS_BOUND_TOKEN ? ", max_policy_version "
                                                                    : ", min_policy_version ",
                      StalenessVersion(item), ") and max_staleness is ", max_staleness_,
@@ -507,7 +496,7 @@ InsertResult RunTable::Insert(v1::Group group, absl::Duration rate_limit_wait) {
   stored_record.set_sequence(sequence);
   stored_record.set_priority(PriorityForLocked(*stored));
   stored_record.set_inserted_at_micros(absl::ToUnixMicros(inserted_at));
-  if (leases_.contains(lease_id)) stored_record.set_consumed_lease_id(lease_id);
+  if (gate_.HasLease(lease_id)) stored_record.set_consumed_lease_id(lease_id);
   absl::StatusOr<uint64_t> lsn = JournalLocked(record, std::move(prefix));
   if (!lsn.ok()) {
     if (charged) options_.memory->Release(item.size_bytes);
@@ -532,8 +521,8 @@ bool RunTable::CanInsertOrShutdown() const {
 void RunTable::ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item item,
                                  int64_t sequence, const std::string& consumed_lease_id,
                                  bool charged) {
-  ReleaseLeaseLocked(consumed_lease_id);  // running - 1 when live; stored either way
-  ++accepted_;
+  gate_.Release(consumed_lease_id);  // running - 1 when live; stored either way
+  gate_.OnAccepted();
   ++inserted_groups_;
   if (group->has_priority()) max_client_priority_ = std::max(max_client_priority_, group->priority());
   stored_keys_.emplace(group->idempotency_key(), sequence);
@@ -546,7 +535,7 @@ void RunTable::ApplyStoredLocked(std::shared_ptr<const v1::Group> group, Item it
 }
 
 void RunTable::ApplyRefusedLocked(v1::InsertStatus status, const std::string& lease_id) {
-  ReleaseLeaseLocked(lease_id);
+  gate_.Release(lease_id);
   switch (status) {
     case v1::INSERT_STATUS_DUPLICATE:
       ++duplicate_inserts_;
@@ -561,7 +550,7 @@ void RunTable::ApplyRefusedLocked(v1::InsertStatus status, const std::string& le
 }
 
 void RunTable::DropUntrainedLocked() {
-  --accepted_;  // gives its capacity back to the gate
+  gate_.OnDroppedUntrained();  // gives its capacity back to the gate
   rate_limiter_.OnDroppedUntrained();
 }
 
@@ -628,12 +617,127 @@ void RunTable::RemoveItemLocked(int64_t sequence, EvictionReason reason) {
 }
 
 // ---------------------------------------------------------------------------
+// The admission gate (admission_gate.h decides; here it is journaled and
+// waited on)
+// ---------------------------------------------------------------------------
+
+bool RunTable::CanGrantOrShutdown() const { return shutdown_ || gate_.capacity() > 0; }
+
+absl::Status RunTable::ReleaseLeasesLocked(const std::vector<std::string>& lease_ids) {
+  if (lease_ids.empty()) return absl::OkStatus();
+  v1::storage::WalRecord record;
+  for (const std::string& id : lease_ids) record.mutable_leases_released()->add_lease_ids(id);
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  for (const std::string& id : lease_ids) gate_.Release(id);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AcquireResult> RunTable::AcquireSlots(const AcquireRequest& request) {
+  RETURN_IF_ERROR(AdmissionGate::CheckRequest(request));
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + request.wait_timeout;
+
+  absl::MutexLock lock(&mu_);
+  if (shutdown_) return absl::UnavailableError(kRunTableShuttingDown);
+  RETURN_IF_ERROR(gate_.CheckNotQuarantined(request.worker_id, request.caller));
+  gate_.ExpireLeases();
+
+  ASSIGN_OR_RETURN(const bool new_incarnation,
+                   gate_.IsNewIncarnation(request.worker_id, request.worker_incarnation));
+  if (new_incarnation) {
+    // First call or a restart: recorded (and the older leases dropped) now.
+    v1::storage::WalRecord record;
+    record.mutable_leases_granted()->set_worker_id(request.worker_id);
+    record.mutable_leases_granted()->set_worker_incarnation(request.worker_incarnation);
+    RETURN_IF_ERROR(JournalLocked(record).status());
+    gate_.Grant(record.leases_granted(), absl::InfinitePast());
+  }
+
+  AcquireResult result;
+  // Renewing before a wait keeps the leases alive through it; renewing again
+  // after makes lease_expires_at true for all of them.
+  gate_.Renew(request.worker_id, request.renew_lease_ids, &result.expired_lease_ids);
+
+  if (request.num_groups > 0 && gate_.capacity() <= 0 &&
+      request.wait_timeout > absl::ZeroDuration()) {
+    while (!shutdown_) {
+      gate_.ExpireLeases();
+      if (gate_.capacity() > 0 || absl::Now() >= deadline) break;
+      // Wakes on anything that frees capacity; expiries are timed, not signalled.
+      mu_.AwaitWithDeadline(absl::Condition(this, &RunTable::CanGrantOrShutdown),
+                            std::min(deadline, gate_.NextExpiryRealTime()));
+    }
+    result.waited = absl::Now() - start;
+    admission_blocked_ += result.waited;
+    if (shutdown_) return absl::UnavailableError(kRunTableShuttingDown);
+    gate_.Renew(request.worker_id, request.renew_lease_ids, nullptr);
+  }
+
+  const int64_t granted =
+      std::min<int64_t>(request.num_groups, std::max<int64_t>(0, gate_.capacity()));
+  const absl::Time expires_at = gate_.FreshExpiry();
+  if (granted > 0) {
+    v1::storage::WalRecord record;
+    v1::storage::LeasesGranted& leases = *record.mutable_leases_granted();
+    leases.set_worker_id(request.worker_id);
+    leases.set_worker_incarnation(request.worker_incarnation);
+    for (std::string& id : gate_.NextLeaseIds(granted)) leases.add_lease_ids(std::move(id));
+    RETURN_IF_ERROR(JournalLocked(record).status());
+    gate_.Grant(leases, expires_at);
+    result.lease_ids.assign(leases.lease_ids().begin(), leases.lease_ids().end());
+  }
+  result.lease_expires_at = expires_at;
+  result.lease_ttl = options_.lease_ttl;
+  result.gate = gate_.state();
+  return result;
+}
+
+ReleaseResult RunTable::ReleaseSlots(const ReleaseRequest& request) {
+  absl::MutexLock lock(&mu_);
+  gate_.ExpireLeases();
+  const std::vector<std::string> ids = gate_.LeasesToRelease(request);
+  ReleaseResult result;
+  // A journal failure keeps the leases; they expire by TTL.
+  if (ReleaseLeasesLocked(ids).ok()) result.released = static_cast<int32_t>(ids.size());
+  result.running = gate_.running();
+  return result;
+}
+
+std::vector<std::string> RunTable::QuarantineConnections(
+    const std::vector<std::string>& connections) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> added;
+  for (const std::string& connection : connections) {
+    if (gate_.QuarantineConnection(connection)) added.push_back(connection);
+  }
+  return added;
+}
+
+absl::StatusOr<std::vector<std::string>> RunTable::QuarantineWorkers(
+    const std::vector<std::string>& worker_ids) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> added = gate_.NotQuarantined(worker_ids);
+  if (added.empty()) return added;
+  v1::storage::WalRecord record;
+  for (const std::string& id : added) record.mutable_quarantined()->add_worker_ids(id);
+  RETURN_IF_ERROR(JournalLocked(record).status());
+  gate_.QuarantineWorkers(record.quarantined());
+  return added;
+}
+
+std::vector<std::string> RunTable::QuarantinedWorkers() const {
+  absl::MutexLock lock(&mu_);
+  return std::vector<std::string>(gate_.quarantined_workers().begin(),
+                                  gate_.quarantined_workers().end());
+}
+
+// ---------------------------------------------------------------------------
 // Stats (snapshots and journal replay: run_table_durability.cc)
 // ---------------------------------------------------------------------------
 
 RunStats RunTable::Stats() {
   absl::MutexLock lock(&mu_);
-  ExpireLeasesLocked();
+  gate_.ExpireLeases();
   RunStats stats;
   stats.run_id = run_id_;
   stats.size_groups = static_cast<int64_t>(items_.size());
@@ -652,7 +756,7 @@ RunStats RunTable::Stats() {
   stats.evictions = evictions_;
   stats.sampled_group_staleness = sampled_group_staleness_;
   stats.sampled_token_staleness = sampled_token_staleness_;
-  stats.gate = GateLocked();
+  stats.gate = gate_.state();
   stats.admission_blocked = admission_blocked_;
   stats.buffer_version = buffer_version_;
   stats.config = config_;

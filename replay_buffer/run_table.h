@@ -19,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "replay_buffer/admission_gate.h"
 #include "replay_buffer/group_validation.h"
 #include "replay_buffer/memory_account.h"
 #include "replay_buffer/rate_limiter.h"
@@ -33,11 +34,6 @@ namespace sluice::replay_buffer {
 
 // What a call blocked on, or arriving at, a table that is shutting down gets.
 inline constexpr char kRunTableShuttingDown[] = "replay buffer is shutting down";
-
-// Why a quarantined worker's call or group is refused (PERMISSION_DENIED).
-std::string QuarantineMessage(const std::string& run_id, const std::string& worker_id);
-// The same for a quarantined connection ("peer:<address>").
-std::string ConnectionQuarantineMessage(const std::string& run_id, const std::string& connection);
 
 // What ConfigureRun fixes for one run (sluice.v1.ConfigureRunRequest).
 struct RunConfig {
@@ -124,56 +120,6 @@ struct RunTableOptions {
   std::shared_ptr<MemoryAccount> memory;
 
   absl::Status Validate() const;
-};
-
-// The admission gate's numbers at one instant (all under one lock).
-struct GateState {
-  int64_t policy_version = 0;   // v
-  int64_t accepted = 0;         // see RunTable, "The admission gate"
-  int64_t running = 0;          // live slot leases
-  int64_t admission_limit = 0;  // (eta + v + 1) * B
-};
-
-struct AcquireRequest {
-  std::string worker_id;
-  uint64_t worker_incarnation = 0;
-  // Who asks, as the service can tell (runtime::CallerAttribution): a
-  // quarantined connection is refused whatever worker it names. Empty =
-  // not known (tests, in-process callers).
-  std::string caller;
-  // New slots wanted (>= 0; 0 = only renew).
-  int32_t num_groups = 0;
-  // How long to wait for at least one slot; zero = grant what is free now.
-  absl::Duration wait_timeout = absl::ZeroDuration();
-  // Leases of this worker to extend by a full TTL.
-  std::vector<std::string> renew_lease_ids;
-};
-
-struct AcquireResult {
-  // One id per granted slot (granted = lease_ids.size()).
-  std::vector<std::string> lease_ids;
-  // Expiry of the granted and renewed leases (table clock).
-  absl::Time lease_expires_at;
-  absl::Duration lease_ttl;
-  // renew_lease_ids that were unknown, expired or another worker's.
-  std::vector<std::string> expired_lease_ids;
-  // How long the call waited at the gate.
-  absl::Duration waited;
-  GateState gate;
-};
-
-struct ReleaseRequest {
-  std::string worker_id;
-  uint64_t worker_incarnation = 0;
-  // Leases of worker_id to release; others and unknown ids are ignored.
-  std::vector<std::string> lease_ids;
-  // Release every lease of worker_id (any incarnation), ignoring lease_ids.
-  bool release_all = false;
-};
-
-struct ReleaseResult {
-  int32_t released = 0;
-  int64_t running = 0;
 };
 
 // Outcome of inserting one group (sluice.v1.InsertStatus).
@@ -314,29 +260,15 @@ struct RunStats {
 // One run's table: its scored groups, the staleness gate on generation and
 // the staleness filter on consumption. The ReplayBuffer holds one per run.
 //
-// The admission gate (AReaL's staleness manager). With v the latest policy
-// version, B = batch_size_groups and eta = max_staleness, a generation slot
-// is granted only while
+// The admission gate (admission_gate.h, which the table holds as gate_)
+// grants a generation slot only while accepted + running < (eta + v + 1) * B,
+// so generation never runs more than eta versions ahead of consumption; a
+// run that starts at initial_policy_version k > 0 starts with accepted =
+// k * B. The gate decides; the table journals each of its mutations before
+// applying it, and does the waiting for capacity.
 //
-//     accepted + running < (eta + v + 1) * B
-//
-//   running   live slot leases: granted, not yet inserted, released or
-//             expired. A lease belongs to (worker_id, incarnation) and lives
-//             lease_ttl from its grant or last renewal.
-//   accepted  groups stored (held now or already trained), minus groups that
-//             left the table untrained-for-good: evicted as stale or for
-//             capacity. Without that give-back the gate could deadlock: stale
-//             groups would hold capacity that no version update ever frees,
-//             since the trainer cannot advance without fresh groups. A run
-//             that starts at initial_policy_version k > 0 (a resume) starts
-//             with accepted = k * B, as if the k batches before had been
-//             generated (AReaL#1388: without it a resumed run generates far
-//             ahead and then evicts most of it as stale).
-//
-// Since the trainer consumes B groups per version, generation never runs
-// more than eta versions ahead of consumption. Consumption enforces the
-// bound per group: Sample first evicts every group whose staleness
-// (trainer version - min_policy_version) exceeds eta. With
+// Consumption enforces the bound per group: Sample first evicts every group
+// whose staleness (trainer version - min_policy_version) exceeds eta. With
 // STALENESS_BOUND_TOKEN the group's newest token counts instead
 // (max_policy_version): a long sample that outlived eta versions keeps its
 // group, and the trainer drops the tokens more than eta old from the loss.
@@ -542,12 +474,6 @@ class RunTable {
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  struct Lease {
-    std::string worker_id;
-    uint64_t incarnation = 0;
-    absl::Time expires_at;
-  };
-
   // A stored group and the table's bookkeeping about it.
   struct Item {
     std::shared_ptr<const v1::Group> group;
@@ -586,9 +512,6 @@ class RunTable {
                                          std::string prefix = {})
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  int64_t AdmissionLimitLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int64_t CapacityLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  GateState GateLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Await conditions.
   bool CanGrantOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool CanInsertOrShutdown() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -600,18 +523,9 @@ class RunTable {
   };
   static bool CanSampleOrShutdown(SampleWait* wait) ABSL_NO_THREAD_SAFETY_ANALYSIS;
 
-  void ExpireLeasesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EraseLeaseLocked(absl::flat_hash_map<std::string, Lease>::iterator it)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // True when `lease_id` was live (and is now gone).
-  bool ReleaseLeaseLocked(const std::string& lease_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Journals and drops the leases (not consumed by an insert).
   absl::Status ReleaseLeasesLocked(const std::vector<std::string>& lease_ids)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void AddLeaseLocked(const std::string& id, const std::string& worker_id, uint64_t incarnation,
-                      absl::Time expires_at) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Real time at which the earliest lease expires (InfiniteFuture if none).
-  absl::Time NextExpiryRealTimeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Journals and applies a version (monotonic), evicting what it made stale;
   // returns the number evicted.
@@ -660,8 +574,6 @@ class RunTable {
                            std::vector<Item>* items) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyConfigLocked(const RunConfig& config, std::unique_ptr<Sampler> sampler)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyLeasesGrantedLocked(const v1::storage::LeasesGranted& granted, absl::Time expires_at)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ApplyPrioritiesLocked(const v1::storage::PrioritiesUpdated& priorities)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Holds `item`; charges its bytes to the memory account unless `charged`.
@@ -678,8 +590,6 @@ class RunTable {
   const v1::StalenessBound staleness_bound_;  // resolved: GROUP or TOKEN
   const int32_t group_size_;
   const RunTableOptions options_;
-  // Makes lease ids unique across tables and process restarts.
-  const std::string lease_id_prefix_;
 
   // config_'s vocab_size and reward range (unset: -inf / +inf), written
   // under mu_, read by Insert without it. A reconfigure racing an insert
@@ -698,21 +608,9 @@ class RunTable {
   // LSN of the last record this table journaled or replayed.
   uint64_t last_lsn_ ABSL_GUARDED_BY(mu_) = 0;
 
-  // The gate.
-  int64_t policy_version_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t accepted_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::flat_hash_map<std::string, Lease> leases_ ABSL_GUARDED_BY(mu_);
-  // (expires_at, lease id): the next expiry in O(1).
-  std::set<std::pair<absl::Time, std::string>> lease_expiry_ ABSL_GUARDED_BY(mu_);
-  // Workers the run's trainer quarantined (QuarantineWorkers).
-  std::set<std::string> quarantined_workers_ ABSL_GUARDED_BY(mu_);
-  // Connections it quarantined (QuarantineConnections).
-  std::set<std::string> quarantined_connections_ ABSL_GUARDED_BY(mu_);
-  void ApplyQuarantineLocked(const v1::storage::WorkersQuarantined& quarantined)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Newest incarnation seen per worker_id.
-  absl::flat_hash_map<std::string, uint64_t> worker_incarnations_ ABSL_GUARDED_BY(mu_);
-  int64_t next_lease_number_ ABSL_GUARDED_BY(mu_) = 1;
+  // v, accepted, the leases and the quarantine; the table journals what
+  // changes them and waits for its capacity (admission_blocked_).
+  AdmissionGate gate_ ABSL_GUARDED_BY(mu_);
   absl::Duration admission_blocked_ ABSL_GUARDED_BY(mu_);
   absl::Duration insert_blocked_ ABSL_GUARDED_BY(mu_);
   absl::Duration sample_blocked_ ABSL_GUARDED_BY(mu_);

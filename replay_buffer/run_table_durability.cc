@@ -1,6 +1,6 @@
 // RunTable's durability half: its state as snapshot records, a table rebuilt
 // from a snapshot, and journal records applied on restore (the live
-// mutations are in run_table.cc, run_table_gate.cc and run_table_sampling.cc).
+// mutations are in run_table.cc and run_table_sampling.cc).
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -33,12 +33,11 @@ bool HistogramFromProto(const v1::StalenessHistogram& proto, StalenessHistogram*
 RunTable::SnapshotData RunTable::Snapshot() {
   SnapshotData data;
   absl::MutexLock lock(&mu_);
-  ExpireLeasesLocked();
+  gate_.ExpireLeases();
   v1::storage::TableSnapshot& table = data.table;
   *table.mutable_config() = RunConfigToProto(config_);
   table.set_covered_lsn(last_lsn_);
-  table.set_policy_version(policy_version_);
-  table.set_accepted(accepted_);
+  gate_.ToSnapshot(&table);
   table.set_next_sequence(next_sequence_);
   table.set_buffer_version(buffer_version_);
   table.set_items(static_cast<int64_t>(items_.size()));
@@ -57,17 +56,6 @@ RunTable::SnapshotData RunTable::Snapshot() {
   table.set_rate_limiter_inserts(rate_limiter_.inserts());
   table.set_rate_limiter_samples(rate_limiter_.samples());
   table.set_max_client_priority(max_client_priority_);
-  for (const auto& [id, lease] : leases_) {
-    v1::storage::SnapshotLease& entry = *table.add_leases();
-    entry.set_lease_id(id);
-    entry.set_worker_id(lease.worker_id);
-    entry.set_worker_incarnation(lease.incarnation);
-  }
-  for (const auto& [worker, incarnation] : worker_incarnations_) {
-    (*table.mutable_worker_incarnations())[worker] = incarnation;
-  }
-  table.set_next_lease_number(next_lease_number_);
-  for (const std::string& worker : quarantined_workers_) table.add_quarantined_workers(worker);
   for (const auto& [key, sequence] : stored_keys_) (*table.mutable_stored_keys())[key] = sequence;
   data.items.reserve(items_.size());
   for (const auto& [sequence, item] : items_) {
@@ -105,8 +93,7 @@ absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Restore(
   RunTable& t = *table;
   absl::MutexLock lock(&t.mu_);
   t.last_lsn_ = snapshot.covered_lsn();
-  t.policy_version_ = snapshot.policy_version();
-  t.accepted_ = snapshot.accepted();
+  t.gate_.RestoreFromSnapshot(snapshot);
   t.inserted_groups_ = snapshot.inserted_groups();
   t.duplicate_inserts_ = snapshot.duplicate_inserts();
   t.rejected_stale_inserts_ = snapshot.rejected_stale_inserts();
@@ -123,16 +110,6 @@ absl::StatusOr<std::unique_ptr<RunTable>> RunTable::Restore(
   }
   t.rate_limiter_.Restore(snapshot.rate_limiter_inserts(), snapshot.rate_limiter_samples());
   t.max_client_priority_ = snapshot.max_client_priority();
-  const absl::Time expires_at = t.options_.clock() + t.options_.lease_ttl;
-  t.quarantined_workers_.insert(snapshot.quarantined_workers().begin(),
-                                snapshot.quarantined_workers().end());
-  for (const auto& [worker, incarnation] : snapshot.worker_incarnations()) {
-    t.worker_incarnations_[worker] = incarnation;
-  }
-  for (const v1::storage::SnapshotLease& lease : snapshot.leases()) {
-    t.AddLeaseLocked(lease.lease_id(), lease.worker_id(), lease.worker_incarnation(), expires_at);
-  }
-  t.next_lease_number_ = snapshot.next_lease_number();
   for (const auto& [key, sequence] : snapshot.stored_keys()) t.stored_keys_[key] = sequence;
   // Each kind ascending: the held groups, then those kept only for
   // recorded steps (by sequence).
@@ -283,16 +260,16 @@ absl::Status RunTable::ApplyRecord(uint64_t lsn, const v1::storage::WalRecord& r
       break;
     }
     case v1::storage::WalRecord::kLeasesGranted:
-      ApplyLeasesGrantedLocked(record.leases_granted(), options_.clock() + options_.lease_ttl);
+      gate_.Grant(record.leases_granted(), gate_.FreshExpiry());
       break;
     case v1::storage::WalRecord::kLeasesReleased:
-      for (const std::string& id : record.leases_released().lease_ids()) ReleaseLeaseLocked(id);
+      for (const std::string& id : record.leases_released().lease_ids()) gate_.Release(id);
       break;
     case v1::storage::WalRecord::kPriorities:
       ApplyPrioritiesLocked(record.priorities());
       break;
     case v1::storage::WalRecord::kQuarantined:
-      ApplyQuarantineLocked(record.quarantined());
+      gate_.QuarantineWorkers(record.quarantined());
       break;
     case v1::storage::WalRecord::KIND_NOT_SET:
       return corrupt("has no kind (written by a newer Sluice?)");

@@ -50,13 +50,12 @@ void RunTable::ApplyUniformEvictedLocked(const std::vector<int64_t>& sequences) 
 }
 
 int64_t RunTable::ApplyVersionLocked(int64_t policy_version) {
-  if (policy_version <= policy_version_) return 0;
-  policy_version_ = policy_version;
-  return EvictStaleLocked(policy_version_, max_staleness_);
+  if (!gate_.AdvanceVersion(policy_version)) return 0;
+  return EvictStaleLocked(policy_version, max_staleness_);
 }
 
 absl::StatusOr<int64_t> RunTable::AdvanceVersionLocked(int64_t policy_version) {
-  if (policy_version <= policy_version_) return 0;
+  if (policy_version <= gate_.policy_version()) return 0;
   v1::storage::WalRecord record;
   record.mutable_version()->set_policy_version(policy_version);
   RETURN_IF_ERROR(JournalLocked(record).status());
@@ -71,8 +70,8 @@ absl::StatusOr<UpdateVersionResult> RunTable::UpdatePolicyVersion(int64_t policy
   absl::MutexLock lock(&mu_);
   UpdateVersionResult result;
   ASSIGN_OR_RETURN(result.evicted_stale_groups, AdvanceVersionLocked(policy_version));
-  result.policy_version = policy_version_;
-  result.admission_limit = AdmissionLimitLocked();
+  result.policy_version = gate_.policy_version();
+  result.admission_limit = gate_.admission_limit();
   return result;
 }
 

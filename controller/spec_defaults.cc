@@ -17,13 +17,13 @@
 namespace sluice::controller {
 namespace {
 
-using v1::RunSpec;
 using spec_internal::AtMost;
 using spec_internal::AtMostBytes;
 using spec_internal::DefaultDatasetVerifier;
 using spec_internal::kMaxStopStringBytes;
 using spec_internal::kMaxVerifiers;
 using spec_internal::Problems;
+using v1::RunSpec;
 
 constexpr int kDefaultEvalSplitSize = 200;
 constexpr int64_t kDefaultMaxOperand = 99;

@@ -51,7 +51,7 @@ void AtMost(Problems& problems, absl::string_view path, T value, Bound bound,
 
 // "must be at most N bytes, got M" for a string over its bound.
 inline void AtMostBytes(Problems& problems, absl::string_view path, absl::string_view value,
-                 size_t bound) {
+                        size_t bound) {
   if (value.size() <= bound) return;
   problems.Add(path, "must be at most ", bound, " bytes, got ", value.size());
 }

@@ -11,13 +11,13 @@
 namespace sluice::controller {
 namespace {
 
-using v1::RunSpec;
 using spec_internal::AtMost;
 using spec_internal::AtMostBytes;
 using spec_internal::DefaultDatasetVerifier;
 using spec_internal::kMaxStopStringBytes;
 using spec_internal::kMaxVerifiers;
 using spec_internal::Problems;
+using v1::RunSpec;
 
 constexpr int kMaxStopStrings = 16;
 // Upper bounds of the strings and lists. A spec travels whole to every

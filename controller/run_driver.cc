@@ -26,18 +26,6 @@ constexpr char kInsertsRefused[] = "inserts_refused";
 
 }  // namespace
 
-std::string CallFailure(absl::string_view service, absl::string_view address,
-                        absl::string_view method, const absl::Status& status) {
-  if (status.code() == absl::StatusCode::kUnavailable ||
-      status.code() == absl::StatusCode::kDeadlineExceeded) {
-    return absl::StrCat(service, " (", address, ") is unreachable: ", status.message());
-  }
-  std::string failure = absl::StrCat(service, " (", address, ") refused ", method, ": ",
-                                     absl::StatusCodeToString(status.code()));
-  if (!status.message().empty()) absl::StrAppend(&failure, ": ", status.message());
-  return failure;
-}
-
 void SetTimestamp(absl::Time time, google::protobuf::Timestamp* timestamp) {
   const int64_t nanos = absl::ToUnixNanos(time);
   int64_t seconds = nanos / 1000000000;

@@ -22,6 +22,7 @@
 #include "controller/run_files.h"
 #include "controller/run_record.h"
 #include "controller/run_record_writer.h"
+#include "controller/run_services.h"
 #include "controller/service_clients.h"
 #include "sluice/v1/controller.pb.h"
 
@@ -467,12 +468,6 @@ private:
 
 // SUCCEEDED, FAILED or CANCELLED.
 bool IsTerminal(v1::RunState state);
-
-// What a run's error says of a failed call: "trainer (127.0.0.1:5) is
-// unreachable: ..." for transport failures, else "trainer (127.0.0.1:5)
-// refused StartTraining: CODE: ...".
-std::string CallFailure(absl::string_view service, absl::string_view address,
-                        absl::string_view method, const absl::Status &status);
 
 void SetTimestamp(absl::Time time, google::protobuf::Timestamp *timestamp);
 

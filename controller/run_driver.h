@@ -2,15 +2,11 @@
 #define SLUICE_CONTROLLER_RUN_DRIVER_H_
 
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
-#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -20,6 +16,7 @@
 #include "absl/time/time.h"
 #include "controller/prompt_feed.h"
 #include "controller/run_files.h"
+#include "controller/run_progress.h"
 #include "controller/run_record.h"
 #include "controller/run_record_writer.h"
 #include "controller/run_services.h"
@@ -140,6 +137,17 @@ public:
 // the feed's journal, summary.json is written whenever the run reaches a
 // terminal state. (spec.json and the first state.json are written by the
 // registry.)
+//
+// Its collaborators (members, each with its own test):
+//   RunServices  sets the run's services up (ConfigureRun, StartTraining,
+//                the offer to the workers) and releases them at the end;
+//                it decides nothing about the run.
+//   RunProgress  folds the trainer's and the workers' reports and the
+//                buffer's statistics into the run's progress and summary
+//                figures (steps, throughput, times, recovery counts); pure
+//                data, held under mu_.
+// The driver keeps the state machine, the record, and the thread that
+// waits, watches and decides (run_driver_watch.cc).
 //
 // Thread-safe.
 class RunDriver {
@@ -267,10 +275,9 @@ private:
   // Waits (phase "waiting for ...") until the trainer and the workers serve
   // no other run; false when the run ended or failed meanwhile.
   bool AwaitServicesFree();
-  // Step 2 of the lifecycle; false when the run ended meanwhile.
+  // Step 2 of the lifecycle, through services_; false (the run failed,
+  // naming the service) when the run ended meanwhile.
   bool StartServices();
-  // Makes the run available to the registered workers (once).
-  void OfferToWorkers();
   // Health checks until the run is terminal or the trainer finished.
   void Watch();
   void CheckHealth();
@@ -280,19 +287,22 @@ private:
   // Workers: joins, restarts and losses (their leases and slots are given
   // back), failures, and the rollout.min_workers floor.
   void ReconcileWorkers();
-  // Counts restarts of the reward server: each incarnation newer than the
-  // newest seen (a late answer of an older process counts nothing).
-  void NoteIncarnation(const std::string &service, uint64_t incarnation,
-                       uint64_t *known);
-  // Counts restarts of the buffer: from its start count (GetStatsResponse.
-  // starts: every start on its data directory, seen or not), else as
-  // NoteIncarnation does.
-  void NoteBufferStarts(uint64_t incarnation, int64_t starts);
-  // What a trainer incarnation said of itself (a report or a status): each
-  // one newer than the newest seen is a restart, each that resumed a
-  // resume, and the steps it redid are added as they grow. Persisted with
-  // the record (RunRecord::incarnations), so that a restarted controller
-  // neither forgets nor counts again.
+  // Counts restarts of the reward server (RunProgress::NoteIncarnation) and
+  // of the buffer (RunProgress::NoteBufferStarts), and records them.
+  void NoteIncarnation(const std::string &service, uint64_t incarnation)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  void NoteBufferStarts(uint64_t incarnation, int64_t starts)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // A restart counted is written at once, not at the next flush: a
+  // controller killed within the flush interval would otherwise forget it
+  // (a rare event). A first incarnation waits for the next flush.
+  void RecordRestartsLocked(const std::string &service,
+                            RunProgress::IncarnationChange change)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a trainer incarnation said of itself (a report or a status),
+  // counted by RunProgress::NoteTrainer and persisted with the record
+  // (RunRecord::incarnations), so that a restarted controller neither
+  // forgets nor counts again.
   void NoteTrainerLocked(uint64_t incarnation, bool resumed,
                          int64_t steps_redone)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -300,9 +310,6 @@ private:
   // since when, and what the run will do), cleared when they answer again.
   void ShowServiceWait(const HealthTarget &target, const absl::Status &status,
                        absl::Time now) ABSL_LOCKS_EXCLUDED(mu_);
-  // Adds to RunSummary.recovery under the lock.
-  void AddRestartLocked(const std::string &service)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails the run when it made no progress for options_.stall_timeout.
   void CheckStall();
   // The run's record on disk (each tick): writes what it owes (RunRecordWriter
@@ -313,21 +320,16 @@ private:
   // After the run ended: retries what its record owes (summary.json) until
   // it is written or the controller stops.
   void AwaitRecordWritten() ABSL_LOCKS_EXCLUDED(mu_);
-  // Run.conditions from a worker's report (inserts_refused) and from the
-  // buffer's statistics (buffer_cannot_write); the former expire after
-  // options_.insert_refusal_ttl.
-  void NoteInsertOutcomeLocked(const v1::ReportRolloutProgressRequest &request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Run.conditions from the workers' reports (inserts_refused,
+  // RunProgress::NoteInsertOutcome), expired after
+  // options_.insert_refusal_ttl, and from the buffer's statistics
+  // (buffer_cannot_write).
   void ExpireInsertRefusals() ABSL_LOCKS_EXCLUDED(mu_);
   void NoteBufferWriteHealth(const v1::GetStatsResponse &stats)
       ABSL_LOCKS_EXCLUDED(mu_);
-  // The replay buffer's address, for messages ("" without one).
-  std::string BufferAddress() const;
   void RefreshBufferStats();
   // The trainer said FINISHED: stop workers, read the buffer, SUCCEEDED.
   void Finish();
-  // After FAILED / CANCELLED: stop whatever was started.
-  void StopServices();
 
   absl::Time Now() const;
   bool Terminal() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -362,15 +364,8 @@ private:
   void TouchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Records progress for the stall check (real clock).
   void ProgressLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyEvalLocked(const v1::EvalResult &eval)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ApplyStepLocked(v1::TrainingStepMetrics step)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state and phase the trainer's report implies.
   void ApplyTrainerStateLocked(const v1::ReportTrainerProgressRequest &request)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void NotePolicyVersionLocked(int64_t version)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  double TokensPerSecondLocked(absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FillLiveFiguresLocked(v1::Run *run, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -382,41 +377,19 @@ private:
   const RunFiles files_;
   // Every write of the record but the prompt feed's journal goes through it.
   RunRecordWriter record_;
+  // What the watch asks (health, the trainer's status, the workers, the
+  // buffer's statistics); setting up and releasing the services goes
+  // through services_.
   const ServiceClients clients_;
-  const v1::ServiceEndpoints endpoints_;
   const RunSizes sizes_;
   const RunDriverOptions options_;
   RunObserver *const observer_;
+  RunServices services_;
   // Only the driver thread touches these.
   std::vector<HealthTarget> health_targets_;
-  bool trainer_started_ = false;
-  bool workers_offered_ = false;
   bool adopting_ = false; // Set by Adopt() before the thread starts.
   int trainer_mismatches_ = 0;
-  // What StartTraining carried, re-sent to a restarted trainer.
-  v1::StartTrainingRequest start_training_;
   uint64_t trainer_incarnation_ = 0;
-  uint64_t buffer_incarnation_ = 0;
-  int64_t buffer_starts_ = 0;
-  uint64_t reward_incarnation_ = 0;
-  // The same, for state.json (RunRecord::incarnations): "replay_buffer",
-  // "reward_server", "trainer" (the newest incarnation of each), and the
-  // buffer's start count and what the newest trainer incarnation was
-  // counted for ("replay_buffer.starts", "trainer.resumed",
-  // "trainer.steps_redone").
-  std::map<std::string, uint64_t> known_incarnations_ ABSL_GUARDED_BY(mu_);
-  // What each trainer incarnation seen by this controller was counted for
-  // (NoteTrainerLocked), and the newest.
-  struct TrainerCounted {
-    bool resumed = false;
-    int64_t steps_redone = 0;
-  };
-  std::map<uint64_t, TrainerCounted> trainers_counted_ ABSL_GUARDED_BY(mu_);
-  uint64_t newest_trainer_ ABSL_GUARDED_BY(mu_) = 0;
-  // The newest one the restored record knew: an unknown incarnation at or
-  // below it was counted before this controller started, or cannot be told
-  // apart from one that was.
-  uint64_t trainer_floor_ ABSL_GUARDED_BY(mu_) = 0;
   // Since when fewer than rollout.min_workers workers serve the run.
   absl::Time workers_short_since_ = absl::InfiniteFuture();
   std::optional<v1::TrainerStatus> last_trainer_status_;
@@ -425,6 +398,9 @@ private:
 
   mutable absl::Mutex mu_;
   v1::Run run_ ABSL_GUARDED_BY(mu_);
+  // What the services' reports add up to in run_ (and what folding the next
+  // one needs).
+  RunProgress progress_ ABSL_GUARDED_BY(mu_);
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<PromptFeed> feed_ ABSL_GUARDED_BY(mu_);
   bool finish_requested_ ABSL_GUARDED_BY(mu_) = false;
@@ -435,28 +411,6 @@ private:
   absl::Time last_persisted_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool persist_pending_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time last_progress_at_ ABSL_GUARDED_BY(mu_);
-  absl::Time created_at_ ABSL_GUARDED_BY(mu_);
-  absl::Time left_pending_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time warm_start_started_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time rl_started_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  absl::Time finished_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t last_step_ ABSL_GUARDED_BY(mu_) = 0;
-  int64_t max_policy_version_ ABSL_GUARDED_BY(mu_) = -1;
-  v1::TrainerState
-      last_trainer_state_ ABSL_GUARDED_BY(mu_) = v1::TRAINER_STATE_UNSPECIFIED;
-  std::deque<double>
-      recent_step_rewards_ ABSL_GUARDED_BY(mu_); // Last 10 steps.
-  // Workers the trainer reported quarantined (besides those the summary
-  // marks); their prompt leases were given back.
-  std::set<std::string> quarantined_workers_ ABSL_GUARDED_BY(mu_);
-  bool IsQuarantinedLocked(const std::string &worker_id) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::deque<std::pair<absl::Time, int64_t>>
-      token_reports_ ABSL_GUARDED_BY(mu_);
-  // Workers whose last report said their inserts are refused: the error and
-  // when (real clock).
-  std::map<std::string, std::pair<std::string, absl::Time>>
-      insert_refusals_ ABSL_GUARDED_BY(mu_);
 
   // Serialises the writes of state.json (taken after mu_ where both are).
   absl::Mutex files_mu_ ABSL_ACQUIRED_AFTER(mu_);

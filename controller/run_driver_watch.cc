@@ -1,24 +1,181 @@
-// RunDriver watching the services a run uses: their health, restarts and
-// incarnations (a trainer or worker that came back is re-adopted or the run
-// fails naming it), stalls, and the buffer's figures. What happens to a run
-// when a service dies is here.
+// RunDriver's own thread (Main), from the start of the run's services to
+// their release: waiting until they are free, setting them up (through
+// RunServices), then watching them: their health, restarts and incarnations
+// (a trainer or worker that came back is re-adopted or the run fails naming
+// it), stalls, the buffer's figures and the run's record on disk. What
+// happens to a run when a service dies is here. (run_driver.cc holds the
+// run's state, its record and the RPC handlers.)
 #include "controller/run_driver.h"
 
 #include <algorithm>
 #include <future>
-#include <numeric>
-#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "common/run/run_memory.h"
-#include "common/run/run_model.h"
 #include "controller/run_spec.h"
 #include "controller/worker_registry.h"
 
 namespace sluice::controller {
+namespace {
+
+// Run.conditions kind this file sets (run_conditions.h).
+constexpr char kRecordNotDurable[] = "record_not_durable";
+
+}  // namespace
+
+void RunDriver::Main() {
+  if ((adopting_ || AwaitServicesFree()) && StartServices()) Watch();
+  v1::RunState state;
+  {
+    absl::MutexLock lock(&mu_);
+    state = run_.state();
+  }
+  // A run left by a stopping controller keeps its services for the next one.
+  if (state == v1::RUN_STATE_FAILED || state == v1::RUN_STATE_CANCELLED) services_.Release();
+  AwaitRecordWritten();
+  {
+    absl::MutexLock lock(&mu_);
+    thread_exited_ = true;
+  }
+  if (on_stopped_) on_stopped_();
+}
+
+absl::Status RunDriver::CallWhileAdopting(const std::function<absl::Status()>& call) {
+  const absl::Time deadline = absl::Now() + options_.adoption_timeout;
+  while (true) {
+    absl::Status status = call();
+    const bool transient = status.code() == absl::StatusCode::kUnavailable ||
+                           status.code() == absl::StatusCode::kDeadlineExceeded;
+    if (status.ok() || !adopting_ || !transient || absl::Now() >= deadline) return status;
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &RunDriver::WakeDriver),
+                         options_.service_free_poll);
+    if (IsTerminal(run_.state()) || shut_down_) return status;
+  }
+}
+
+bool RunDriver::AwaitServicesFree() {
+  const absl::Time deadline = absl::Now() + options_.service_free_timeout;
+  std::string phase;
+  while (!Stopping()) {
+    // A service that does not answer is left to StartServices, which names
+    // the failure.
+    const std::string busy = services_.OtherRunHolder();
+    if (busy.empty()) {
+      if (!phase.empty()) {
+        absl::MutexLock lock(&mu_);
+        run_.mutable_progress()->set_phase("starting services");
+        TouchLocked();
+      }
+      return true;
+    }
+    if (absl::Now() >= deadline) {
+      Fail(absl::StrCat("the ", busy, " is still busy after ",
+                        absl::FormatDuration(options_.service_free_timeout),
+                        "; stop that run first (sluice runs cancel, or StopTraining)"));
+      return false;
+    }
+    const std::string waiting = absl::StrCat("waiting for the ", busy);
+    if (waiting != phase) {
+      phase = waiting;
+      log::Info("run waits for a service", {{"run_id", run_id_}, {"busy", busy}});
+      absl::MutexLock lock(&mu_);
+      if (!IsTerminal(run_.state())) {
+        run_.mutable_progress()->set_phase(phase);
+        TouchLocked();
+      }
+    }
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(this, &RunDriver::WakeDriver),
+                         options_.service_free_poll);
+  }
+  return false;
+}
+
+bool RunDriver::StartServices() {
+  // A spec the services cannot be sent (one recorded by an older
+  // controller, before specs were bounded) fails here, saying why, instead
+  // of holding the services and the queue behind it.
+  if (absl::Status sizes = ValidateRunSpecSizes(spec_); !sizes.ok()) {
+    Fail(absl::StrCat("the run's spec cannot be sent to its services: ", sizes.message()));
+    return false;
+  }
+  // A re-adopted run's workers are still generating for it: they must find
+  // it in their next heartbeat's answer (not an empty one, which would stop
+  // them) even while the buffer and the trainer are asked again.
+  if (adopting_) services_.OfferToWorkers();
+  bool have_feed = false;  // A re-adopted run's was restored by Adopt().
+  {
+    absl::MutexLock lock(&mu_);
+    have_feed = feed_ != nullptr;
+  }
+  if (!have_feed) {
+    if (absl::Status feed = OpenFeed(); !feed.ok()) {
+      Fail(absl::StrCat(absl::IsFailedPrecondition(feed) || absl::IsInvalidArgument(feed)
+                            ? "task: "
+                            : "prompt feed: ",
+                        feed.message()));
+      return false;
+    }
+  }
+
+  if (Stopping()) return false;
+  // A repeat for a run the buffer has (a re-adoption) is a no-op there.
+  if (absl::Status status = CallWhileAdopting([&] { return services_.ConfigureBuffer(); });
+      !status.ok()) {
+    Fail(CallFailure("replay_buffer", services_.buffer_address(), "ConfigureRun", status));
+    return false;
+  }
+  // The buffer's start count as the run begins: every later start of it is
+  // a restart the run survived, seen between two checks or not.
+  if (absl::StatusOr<v1::GetStatsResponse> stats = services_.BufferStats(); stats.ok()) {
+    NoteBufferStarts(stats->incarnation(), stats->starts());
+  }
+
+  if (Stopping()) return false;
+  // A trainer already training the run answers OK; one that restarted
+  // resumes it from its checkpoint.
+  if (absl::Status status = CallWhileAdopting([&] { return services_.StartTraining(); });
+      !status.ok()) {
+    Fail(CallFailure("trainer", services_.trainer_address(), "StartTraining", status));
+    return false;
+  }
+
+  // Workers pull the run with their next heartbeat; the controller calls
+  // none of them.
+  if (Terminal()) return false;
+  services_.OfferToWorkers();
+  absl::MutexLock lock(&mu_);
+  if (run_.state() == v1::RUN_STATE_PENDING && run_.progress().phase() == "starting services") {
+    run_.mutable_progress()->set_phase("loading model");
+    TouchLocked();
+  }
+  return !IsTerminal(run_.state());
+}
+
+void RunDriver::Finish() {
+  std::shared_ptr<PromptFeed> feed;
+  {
+    absl::MutexLock lock(&mu_);
+    feed = feed_;
+  }
+  if (feed) feed->MarkDone();
+  // Workers drop the run with their next heartbeat (and LeasePrompts says
+  // run_done); the next run waits until they have.
+  services_.WithdrawFromWorkers();
+  absl::StatusOr<v1::GetStatsResponse> response = services_.BufferStats();
+  if (!response.ok()) {
+    log::Warning("cannot read replay buffer statistics",
+                 {{"run_id", run_id_}, {"error", response.status().ToString()}});
+  }
+  const absl::StatusOr<v1::BufferStats> stats =
+      response.ok() ? absl::StatusOr<v1::BufferStats>(response->stats()) : response.status();
+  absl::MutexLock lock(&mu_);
+  if (stats.ok()) RunProgress::ApplyFinalBufferStats(*stats, &run_);
+  TransitionLocked(v1::RUN_STATE_SUCCEEDED, "");
+}
 
 void RunDriver::Watch() {
   absl::Time next_check = absl::Now() + options_.health_check_interval;
@@ -103,7 +260,7 @@ void RunDriver::NoteBufferWriteHealth(const v1::GetStatsResponse& stats) {
     return;
   }
   SetCondition(kBufferCannotWrite, "replay_buffer",
-               absl::StrCat("replay_buffer (", BufferAddress(),
+               absl::StrCat("replay_buffer (", services_.buffer_address(),
                             ") cannot write its data directory: ", stats.write_error(),
                             "; it refuses inserts until it can, and resumes by itself then"));
 }
@@ -134,91 +291,37 @@ void RunDriver::ShowServiceWait(const HealthTarget& target, const absl::Status& 
                             " (--service-unreachable-timeout-ms)"));
 }
 
-void RunDriver::AddRestartLocked(const std::string& service) {
-  v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-  ++(*recovery.mutable_restarts())[service];
-  TouchLocked();
-}
-
-void RunDriver::NoteIncarnation(const std::string& service, uint64_t incarnation,
-                                uint64_t* known) {
-  // Incarnations are start times: only a newer one is a restart (an answer
-  // from an older process, or another replica, is not).
-  if (incarnation == 0 || incarnation <= *known) return;
-  const bool restarted = *known != 0;
-  *known = incarnation;
+void RunDriver::NoteIncarnation(const std::string& service, uint64_t incarnation) {
   absl::MutexLock lock(&mu_);
-  known_incarnations_[service] = incarnation;
-  if (!restarted) {
-    persist_pending_ = true;
-    return;
-  }
-  log::Warning("service restarted", {{"run_id", run_id_}, {"service", service}});
-  AddRestartLocked(service);
-  // Written now, not at the next flush: a controller killed within the
-  // flush interval would otherwise forget the restart (a rare event).
-  if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED) PersistLocked(false);
+  RecordRestartsLocked(service, progress_.NoteIncarnation(service, incarnation, &run_));
 }
 
 void RunDriver::NoteBufferStarts(uint64_t incarnation, int64_t starts) {
-  if (starts <= 0) {  // A buffer without a data directory counts nothing.
-    NoteIncarnation("replay_buffer", incarnation, &buffer_incarnation_);
-    return;
-  }
-  if (starts == buffer_starts_) return;
-  const int64_t before = buffer_starts_;
-  buffer_starts_ = starts;
-  buffer_incarnation_ = std::max(buffer_incarnation_, incarnation);
   absl::MutexLock lock(&mu_);
-  known_incarnations_["replay_buffer"] = buffer_incarnation_;
-  known_incarnations_["replay_buffer.starts"] = static_cast<uint64_t>(starts);
-  // The first count seen is where the run's own count begins; one that went
-  // down is another directory (a replaced volume): a new beginning too.
-  if (before == 0 || starts < before) {
-    persist_pending_ = true;
+  RecordRestartsLocked("replay_buffer", progress_.NoteBufferStarts(incarnation, starts, &run_));
+}
+
+void RunDriver::RecordRestartsLocked(const std::string& service,
+                                     RunProgress::IncarnationChange change) {
+  if (change.restarts == 0) {
+    if (change.recorded) persist_pending_ = true;
     return;
   }
   log::Warning("service restarted",
-               {{"run_id", run_id_}, {"service", "replay_buffer"}, {"restarts", starts - before}});
-  v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-  (*recovery.mutable_restarts())["replay_buffer"] += starts - before;
+               {{"run_id", run_id_}, {"service", service}, {"restarts", change.restarts}});
   TouchLocked();
   if (!IsTerminal(run_.state()) && run_.state() != v1::RUN_STATE_QUEUED) PersistLocked(false);
 }
 
 void RunDriver::NoteTrainerLocked(uint64_t incarnation, bool resumed, int64_t steps_redone) {
-  if (incarnation == 0) return;
-  auto it = trainers_counted_.find(incarnation);
-  if (it == trainers_counted_.end()) {
-    if (incarnation <= trainer_floor_) return;  // Counted before, or cannot tell.
-    const bool first = trainers_counted_.empty();
-    it = trainers_counted_.emplace(incarnation, TrainerCounted{}).first;
-    if (!first) {
-      log::Warning("trainer restarted (a new incarnation)",
-                   {{"run_id", run_id_}, {"incarnation", std::to_string(incarnation)}});
-      AddRestartLocked("trainer");
-    }
+  const RunProgress::TrainerChange change =
+      progress_.NoteTrainer(incarnation, resumed, steps_redone, &run_);
+  if (change.restarted) {
+    log::Warning("trainer restarted (a new incarnation)",
+                 {{"run_id", run_id_}, {"incarnation", std::to_string(incarnation)}});
+    TouchLocked();
   }
-  v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-  TrainerCounted& counted = it->second;
-  bool changed = false;
-  if (resumed && !counted.resumed) {
-    counted.resumed = true;
-    recovery.set_trainer_resumes(recovery.trainer_resumes() + 1);
-    changed = true;
-  }
-  if (steps_redone > counted.steps_redone) {
-    recovery.set_trainer_steps_redone(recovery.trainer_steps_redone() + steps_redone -
-                                      counted.steps_redone);
-    counted.steps_redone = steps_redone;
-    changed = true;
-  }
-  newest_trainer_ = std::max(newest_trainer_, incarnation);
-  const TrainerCounted& newest = trainers_counted_.at(newest_trainer_);
-  known_incarnations_["trainer"] = newest_trainer_;
-  known_incarnations_["trainer.resumed"] = newest.resumed ? 1 : 0;
-  known_incarnations_["trainer.steps_redone"] = static_cast<uint64_t>(newest.steps_redone);
-  if (changed) TouchLocked();
+  if (change.counted) TouchLocked();
 }
 
 void RunDriver::ReconcileTrainer() {
@@ -247,7 +350,7 @@ void RunDriver::ReconcileTrainer() {
   if (restarted && (trainer->run_id().empty() || state == v1::TRAINER_STATE_IDLE)) {
     // A new incarnation knows nothing of the run: it resumes from the run's
     // latest checkpoint, or refuses (FAILED_PRECONDITION) when it cannot.
-    if (absl::Status status = clients_.trainer->StartTraining(start_training_); !status.ok()) {
+    if (absl::Status status = services_.ResumeTraining(); !status.ok()) {
       if (status.code() == absl::StatusCode::kUnavailable ||
           status.code() == absl::StatusCode::kDeadlineExceeded) {
         trainer_incarnation_ = 0;  // Not told yet: ask again next time.
@@ -285,7 +388,7 @@ void RunDriver::ReconcileTrainer() {
 }
 
 void RunDriver::ReconcileWorkers() {
-  if (Terminal() || clients_.workers == nullptr || !workers_offered_) return;
+  if (Terminal() || clients_.workers == nullptr || !services_.offered_to_workers()) return;
   std::shared_ptr<PromptFeed> feed;
   {
     absl::MutexLock lock(&mu_);
@@ -297,14 +400,14 @@ void RunDriver::ReconcileWorkers() {
         // A newer incarnation gives back what the older one leased.
         if (feed) feed->ObserveWorker(event.worker_id, event.incarnation);
         absl::MutexLock lock(&mu_);
-        v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-        recovery.set_workers_joined(recovery.workers_joined() + 1);
+        RunProgress::NoteWorkerJoined(&run_);
         TouchLocked();
         break;
       }
       case WorkerEvent::Kind::kRestarted: {
         absl::MutexLock lock(&mu_);
-        AddRestartLocked("rollout_worker");
+        RunProgress::AddRestarts("rollout_worker", 1, &run_);
+        TouchLocked();
         break;
       }
       case WorkerEvent::Kind::kLeft:
@@ -317,8 +420,7 @@ void RunDriver::ReconcileWorkers() {
                       {"silent_ms", absl::ToInt64Milliseconds(event.silent_for)}});
         int given_back = 0;
         if (feed) given_back = feed->GiveBackWorker(event.worker_id);
-        if (absl::Status released =
-                clients_.replay_buffer->ReleaseWorkerSlots(run_id_, event.worker_id);
+        if (absl::Status released = services_.ReleaseWorkerSlots(event.worker_id);
             !released.ok()) {
           // Not fatal: the buffer's slot leases expire by themselves.
           log::Warning("cannot release a lost worker's generation slots",
@@ -330,9 +432,8 @@ void RunDriver::ReconcileWorkers() {
                                                        {"worker_id", event.worker_id},
                                                        {"prompts", given_back}});
         absl::MutexLock lock(&mu_);
-        v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
         // A worker that left on purpose (a scale-down) was not lost.
-        if (lost) recovery.set_workers_lost(recovery.workers_lost() + 1);
+        if (lost) RunProgress::NoteWorkerLost(&run_);
         TouchLocked();
         break;
       }
@@ -342,11 +443,7 @@ void RunDriver::ReconcileWorkers() {
   if (feed) {
     const PromptFeedStats feed_stats = feed->stats();
     absl::MutexLock lock(&mu_);
-    v1::RecoveryStats& recovery = *run_.mutable_summary()->mutable_recovery();
-    if (recovery.prompts_reissued() != feed_stats.reissued) {
-      recovery.set_prompts_reissued(feed_stats.reissued);
-      TouchLocked();
-    }
+    if (RunProgress::NoteReissuedPrompts(feed_stats, &run_)) TouchLocked();
   }
   const WorkerRegistry::RunWorkerSummary workers = clients_.workers->SummarizeRunWorkers(run_id_);
   for (const RunWorker& worker : workers.failed) {
@@ -365,10 +462,7 @@ void RunDriver::ReconcileWorkers() {
   const int min_workers = std::max(1, spec_.rollout().min_workers());
   {
     absl::MutexLock lock(&mu_);
-    if (run_.progress().workers_live() != live) {
-      run_.mutable_progress()->set_workers_live(live);
-      TouchLocked();
-    }
+    if (RunProgress::NoteWorkersLive(live, &run_)) TouchLocked();
   }
   const absl::Time now = absl::Now();
   static constexpr absl::string_view kNoWorker = "no_worker";
@@ -474,22 +568,68 @@ void RunDriver::RefreshBufferStats() {
   NoteBufferWriteHealth(*response);
   if (clients_.reward_server != nullptr) {
     if (absl::StatusOr<uint64_t> reward = clients_.reward_server->Incarnation(); reward.ok()) {
-      NoteIncarnation("reward_server", *reward, &reward_incarnation_);
+      NoteIncarnation("reward_server", *reward);
     }
   }
-  const v1::BufferStats* stats = &response->stats();
-  last_buffer_stats_ = *stats;
-  int64_t evicted = 0;
-  for (const v1::EvictionCount& count : stats->evictions()) {
-    if (count.reason() == v1::EVICTION_REASON_STALE ||
-        count.reason() == v1::EVICTION_REASON_CAPACITY) {
-      evicted += count.groups();
-    }
-  }
+  last_buffer_stats_ = response->stats();
   absl::MutexLock lock(&mu_);
-  if (IsTerminal(run_.state()) || run_.progress().groups_evicted() == evicted) return;
-  run_.mutable_progress()->set_groups_evicted(evicted);
-  TouchLocked();
+  if (IsTerminal(run_.state())) return;
+  if (RunProgress::NoteGroupsEvicted(response->stats(), &run_)) TouchLocked();
+}
+
+void RunDriver::ExpireInsertRefusals() {
+  absl::MutexLock lock(&mu_);
+  if (IsTerminal(run_.state())) return;
+  if (progress_.ExpireInsertRefusals(absl::Now() - options_.insert_refusal_ttl,
+                                     services_.buffer_address(), Now(), &run_)) {
+    TouchLocked();
+  }
+}
+
+void RunDriver::KeepRecordDurable() {
+  std::shared_ptr<PromptFeed> feed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (IsTerminal(run_.state())) return;
+    feed = feed_;
+  }
+  // The feed's journal first: its repair is a checkpoint of the feed as it
+  // is now, which covers the events it could not write.
+  bool journal_written = true;
+  if (feed != nullptr && !feed->journal_error().ok()) {
+    if (absl::Status repaired = feed->RepairJournal(); !repaired.ok()) {
+      record_.NoteFailure(files_.Path(RunFiles::kPromptFeed), repaired);
+      journal_written = false;
+    }
+  }
+  if (journal_written) record_.Retry().IgnoreError();  // Health says the rest.
+  const RunRecordWriter::Health health = record_.health();
+  if (!health.behind) {
+    ClearCondition(kRecordNotDurable, "controller");
+    return;
+  }
+  SetCondition(kRecordNotDurable, "controller",
+               absl::StrCat(health.error.message(), "; the run is paused (no new prompts) until ",
+                            "its record in ", files_.dir(),
+                            " can be written again, and fails if it cannot for ",
+                            absl::FormatDuration(options_.record_unwritable_timeout)));
+  if (absl::Now() - health.since >= options_.record_unwritable_timeout) {
+    Fail(absl::StrCat(
+        "the run's record in ", files_.dir(), " could not be written for ",
+        absl::FormatDuration(absl::Trunc(absl::Now() - health.since, absl::Seconds(1))), ": ",
+        health.error.message(),
+        " (free space in the runs directory, --runs-dir; the record, summary.json "
+        "included, is written once it can be)"));
+  }
+}
+
+void RunDriver::AwaitRecordWritten() {
+  while (!record_.Retry().ok()) {
+    absl::MutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout(absl::Condition(&shut_down_), options_.health_check_interval)) {
+      return;  // The next controller finds what was written.
+    }
+  }
 }
 
 }  // namespace sluice::controller

@@ -45,12 +45,14 @@ RunServices::RunServices(std::string run_id, v1::RunSpec spec, RunSizes sizes,
       endpoints_(std::move(endpoints)),
       start_training_(BuildStartTraining(run_id_, spec_, sizes_, endpoints_)) {}
 
-std::string RunServices::trainer_address() const {
-  return clients_.trainer != nullptr ? clients_.trainer->address() : "";
+const std::string& RunServices::trainer_address() const {
+  static const std::string* const kNone = new std::string();
+  return clients_.trainer != nullptr ? clients_.trainer->address() : *kNone;
 }
 
-std::string RunServices::buffer_address() const {
-  return clients_.replay_buffer != nullptr ? clients_.replay_buffer->address() : "";
+const std::string& RunServices::buffer_address() const {
+  static const std::string* const kNone = new std::string();
+  return clients_.replay_buffer != nullptr ? clients_.replay_buffer->address() : *kNone;
 }
 
 std::string RunServices::OtherRunHolder() const {

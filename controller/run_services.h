@@ -43,8 +43,8 @@ class RunServices {
   RunServices& operator=(const RunServices&) = delete;
 
   // The services' addresses, for messages ("" without the service).
-  std::string trainer_address() const;
-  std::string buffer_address() const;
+  const std::string& trainer_address() const;
+  const std::string& buffer_address() const;
 
   // Who still holds another run, for "waiting for the <...>" and the error
   // when it does not let go: "trainer (<address>) with run <id> (<STATE>)" or

@@ -1,7 +1,6 @@
 #include "trainer/trainer_service.h"
 
 #include <algorithm>
-#include <map>
 #include <utility>
 
 #include "absl/base/call_once.h"
@@ -14,361 +13,18 @@
 #include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "common/run/run_paths.h"
-#include "prometheus/counter.h"
-#include "prometheus/gauge.h"
-#include "prometheus/histogram.h"
-#include "prometheus/registry.h"
 #include "services/clients/clients.h"
 #include "services/clients/grpc_clients.h"
-#include "services/clients/retry_metrics.h"
 #include "services/clients/retrying_clients.h"
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/request_limits.h"
 #include "trainer/checkpoint_state.h"
+#include "trainer/trainer_metrics.h"
 
 namespace sluice::trainer {
 
 using runtime::ToGrpcStatus;
-
-struct TrainerMetrics {
-  explicit TrainerMetrics(prometheus::Registry& registry)
-      : step(prometheus::BuildGauge()
-                 .Name("sluice_trainer_step")
-                 .Help("RL optimizer steps completed in the current run")
-                 .Register(registry)
-                 .Add({})),
-        policy_version(prometheus::BuildGauge()
-                           .Name("sluice_trainer_policy_version")
-                           .Help("Latest policy version published")
-                           .Register(registry)
-                           .Add({})),
-        loss(prometheus::BuildGauge()
-                 .Name("sluice_trainer_loss")
-                 .Help("Policy loss of the latest step")
-                 .Register(registry)
-                 .Add({})),
-        reward_mean(prometheus::BuildGauge()
-                        .Name("sluice_trainer_reward_mean")
-                        .Help("Mean training reward of the latest batch")
-                        .Register(registry)
-                        .Add({})),
-        pass_rate(prometheus::BuildGauge()
-                 .Name("sluice_trainer_pass_rate")
-                 .Help("Fraction of the latest batch's trajectories with reward >= 1")
-                 .Register(registry)
-                 .Add({})),
-        kl_to_behaviour(prometheus::BuildGauge()
-                 .Name("sluice_trainer_kl_to_behaviour")
-                 .Help("KL of the trained policy to the behaviour policy on the latest batch")
-                 .Register(registry)
-                 .Add({})),
-        entropy(prometheus::BuildGauge()
-                 .Name("sluice_trainer_entropy")
-                 .Help("Mean token entropy of the policy on the latest batch")
-                 .Register(registry)
-                 .Add({})),
-        clip_fraction(prometheus::BuildGauge()
-                 .Name("sluice_trainer_clip_fraction")
-                 .Help("Fraction of tokens whose ratio was clipped in the latest step")
-                 .Register(registry)
-                 .Add({})),
-        grad_norm(prometheus::BuildGauge()
-                 .Name("sluice_trainer_grad_norm")
-                 .Help("Gradient norm of the latest step before clipping")
-                 .Register(registry)
-                 .Add({})),
-        staleness_mean(prometheus::BuildGauge()
-                 .Name("sluice_trainer_staleness_mean")
-                 .Help("Mean group staleness (versions) of the latest batch")
-                 .Register(registry)
-                 .Add({})),
-        staleness_max(prometheus::BuildGauge()
-                          .Name("sluice_trainer_batch_staleness_max")
-                          .Help("Maximum group staleness (versions) in the latest batch")
-                          .Register(registry)
-                          .Add({})),
-        importance_weight_ess(prometheus::BuildGauge()
-                                  .Name("sluice_trainer_importance_weight_ess")
-                                  .Help("Normalised effective sample size (sum w)^2 / (N sum "
-                                        "w^2) of the latest step's importance weights: 1 "
-                                        "on-policy, falling as the data goes off-policy")
-                                  .Register(registry)
-                                  .Add({})),
-        importance_weight(prometheus::BuildGauge()
-                              .Name("sluice_trainer_importance_weight")
-                              .Help("Tails of the latest step's importance weights, by stat "
-                                    "(max, min, p99, p01)")
-                              .Register(registry)),
-        importance_weight_fraction(
-            prometheus::BuildGauge()
-                .Name("sluice_trainer_importance_weight_fraction")
-                .Help("Fraction of the latest step's tokens with importance weight above 2 "
-                      "(side=above_2) or below 0.5 (side=below_half)")
-                .Register(registry)),
-        tokens_masked_fraction(prometheus::BuildGauge()
-                                   .Name("sluice_trainer_tokens_masked_fraction")
-                                   .Help("Fraction of the latest step's tokens dropped from the "
-                                         "loss, by mechanism (cap, floor, second_moment)")
-                                   .Register(registry)),
-        behaviour_weight_capped_fraction(
-            prometheus::BuildGauge()
-                .Name("sluice_trainer_behaviour_weight_capped_fraction")
-                .Help("Fraction of the latest step's tokens whose behaviour weight exceeded "
-                      "behaviour_weight_cap")
-                .Register(registry)
-                .Add({})),
-        token_staleness_mean(prometheus::BuildGauge()
-                                 .Name("sluice_trainer_token_staleness_mean")
-                                 .Help("Mean staleness (versions) of the latest step's trained "
-                                       "tokens: trainer version - the token's version")
-                                 .Register(registry)
-                                 .Add({})),
-        token_staleness_max(prometheus::BuildGauge()
-                                .Name("sluice_trainer_token_staleness_max")
-                                .Help("Maximum staleness (versions) of the latest step's trained "
-                                      "tokens")
-                                .Register(registry)
-                                .Add({})),
-        kl_to_reference(prometheus::BuildGauge()
-                            .Name("sluice_trainer_kl_to_reference")
-                            .Help("Mean k3 estimate of KL(policy || reference) on the latest "
-                                  "step's tokens (0 without a reference policy)")
-                            .Register(registry)
-                            .Add({})),
-        eval_accuracy(prometheus::BuildGauge()
-                          .Name("sluice_trainer_eval_accuracy")
-                          .Help("Accuracy of the latest held-out evaluation")
-                          .Register(registry)
-                          .Add({})),
-        tokens_trained(prometheus::BuildCounter()
-                           .Name("sluice_trainer_tokens_trained_total")
-                           .Help("Token positions trained on in RL steps")
-                           .Register(registry)
-                           .Add({})),
-        wait_seconds(prometheus::BuildCounter()
-                         .Name("sluice_trainer_wait_seconds_total")
-                         .Help("Seconds spent waiting for batches from the replay buffer")
-                         .Register(registry)
-                         .Add({})),
-        updates_skipped(prometheus::BuildCounter()
-                            .Name("sluice_trainer_updates_skipped_total")
-                            .Help("RL steps that made no update: non-finite loss, gradient "
-                                  "norm or updated weights")
-                            .Register(registry)
-                            .Add({})),
-        groups_invalid(prometheus::BuildCounter()
-                           .Name("sluice_trainer_groups_invalid_total")
-                           .Help("Sampled groups left out of the loss as untrainable (ids "
-                                 "outside the vocabulary, non-finite values)")
-                           .Register(registry)
-                           .Add({})),
-        step_seconds(prometheus::BuildHistogram()
-                         .Name("sluice_trainer_step_seconds")
-                         .Help("Compute time of one RL step")
-                         .Register(registry)
-                         .Add({}, prometheus::Histogram::BucketBoundaries{
-                                      0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10})),
-        weight_bytes_sent(prometheus::BuildCounter()
-                              .Name("sluice_trainer_weight_bytes_sent_total")
-                              .Help("Weight bytes the trainer streamed (its egress for weights; "
-                                    "with relays about one version per version)")
-                              .Register(registry)
-                              .Add({})),
-        weight_streams(prometheus::BuildCounter()
-                           .Name("sluice_trainer_weight_streams_total")
-                           .Help("Weight streams the trainer served")
-                           .Register(registry)
-                           .Add({})),
-        weight_sync_wire_bytes(prometheus::BuildCounter()
-                                   .Name("sluice_trainer_weight_sync_wire_bytes_total")
-                                   .Help("Weight bytes the trainer sent, by transport (grpc: full "
-                                         "versions, grpc_delta: sparse deltas)")
-                                   .Register(registry)),
-        weight_sync_full_bytes(prometheus::BuildCounter()
-                                   .Name("sluice_trainer_weight_sync_full_bytes_total")
-                                   .Help("What the weights the trainer sent take in full, by "
-                                         "transport: against wire bytes, what deltas saved")
-                                   .Register(registry)),
-        weight_sync_seconds(prometheus::BuildHistogram()
-                                .Name("sluice_trainer_weight_sync_seconds")
-                                .Help("Duration of one whole weight stream, by transport")
-                                .Register(registry)),
-        weight_sync_gigabytes_per_second(
-            prometheus::BuildGauge()
-                .Name("sluice_trainer_weight_sync_gigabytes_per_second")
-                .Help("Wire rate (1e9 bytes/s) of the latest whole weight stream, by transport")
-                .Register(registry)),
-        weight_version_bytes(prometheus::BuildGauge()
-                                 .Name("sluice_trainer_weight_version_bytes")
-                                 .Help("The latest published version's size, by encoding: full "
-                                       "(in weight_sync.dtype) and delta (against the version "
-                                       "before; absent without deltas)")
-                                 .Register(registry)),
-        weight_delta_encode_seconds(prometheus::BuildCounter()
-                                        .Name("sluice_trainer_weight_delta_encode_seconds_total")
-                                        .Help("Seconds spent encoding versions as sparse deltas "
-                                              "at publish")
-                                        .Register(registry)
-                                        .Add({})),
-        weight_sources(prometheus::BuildCounter()
-                           .Name("sluice_trainer_weight_sources_total")
-                           .Help("GetWeightSource answers, by source: trainer (streamed from "
-                                 "the trainer) or relay (from a worker holding the version)")
-                           .Register(registry)),
-        verified_groups(prometheus::BuildCounter()
-                            .Name("sluice_trainer_verified_groups_total")
-                            .Help("Sampled groups whose behaviour log-probs the trainer "
-                                  "recomputed and found within the tolerance, by rollout worker")
-                            .Register(registry)),
-        verification_failed_groups(
-            prometheus::BuildCounter()
-                .Name("sluice_trainer_verification_failed_groups_total")
-                .Help("Sampled groups whose behaviour log-probs, tokens or versions did not "
-                      "match the trainer's recomputation (left out of the batch), by rollout "
-                      "worker")
-                .Register(registry)),
-        unverifiable_groups(prometheus::BuildCounter()
-                                .Name("sluice_trainer_unverifiable_groups_total")
-                                .Help("Groups chosen for verification that claimed a version "
-                                      "whose weights the trainer no longer held")
-                                .Register(registry)
-                                .Add({})),
-        verification_max_abs_diff(
-            prometheus::BuildHistogram()
-                .Name("sluice_trainer_verification_max_abs_diff")
-                .Help("Per step: the largest |reported - recomputed| behaviour log-prob over "
-                      "the verified groups' tokens (honest float32 noise is below 1e-5)")
-                .Register(registry)
-                .Add({}, prometheus::Histogram::BucketBoundaries{1e-7, 1e-6, 1e-5, 1e-4, 1e-3,
-                                                                 1e-2, 1e-1, 1})),
-        verification_seconds(prometheus::BuildCounter()
-                                 .Name("sluice_trainer_verification_seconds_total")
-                                 .Help("Seconds spent recomputing rollout log-probs to verify "
-                                       "workers")
-                                 .Register(registry)
-                                 .Add({})),
-        worker_quarantined(prometheus::BuildGauge()
-                               .Name("sluice_trainer_worker_quarantined")
-                               .Help("1 for each rollout worker the trainer's verification "
-                                     "quarantined in this process")
-                               .Register(registry)),
-        client_retries(registry) {}
-
-  void OnStep(const v1::TrainingStepMetrics& m) {
-    step.Set(static_cast<double>(m.step()));
-    policy_version.Set(static_cast<double>(m.policy_version()));
-    loss.Set(m.loss());
-    reward_mean.Set(m.reward_mean());
-    pass_rate.Set(m.pass_rate());
-    kl_to_behaviour.Set(m.kl_to_behaviour());
-    entropy.Set(m.entropy());
-    clip_fraction.Set(m.clip_fraction());
-    grad_norm.Set(m.grad_norm());
-    staleness_mean.Set(m.staleness_mean());
-    staleness_max.Set(static_cast<double>(m.staleness_max()));
-    importance_weight_ess.Set(m.importance_weight_ess());
-    importance_weight.Add({{"stat", "max"}}).Set(m.importance_weight_max());
-    importance_weight.Add({{"stat", "min"}}).Set(m.importance_weight_min());
-    importance_weight.Add({{"stat", "p99"}}).Set(m.importance_weight_p99());
-    importance_weight.Add({{"stat", "p01"}}).Set(m.importance_weight_p01());
-    importance_weight_fraction.Add({{"side", "above_2"}})
-        .Set(m.importance_weight_above_2_fraction());
-    importance_weight_fraction.Add({{"side", "below_half"}})
-        .Set(m.importance_weight_below_half_fraction());
-    tokens_masked_fraction.Add({{"mechanism", "cap"}}).Set(m.tokens_masked_cap_fraction());
-    tokens_masked_fraction.Add({{"mechanism", "floor"}}).Set(m.tokens_masked_floor_fraction());
-    tokens_masked_fraction.Add({{"mechanism", "second_moment"}})
-        .Set(m.tokens_masked_second_moment_fraction());
-    tokens_masked_fraction.Add({{"mechanism", "stale"}}).Set(m.tokens_masked_stale_fraction());
-    behaviour_weight_capped_fraction.Set(m.behaviour_weight_capped_fraction());
-    token_staleness_mean.Set(m.token_staleness_mean());
-    token_staleness_max.Set(static_cast<double>(m.token_staleness_max()));
-    kl_to_reference.Set(m.kl_to_reference());
-    tokens_trained.Increment(static_cast<double>(m.tokens_trained()));
-    wait_seconds.Increment(m.trainer_wait_seconds());
-    if (m.update_skipped()) updates_skipped.Increment();
-    groups_invalid.Increment(static_cast<double>(m.groups_invalid()));
-    step_seconds.Observe(m.step_seconds());
-    for (const v1::WorkerVerification& w : m.verification_by_worker()) {
-      verified_groups.Add({{"worker", w.worker_id()}})
-          .Increment(static_cast<double>(w.groups_verified()));
-      verification_failed_groups.Add({{"worker", w.worker_id()}})
-          .Increment(static_cast<double>(w.groups_failed()));
-    }
-    unverifiable_groups.Increment(static_cast<double>(m.groups_unverifiable()));
-    if (m.groups_verified() > 0) verification_max_abs_diff.Observe(m.verification_max_abs_diff());
-    verification_seconds.Increment(m.verification_seconds());
-    for (const std::string& worker : m.workers_quarantined()) {
-      worker_quarantined.Add({{"worker", worker}}).Set(1);
-    }
-  }
-
-  prometheus::Gauge& step;
-  prometheus::Gauge& policy_version;
-  prometheus::Gauge& loss;
-  prometheus::Gauge& reward_mean;
-  prometheus::Gauge& pass_rate;
-  prometheus::Gauge& kl_to_behaviour;
-  prometheus::Gauge& entropy;
-  prometheus::Gauge& clip_fraction;
-  prometheus::Gauge& grad_norm;
-  prometheus::Gauge& staleness_mean;
-  prometheus::Gauge& staleness_max;
-  prometheus::Gauge& importance_weight_ess;
-  prometheus::Family<prometheus::Gauge>& importance_weight;
-  prometheus::Family<prometheus::Gauge>& importance_weight_fraction;
-  prometheus::Family<prometheus::Gauge>& tokens_masked_fraction;
-  prometheus::Gauge& behaviour_weight_capped_fraction;
-  prometheus::Gauge& token_staleness_mean;
-  prometheus::Gauge& token_staleness_max;
-  prometheus::Gauge& kl_to_reference;
-  prometheus::Gauge& eval_accuracy;
-  prometheus::Counter& tokens_trained;
-  prometheus::Counter& wait_seconds;
-  prometheus::Counter& updates_skipped;
-  prometheus::Counter& groups_invalid;
-  prometheus::Histogram& step_seconds;
-  prometheus::Counter& weight_bytes_sent;
-  prometheus::Counter& weight_streams;
-  prometheus::Family<prometheus::Counter>& weight_sync_wire_bytes;
-  prometheus::Family<prometheus::Counter>& weight_sync_full_bytes;
-  prometheus::Family<prometheus::Histogram>& weight_sync_seconds;
-  prometheus::Family<prometheus::Gauge>& weight_sync_gigabytes_per_second;
-  prometheus::Family<prometheus::Gauge>& weight_version_bytes;
-  prometheus::Counter& weight_delta_encode_seconds;
-
-  // One whole weight stream (a cut one is counted in bytes only).
-  void OnWeightStream(const std::string& transport, double seconds, int64_t wire_bytes) {
-    weight_sync_seconds
-        .Add({{"transport", transport}},
-             prometheus::Histogram::BucketBoundaries{0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 30})
-        .Observe(seconds);
-    if (seconds > 0) {
-      weight_sync_gigabytes_per_second.Add({{"transport", transport}})
-          .Set(static_cast<double>(wire_bytes) / seconds / 1e9);
-    }
-  }
-
-  void OnPublished(const PublishedVersion& version) {
-    weight_version_bytes.Add({{"encoding", "full"}})
-        .Set(static_cast<double>(version.info.total_size_bytes()));
-    if (version.delta != nullptr) {
-      weight_version_bytes.Add({{"encoding", "delta"}})
-          .Set(static_cast<double>(version.delta->encoded_bytes));
-      weight_delta_encode_seconds.Increment(version.delta->encode_seconds);
-    }
-  }
-  prometheus::Family<prometheus::Counter>& weight_sources;
-  prometheus::Family<prometheus::Counter>& verified_groups;
-  prometheus::Family<prometheus::Counter>& verification_failed_groups;
-  prometheus::Counter& unverifiable_groups;
-  prometheus::Histogram& verification_max_abs_diff;
-  prometheus::Counter& verification_seconds;
-  prometheus::Family<prometheus::Gauge>& worker_quarantined;
-  // sluice_client_retries_total{service} of every run's clients.
-  clients::ClientRetryMetrics client_retries;
-};
 
 struct TrainerServiceImpl::ActiveRun {
   std::string run_id;
@@ -538,7 +194,7 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
   clients::RetryOptions retry;
   retry.seed = absl::HashOf(request->run_id(), absl::ToUnixNanos(absl::Now()));
   retry.cancellation = active->retry_cancellation = std::make_shared<clients::RetryCancellation>();
-  retry.observer = metrics_->client_retries.Observer();
+  retry.observer = metrics_->ClientRetryObserver();
   active->buffer = clients::WithRetries(
       clients::NewGrpcReplayBufferClient(endpoints.replay_buffer_address()), retry);
   active->reward =
@@ -557,11 +213,9 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
   deps.memory_budget_bytes = memory_budget_bytes_;
   deps.incarnation = incarnation_;
   TrainerMetrics* metrics = metrics_.get();
-  deps.on_step = [metrics](const v1::TrainingStepMetrics& m) { metrics->OnStep(m); };
-  deps.on_eval = [metrics](const v1::EvalResult& e) {
-    if (e.phase() != "warm_start") metrics->eval_accuracy.Set(e.accuracy());
-  };
-  deps.on_published = [metrics](const PublishedVersion& v) { metrics->OnPublished(v); };
+  deps.on_step = [metrics](const v1::TrainingStepMetrics& m) { metrics->RecordStep(m); };
+  deps.on_eval = [metrics](const v1::EvalResult& e) { metrics->RecordEval(e); };
+  deps.on_published = [metrics](const PublishedVersion& v) { metrics->RecordPublished(v); };
   active->run = std::make_unique<TrainerRun>(request->run_id(), std::move(spec), std::move(deps));
   TrainerRun* run = active->run.get();
   active->thread = std::thread([run] { run->Run().IgnoreError(); });
@@ -687,10 +341,7 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
   }
   const std::string transport = delta != nullptr ? "grpc_delta" : "grpc";
   const absl::Time stream_start = absl::Now();
-  metrics_->weight_streams.Increment();
-  const std::map<std::string, std::string> labels = {{"transport", transport}};
-  prometheus::Counter& wire_bytes = metrics_->weight_sync_wire_bytes.Add(labels);
-  prometheus::Counter& full_bytes = metrics_->weight_sync_full_bytes.Add(labels);
+  TrainerMetrics::WeightStream stream_metrics = metrics_->StartWeightStream(transport);
   v1::WeightsChunk first;
   first.set_version(version->info.version());
   *first.mutable_manifest()->mutable_version() = version->info;
@@ -733,14 +384,12 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
       chunk.set_is_last_chunk_of_tensor(offset + n == static_cast<int64_t>(bytes.size()));
       chunk.set_crc32c(Crc32c(chunk.data()));
       if (!writer->Write(chunk)) return grpc::Status::OK;
-      metrics_->weight_bytes_sent.Increment(static_cast<double>(n));
-      wire_bytes.Increment(static_cast<double>(n));
-      full_bytes.Increment(static_cast<double>(n) * full_per_byte);
+      stream_metrics.RecordChunk(n, static_cast<double>(n) * full_per_byte);
       sent += n;
       offset += n;
     } while (offset < static_cast<int64_t>(bytes.size()));
   }
-  metrics_->OnWeightStream(transport, absl::ToDoubleSeconds(absl::Now() - stream_start), sent);
+  stream_metrics.RecordFinished(absl::ToDoubleSeconds(absl::Now() - stream_start), sent);
   return grpc::Status::OK;
 }
 
@@ -769,8 +418,7 @@ grpc::Status TrainerServiceImpl::GetWeightSource(grpc::ServerContext* context,
   *response->mutable_version() = (*found)->info;
   response->set_source_address(placed.source_address);
   response->set_depth(placed.depth);
-  metrics_->weight_sources.Add({{"source", placed.source_address.empty() ? "trainer" : "relay"}})
-      .Increment();
+  metrics_->RecordWeightSource(/*from_relay=*/!placed.source_address.empty());
   return grpc::Status::OK;
 }
 

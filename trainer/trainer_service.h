@@ -20,7 +20,7 @@ class Registry;
 
 namespace sluice::trainer {
 
-struct TrainerMetrics;
+class TrainerMetrics;
 
 // The gRPC edge of the trainer: one run at a time (StartTraining starts a
 // TrainerRun on its own thread with gRPC clients for the run's buffer, reward

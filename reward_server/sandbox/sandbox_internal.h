@@ -1,17 +1,14 @@
 #ifndef SLUICE_REWARD_SERVER_SANDBOX_SANDBOX_INTERNAL_H_
 #define SLUICE_REWARD_SERVER_SANDBOX_SANDBOX_INTERNAL_H_
 
-// What the per-run sandbox (sandbox.cc) and the pool (sandbox_pool.cc)
-// share: descriptors, pipes, pidfds, the uid leases of a root server,
-// bwrap's command line and its launch. Not an API: only these two files
-// include it.
+// What the per-run sandbox (sandbox.cc), the pool (sandbox_pool.cc) and
+// bwrap's launch (bwrap_launch.h) share: descriptors, pipes, pidfds, output
+// streams. Not an API: only the files of sandbox/ include it.
 
 #include <errno.h>
-#include <sys/resource.h>
 #include <sys/types.h>
 #include <unistd.h>
 
-#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -24,16 +21,6 @@
 #include "reward_server/sandbox/sandbox.h"
 
 namespace sluice::reward_server::sandbox::internal {
-
-// Descriptors of bwrap (and, for 0-4, of the program).
-inline constexpr int kStdinFd = 0;
-inline constexpr int kStdoutFd = 1;
-inline constexpr int kStderrFd = 2;
-inline constexpr int kSeccompFd = 5;
-inline constexpr int kStatusFd = 6;  // bwrap --json-status-fd: reports the pid ns init.
-inline constexpr int kFirstFileFd = 7;
-inline constexpr int kMaxFiles = 16;
-inline constexpr int kMaxChildFds = kFirstFileFd + kMaxFiles;
 
 inline constexpr size_t kResultBytesKept = 4096;
 inline constexpr size_t kStatusBytesKept = 4096;
@@ -96,26 +83,6 @@ std::optional<pid_t> ParseChildPid(const std::string& status);
 // INVALID_ARGUMENT unless `path` is absolute without "..".
 absl::Status ValidPath(absl::string_view field, absl::string_view path);
 
-// A uid of the range [uid_base, uid_base + uid_count), exclusive within the
-// process and, through an flock in uid_lock_dir, across processes; for a
-// root server only. Held until destruction.
-class UidLease {
- public:
-  // Blocks while every uid of the range is taken in this process;
-  // RESOURCE_EXHAUSTED when the free ones are all locked by other processes.
-  static absl::StatusOr<std::unique_ptr<UidLease>> Acquire(const SandboxOptions& options);
-  ~UidLease();
-  UidLease(const UidLease&) = delete;
-  UidLease& operator=(const UidLease&) = delete;
-  uint32_t uid() const { return uid_; }
-
- private:
-  UidLease() = default;
-  uint32_t uid_ = 0;
-  bool held_ = false;
-  UniqueFd lock_;  // Closed after Release: the flock outlives the set entry.
-};
-
 // Output of one pipe, drained as it comes.
 struct Stream {
   int fd = -1;
@@ -137,36 +104,6 @@ struct Stream {
 // `start`. The termination is the caller's to fill in.
 SandboxResult CollectOutput(Stream (&streams)[3], int secret_read_fd, bool has_secret,
                             absl::Time start);
-
-// RLIMIT_CPU of a program: the configured cpu_time, or its wall budget
-// (deadline - start) plus a second when that is shorter, at least 1.
-int64_t RunCpuSeconds(const SandboxOptions& options, absl::Time deadline, absl::Time start);
-// RLIMIT_AS, _FSIZE, _NOFILE and _CORE of every sandboxed process.
-std::vector<std::pair<int, struct rlimit>> ProgramLimits(const SandboxOptions& options);
-
-// bwrap's options that make the sandbox, common to a run and a pool slot:
-// every namespace, the read-only host paths, /proc, a read-only minimal
-// /dev, size-capped private /tmp and /dev/shm. Callers add their own mounts,
-// then "--remount-ro /", environment, seccomp and the command.
-std::vector<std::string> BwrapSandboxArgs(const SandboxOptions& options);
-// The program's environment: PATH, HOME=/tmp, TMPDIR=/tmp, LANG=C.UTF-8,
-// then `overrides` (replacing or adding).
-std::vector<std::pair<std::string, std::string>> SandboxEnv(
-    const std::vector<std::pair<std::string, std::string>>& overrides);
-
-// How to start bwrap: its argv, the descriptor each of its fds 0..n-1 is a
-// copy of, its rlimits, and (root only) the uid to switch to first.
-struct BwrapLaunch {
-  std::vector<std::string> args;
-  std::vector<int> fds;
-  std::vector<std::pair<int, struct rlimit>> limits;
-  std::optional<uint32_t> uid;
-};
-// Forks, prepares the child (new session, default signals, descriptors,
-// rlimits, uid, PDEATHSIG) and execs bwrap; returns its pid once the exec
-// succeeded. FAILED_PRECONDITION with what to change when bwrap cannot be
-// executed or the uid cannot be taken; INTERNAL for a failed system call.
-absl::StatusOr<pid_t> LaunchBwrap(const SandboxOptions& options, const BwrapLaunch& launch);
 
 }  // namespace sluice::reward_server::sandbox::internal
 

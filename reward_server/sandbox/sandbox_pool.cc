@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "nlohmann/json.hpp"
+#include "reward_server/sandbox/bwrap_launch.h"
 #include "reward_server/sandbox/sandbox_internal.h"
 #include "reward_server/sandbox/seccomp_filter.h"
 #include "reward_server/sandbox/zygote_py.h"

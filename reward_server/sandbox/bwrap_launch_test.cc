@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
@@ -24,13 +25,20 @@ using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 
-// A fresh directory under the test's temporary directory.
-std::string MakeTempDir(const std::string& name) {
-  const std::string dir =
-      absl::StrCat(::testing::TempDir(), "/bwrap_launch_test_", getpid(), "_", name);
-  EXPECT_EQ(mkdir(dir.c_str(), 0700), 0) << dir;
-  return dir;
-}
+// A fresh directory under the test's temporary directory, removed with
+// everything in it when this goes out of scope.
+class ScopedTempDir {
+ public:
+  explicit ScopedTempDir(const std::string& name)
+      : path_(absl::StrCat(::testing::TempDir(), "/bwrap_launch_test_", getpid(), "_", name)) {
+    EXPECT_EQ(mkdir(path_.c_str(), 0700), 0) << path_;
+  }
+  ~ScopedTempDir() { std::filesystem::remove_all(path_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  const std::string path_;
+};
 
 // Whether `args` holds `sequence` as consecutive elements.
 bool HasSequence(const std::vector<std::string>& args, const std::vector<std::string>& sequence) {
@@ -53,7 +61,8 @@ SandboxOptions OptionsWithoutHostPaths() {
 }
 
 TEST(BwrapSandboxArgsTest, BindsDirectoriesRecreatesSymlinksAndSkipsMissingPaths) {
-  const std::string dir = MakeTempDir("paths");
+  const ScopedTempDir temp("paths");
+  const std::string& dir = temp.path();
   const std::string bound = dir + "/bound";
   const std::string link = dir + "/link";
   ASSERT_EQ(mkdir(bound.c_str(), 0700), 0);
@@ -201,7 +210,8 @@ TEST(UidLeaseTest, ConcurrentLeasesTakeDistinctUidsOfTheRangeAndReturnThem) {
   SandboxOptions options;
   options.uid_base = 991000;
   options.uid_count = 2;
-  options.uid_lock_dir = MakeTempDir("uid_locks");
+  const ScopedTempDir lock_dir("uid_locks");
+  options.uid_lock_dir = lock_dir.path();
   for (int round = 0; round < 2; ++round) {  // The second round reuses the returned uids.
     absl::StatusOr<std::unique_ptr<UidLease>> first = UidLease::Acquire(options);
     absl::StatusOr<std::unique_ptr<UidLease>> second = UidLease::Acquire(options);

@@ -17,12 +17,28 @@ if [[ ! -f $build_dir/compile_commands.json ]]; then
   exit 1
 fi
 # The rooms checked: every .cc of these folders but tests, fuzz targets and
-# the files that include LibTorch.
+# the files compiled with LibTorch (directly or through a precompiled header,
+# which clang cannot read from GCC).
 rooms=(common/run controller replay_buffer services/clients services/weights services/runtime
        reward_server cli)
-mapfile -t files < <(git ls-files -- "${rooms[@]/%//*.cc}" |
-  grep -v -e '_test\.cc$' -e '/fuzz/' -e '/tools/' |
-  while read -r f; do grep -q 'torch/' "$f" || echo "$f"; done)
+mapfile -t files < <(/usr/bin/python3 - "$build_dir/compile_commands.json" "${rooms[@]}" <<'PY'
+import json, os, sys
+commands = json.load(open(sys.argv[1]))
+rooms = sys.argv[2:]
+root = os.getcwd()
+seen = set()
+for c in commands:
+    path = os.path.relpath(c["file"], root)
+    if path in seen or not any(path.startswith(r + "/") for r in rooms):
+        continue
+    if path.endswith("_test.cc") or "/fuzz/" in path or "/tools/" in path:
+        continue
+    if "torch" in c["command"] or "cmake_pch" in c["command"]:
+        continue
+    seen.add(path)
+    print(path)
+PY
+)
 echo "check_tidy: ${#files[@]} files" >&2
 jobs=$(nproc)
 printf '%s\n' "${files[@]}" |

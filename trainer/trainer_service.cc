@@ -19,6 +19,7 @@
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/request_limits.h"
+#include "services/weights/weight_stream_server.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/trainer_metrics.h"
 
@@ -293,10 +294,11 @@ grpc::Status TrainerServiceImpl::WatchVersions(grpc::ServerContext* context,
 grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
                                                const v1::StreamWeightsRequest* request,
                                                grpc::ServerWriter<v1::WeightsChunk>* writer) {
-  SLUICE_RETURN_IF_DENIED(context);
-  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
   runtime::StreamGate::Slot stream_slot;
-  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "StreamWeights", &stream_slot));
+  if (grpc::Status admitted = weights::AdmitWeightStream(context, *request, &stream_slot);
+      !admitted.ok()) {
+    return admitted;
+  }
   auto found = request->has_version() ? weights_.Get(request->run_id(), request->version())
                                       : weights_.Latest(request->run_id());
   if (!found.ok()) return ToGrpcStatus(found.status());
@@ -316,9 +318,6 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
       }
       selected.push_back(static_cast<size_t>(it - version->tensors.begin()));
     }
-  }
-  if (request->start_chunk() < 0) {
-    return {grpc::StatusCode::INVALID_ARGUMENT, "start_chunk must be >= 0"};
   }
   // A delta against the version the receiver holds, when this version was
   // encoded against it at publish (the version before it); otherwise the
@@ -342,16 +341,16 @@ grpc::Status TrainerServiceImpl::StreamWeights(grpc::ServerContext* context,
   const std::string transport = delta != nullptr ? "grpc_delta" : "grpc";
   const absl::Time stream_start = absl::Now();
   TrainerMetrics::WeightStream stream_metrics = metrics_->StartWeightStream(transport);
-  v1::WeightsChunk first;
-  first.set_version(version->info.version());
-  *first.mutable_manifest()->mutable_version() = version->info;
+  v1::WeightsManifest manifest;
+  *manifest.mutable_version() = version->info;
   for (size_t i : selected) {
-    *first.mutable_manifest()->add_tensors() =
-        delta != nullptr ? delta->tensors[i] : version->tensors[i];
+    *manifest.add_tensors() = delta != nullptr ? delta->tensors[i] : version->tensors[i];
   }
-  if (delta != nullptr) first.mutable_manifest()->set_delta_base_version(delta->base_version);
-  first.mutable_manifest()->set_full_reason(full_reason);
-  if (!writer->Write(first)) return grpc::Status::OK;
+  if (delta != nullptr) manifest.set_delta_base_version(delta->base_version);
+  manifest.set_full_reason(full_reason);
+  if (!writer->Write(weights::ManifestChunk(version->info.version(), std::move(manifest)))) {
+    return grpc::Status::OK;
+  }
   int64_t index = 0;  // data chunks so far, sent or skipped (start_chunk)
   int64_t sent = 0;
   for (size_t i : selected) {

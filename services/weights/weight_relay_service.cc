@@ -10,6 +10,7 @@
 #include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/request_limits.h"
+#include "services/weights/weight_stream_server.h"
 
 namespace sluice::weights {
 
@@ -43,10 +44,10 @@ WeightRelayServiceImpl::WeightRelayServiceImpl(std::shared_ptr<RelayCache> cache
 grpc::Status WeightRelayServiceImpl::StreamWeights(grpc::ServerContext* context,
                                                    const v1::StreamWeightsRequest* request,
                                                    grpc::ServerWriter<v1::WeightsChunk>* writer) {
-  SLUICE_RETURN_IF_DENIED(context);
-  SLUICE_RETURN_IF_REFUSED(runtime::CheckId("run_id", request->run_id()));
   runtime::StreamGate::Slot stream_slot;
-  SLUICE_RETURN_IF_REFUSED(runtime::AcquireStreamSlot(context, "StreamWeights", &stream_slot));
+  if (grpc::Status admitted = AdmitWeightStream(context, *request, &stream_slot); !admitted.ok()) {
+    return admitted;
+  }
   streams_.Increment();
   streams_active_.Increment();
   absl::Cleanup done = [this] { streams_active_.Decrement(); };
@@ -58,9 +59,6 @@ grpc::Status WeightRelayServiceImpl::StreamWeights(grpc::ServerContext* context,
     return fail(grpc::StatusCode::INVALID_ARGUMENT,
                 "tensor_names: a weight relay serves whole versions only");
   }
-  if (request->start_chunk() < 0) {
-    return fail(grpc::StatusCode::INVALID_ARGUMENT, "start_chunk must be >= 0");
-  }
   auto stream = cache_->Find(request->run_id(), request->has_version() ? request->version() : -1,
                              absl::Now() + options_.wait_for_version);
   if (!stream.ok()) return fail(grpc::StatusCode::NOT_FOUND, std::string(stream.status().message()));
@@ -68,10 +66,9 @@ grpc::Status WeightRelayServiceImpl::StreamWeights(grpc::ServerContext* context,
   if (!manifest.ok()) {
     return fail(grpc::StatusCode::UNAVAILABLE, std::string(manifest.status().message()));
   }
-  v1::WeightsChunk first;
-  first.set_version((*stream)->version());
-  *first.mutable_manifest() = std::move(*manifest);
-  if (!writer->Write(first)) return grpc::Status::OK;
+  if (!writer->Write(ManifestChunk((*stream)->version(), std::move(*manifest)))) {
+    return grpc::Status::OK;
+  }
   for (int64_t i = request->start_chunk();; ++i) {
     if (context->IsCancelled()) return {grpc::StatusCode::CANCELLED, "client cancelled"};
     auto chunk = (*stream)->WaitChunk(i, absl::Now() + options_.stall);

@@ -16,6 +16,12 @@
 // nested constructs, kMaxNodes tree nodes and kMaxNumberDigits digits per
 // literal. Parsing is linear in the input, never throws, and accepts any bytes
 // (invalid UTF-8 is a parse error, not undefined behaviour).
+//
+// latex_parser.cc is one file of about 1,000 lines on purpose: it is one
+// grammar, whose productions call each other (a recursive descent), and
+// splitting it would only scatter the grammar; what is not the grammar
+// (which words are functions or units, equivalence, extraction) has its own
+// file already.
 
 #include <string>
 #include <vector>

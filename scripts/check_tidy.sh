@@ -2,7 +2,9 @@
 # Runs clang-tidy with the repository's .clang-tidy over the core libraries
 # that build without LibTorch (their .cc files, tests excluded), in parallel;
 # fails on any finding (WarningsAsErrors). Needs a configured build directory
-# (its compile_commands.json).
+# (its compile_commands.json). The build's own warning flags are GCC's: clang
+# is told to ignore those it does not know and not to treat warnings as
+# errors (a CI build has -Werror); only the checks of .clang-tidy fail it.
 #   scripts/check_tidy.sh [BUILD_DIR]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,4 +44,5 @@ PY
 echo "check_tidy: ${#files[@]} files" >&2
 jobs=$(nproc)
 printf '%s\n' "${files[@]}" |
-  xargs -P "$jobs" -n 4 clang-tidy -p "$build_dir" --quiet 2>/dev/null
+  xargs -P "$jobs" -n 4 clang-tidy -p "$build_dir" --quiet \
+    --extra-arg=-Wno-error --extra-arg=-Wno-unknown-warning-option 2>/dev/null

@@ -352,7 +352,7 @@ absl::Status TrainerRun::Impl::Publish(int64_t version) {
   last_published_float32_ = std::move(float32_bytes);
   if (deps_.on_published) deps_.on_published(*published);
   if (policy_history_ != nullptr) policy_history_->Add(published);
-  deps_.weights->Publish(std::move(published));
+  deps_.publisher->Publish(std::move(published));
   {
     absl::MutexLock lock(&mu_);
     status_.set_policy_version(version);

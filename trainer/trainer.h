@@ -12,6 +12,7 @@
 #include "services/clients/clients.h"
 #include "sluice/v1/controller.pb.h"
 #include "sluice/v1/trainer.pb.h"
+#include "trainer/weight_publisher.h"
 #include "trainer/weight_store.h"
 
 namespace sluice::trainer {
@@ -20,7 +21,9 @@ struct TrainerRunDeps {
   clients::ReplayBufferClient* buffer = nullptr;
   clients::RewardClient* reward = nullptr;
   clients::ControllerClient* controller = nullptr;  // may be null (tests)
-  WeightStore* weights = nullptr;
+  // Where each published version goes (weight_publisher.h): the service's
+  // WeightStore for the gRPC stream.
+  WeightPublisher* publisher = nullptr;
   // Called after every RL step and evaluation (for the service's metrics).
   std::function<void(const v1::TrainingStepMetrics&)> on_step;
   std::function<void(const v1::EvalResult&)> on_eval;

@@ -13,6 +13,7 @@
 #include "common/run/run_memory.h"
 #include "common/run/run_model.h"
 #include "common/run/run_paths.h"
+#include "common/run/run_weight_sync.h"
 #include "services/clients/clients.h"
 #include "services/clients/grpc_clients.h"
 #include "services/clients/retrying_clients.h"
@@ -22,6 +23,7 @@
 #include "services/weights/weight_stream_server.h"
 #include "trainer/checkpoint_state.h"
 #include "trainer/trainer_metrics.h"
+#include "trainer/weight_publisher.h"
 
 namespace sluice::trainer {
 
@@ -210,7 +212,12 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
   deps.buffer = active->buffer.get();
   deps.reward = active->reward.get();
   deps.controller = active->controller.get();
-  deps.weights = &weights_;
+  // Where versions go: the store StreamWeights serves from (gRPC), or the
+  // run's transport's publisher.
+  absl::StatusOr<WeightPublisher*> publisher =
+      WeightPublisherFor(run::ResolveWeightSync(spec).transport, &weights_);
+  if (!publisher.ok()) return ToGrpcStatus(publisher.status());
+  deps.publisher = *publisher;
   deps.memory_budget_bytes = memory_budget_bytes_;
   deps.incarnation = incarnation_;
   TrainerMetrics* metrics = metrics_.get();

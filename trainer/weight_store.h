@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "sluice/v1/common.pb.h"
+#include "trainer/weight_publisher.h"
 
 namespace sluice::trainer {
 
@@ -58,15 +59,16 @@ std::shared_ptr<const VersionDelta> EncodeVersionDelta(const PublishedVersion& b
 absl::StatusOr<std::string> PublishedFloat32Bytes(const v1::TensorSpec& spec,
                                                   const std::string& bytes);
 
-// The versions a trainer serves to rollout workers for its current run.
-// Keeps the newest `retain` versions (older ones answer NOT_FOUND; workers
-// ask for the latest). Thread-safe.
-class WeightStore {
+// The versions a trainer serves to rollout workers for its current run: the
+// gRPC transport's publisher (weight_publisher.h), which StreamWeights serves
+// from. Keeps the newest `retain` versions (older ones answer NOT_FOUND;
+// workers ask for the latest). Thread-safe.
+class WeightStore final : public WeightPublisher {
  public:
   explicit WeightStore(int retain = 4) : retain_(retain) {}
 
   // Makes `version` the latest (versions must increase) and wakes watchers.
-  void Publish(std::shared_ptr<const PublishedVersion> version) ABSL_LOCKS_EXCLUDED(mu_);
+  void Publish(std::shared_ptr<const PublishedVersion> version) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Forgets everything (a new run starts); watchers of the old run wake up
   // and get NOT_FOUND / CANCELLED.

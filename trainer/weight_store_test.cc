@@ -9,6 +9,7 @@
 #include "common/model/transformer.h"
 #include "gtest/gtest.h"
 #include "services/weights/weight_dtype.h"
+#include "trainer/weight_publisher.h"
 
 namespace sluice::trainer {
 namespace {
@@ -18,6 +19,28 @@ std::shared_ptr<const PublishedVersion> Version(const std::string& run, int64_t 
   p->info.set_run_id(run);
   p->info.set_version(v);
   return p;
+}
+
+TEST(WeightPublisherForTest, TheGrpcStreamPublishesIntoTheStoreItServesFrom) {
+  WeightStore store;
+  store.Reset("r");
+  for (v1::WeightTransport transport :
+       {v1::WEIGHT_TRANSPORT_UNSPECIFIED, v1::WEIGHT_TRANSPORT_GRPC}) {
+    absl::StatusOr<WeightPublisher*> publisher = WeightPublisherFor(transport, &store);
+    ASSERT_TRUE(publisher.ok()) << publisher.status();
+    (*publisher)->Publish(Version("r", transport));
+    EXPECT_EQ((*store.Latest("r"))->info.version(), transport);
+  }
+}
+
+TEST(WeightPublisherForTest, ATransportThisBuildCannotPublishWithIsUnimplementedNamingIt) {
+  WeightStore store;
+  for (v1::WeightTransport transport : {v1::WEIGHT_TRANSPORT_CUDA_IPC, v1::WEIGHT_TRANSPORT_NCCL}) {
+    absl::StatusOr<WeightPublisher*> publisher = WeightPublisherFor(transport, &store);
+    EXPECT_EQ(publisher.status().code(), absl::StatusCode::kUnimplemented);
+    EXPECT_NE(publisher.status().message().find(v1::WeightTransport_Name(transport)),
+              std::string::npos);
+  }
 }
 
 TEST(WeightStoreTest, ServesLatestAndRetainedVersions) {

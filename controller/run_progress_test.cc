@@ -73,7 +73,7 @@ TEST_F(RunProgressTest, StepsFoldIntoProgressAndSummary) {
   EXPECT_EQ(run_.progress().policy_version(), 1);
   EXPECT_EQ(run_.summary().steps(), 2);
   EXPECT_EQ(run_.summary().tokens_trained(), 2000);
-  EXPECT_EQ(run_.summary().max_staleness(), 1);
+  EXPECT_EQ(run_.summary().max_observed_staleness(), 1);
   EXPECT_EQ(run_.summary().weight_versions(), 2);
   EXPECT_DOUBLE_EQ(run_.summary().final_reward_mean(), 0.5);
   EXPECT_DOUBLE_EQ(run_.summary().rl_seconds(), 20);

@@ -239,8 +239,8 @@ TEST_F(ChaosProcessTest, EveryServiceKilledOnceAndTheRunStillSucceeds) {
         run_id, [&](const v1::Run& r) { return r.progress().step() >= step + n || Ended(r); },
         absl::Minutes(2));
   };
-  for (const std::string& name : {"rollout_worker-0", "reward_server", "trainer", "trainer",
-                                  "trainer", "replay_buffer", "controller"}) {
+  for (const std::string name : {"rollout_worker-0", "reward_server", "trainer", "trainer",
+                                 "trainer", "replay_buffer", "controller"}) {
     recovery_seconds[name] = KillAndAwaitNextStep(run_id, name);
     ++kills[name];
     if (HasFailure()) break;

@@ -30,6 +30,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "services/runtime/health_client.h"
 #include "sluice/v1/controller.grpc.pb.h"
 #include "tests/test_support.h"
 
@@ -186,7 +187,12 @@ class ChaosProcessTest : public ::testing::Test {
     pid_t pid = 0;
     while (absl::Now() < deadline) {
       const std::map<std::string, Service> now_up = Endpoints();
-      if (now_up.count(name) && now_up.at(name).pid != 0 && now_up.at(name).pid != previous) {
+      // Back = running and answering its health check: a buffer killed
+      // before it has counted its own start (<data-dir>/starts) was never a
+      // start the run's record could count, and on a loaded machine the
+      // window between a pid and a started server is long.
+      if (now_up.count(name) && now_up.at(name).pid != 0 && now_up.at(name).pid != previous &&
+          runtime::CheckHealth(now_up.at(name).grpc, "", absl::Seconds(2)).ok()) {
         pid = now_up.at(name).pid;
         break;
       }
@@ -196,7 +202,7 @@ class ChaosProcessTest : public ::testing::Test {
     if (pid == 0) return 0;
     EXPECT_EQ(kill(pid, SIGKILL), 0) << name;
     EXPECT_TRUE(testing::WaitForPidExit(pid, absl::Now() + absl::Seconds(30))) << name;
-    std::printf("chaos: %s (pid %d) killed again as soon as it was back\n", name.c_str(), pid);
+    std::printf("chaos: %s (pid %d) killed again as soon as it was back and serving\n", name.c_str(), pid);
     return pid;
   }
 

@@ -34,10 +34,8 @@ namespace {
 
 using v1::RunSpec;
 using spec_internal::AtMost;
-using spec_internal::AtMostBytes;
 using spec_internal::DefaultDatasetVerifier;
 using spec_internal::kMaxStopStringBytes;
-using spec_internal::kMaxVerifiers;
 using spec_internal::Problems;
 
 // Upper bounds of the numeric fields. Far beyond any real run, they keep an
@@ -417,11 +415,7 @@ void ValidateBuffer(const RunSpec& spec, Problems& problems) {
   std::vector<std::string> buffer_problems;
   run::ValidateBufferConfig(b, std::max(1, spec.algorithm().batch_size_groups()),
                             &buffer_problems);
-  for (absl::string_view line : buffer_problems) {
-    const size_t colon = line.find(": ");
-    problems.Add(line.substr(0, colon), line.substr(colon == absl::string_view::npos ? line.size()
-                                                                                      : colon + 2));
-  }
+  for (std::string& line : buffer_problems) problems.AddLine(std::move(line));
 }
 
 void ValidateEvalAndCheckpoint(const RunSpec& spec, Problems& problems) {

@@ -17,12 +17,7 @@
 namespace sluice::controller {
 namespace {
 
-using spec_internal::AtMost;
-using spec_internal::AtMostBytes;
 using spec_internal::DefaultDatasetVerifier;
-using spec_internal::kMaxStopStringBytes;
-using spec_internal::kMaxVerifiers;
-using spec_internal::Problems;
 using v1::RunSpec;
 
 constexpr int kDefaultEvalSplitSize = 200;

@@ -19,7 +19,6 @@
 namespace sluice::controller::spec_internal {
 
 constexpr size_t kMaxStopStringBytes = 256;
-constexpr int kMaxVerifiers = 32;
 
 // Collects "path: problem" lines.
 class Problems {

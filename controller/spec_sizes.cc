@@ -13,13 +13,12 @@ namespace {
 
 using spec_internal::AtMost;
 using spec_internal::AtMostBytes;
-using spec_internal::DefaultDatasetVerifier;
 using spec_internal::kMaxStopStringBytes;
-using spec_internal::kMaxVerifiers;
 using spec_internal::Problems;
 using v1::RunSpec;
 
 constexpr int kMaxStopStrings = 16;
+constexpr int kMaxVerifiers = 32;
 // Upper bounds of the strings and lists. A spec travels whole to every
 // service of the run and back to every user (WorkerHeartbeat answers,
 // StartTraining, GetRun, WatchRun, ListRuns), whose receivers take at most a

@@ -144,6 +144,11 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
     return {grpc::StatusCode::INVALID_ARGUMENT,
             absl::StrCat("spec on this trainer: ", confined.message())};
   }
+  // Where versions will go: the store StreamWeights serves from (gRPC), or
+  // the run's transport's publisher; refused before anything here changes.
+  const absl::StatusOr<WeightPublisher*> publisher =
+      WeightPublisherFor(run::ResolveWeightSync(spec).transport, &weights_);
+  if (!publisher.ok()) return ToGrpcStatus(publisher.status());
   // Whoever asks (the controller checked at submit, another client may not
   // have). A model whose config cannot be read is left to the run, which
   // fails naming it.
@@ -212,11 +217,6 @@ grpc::Status TrainerServiceImpl::StartTraining(grpc::ServerContext* context,
   deps.buffer = active->buffer.get();
   deps.reward = active->reward.get();
   deps.controller = active->controller.get();
-  // Where versions go: the store StreamWeights serves from (gRPC), or the
-  // run's transport's publisher.
-  absl::StatusOr<WeightPublisher*> publisher =
-      WeightPublisherFor(run::ResolveWeightSync(spec).transport, &weights_);
-  if (!publisher.ok()) return ToGrpcStatus(publisher.status());
   deps.publisher = *publisher;
   deps.memory_budget_bytes = memory_budget_bytes_;
   deps.incarnation = incarnation_;

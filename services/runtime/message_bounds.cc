@@ -32,6 +32,25 @@ constexpr int64_t kGrowthSlack = 2;
 // of an UnknownFieldSet.
 constexpr int64_t kStringObjectBytes = 32;
 constexpr int64_t kUnknownFieldBytes = 16;
+// A repeated field's first allocation, charged once per field per message
+// it appears in: a scalar field's is 16 bytes (its 8-byte header and 8 of
+// elements), a message or string field's 40 (header and 4 pointers), a map's
+// 64 (8 buckets), the unknown fields' 24 (their vector). Per element, the
+// slack above covers the doubling after it.
+constexpr int64_t kFirstAllocationBytes = 64;
+
+// What a parsed string of `length` bytes holds on the heap. libstdc++ keeps
+// up to 15 bytes in the object itself and grows a longer one to at least
+// twice the 15 it had (so 16-29 bytes take 30); protobuf reserves a string's
+// length up to 50,000,000 bytes and appends the rest, which may double it.
+int64_t StringHeapBytes(int64_t length) {
+  constexpr int64_t kInlineBytes = 15;
+  constexpr int64_t kReservedAtOnce = 50'000'000;
+  if (length <= kInlineBytes) return 0;
+  const int64_t capacity =
+      length > kReservedAtOnce ? kGrowthSlack * length : std::max(length, 2 * kInlineBytes);
+  return capacity + 1 + kAllocationOverhead;  // Its terminating NUL.
+}
 
 // One level of the walk, for an error's path: "groups[3].trajectories".
 struct Frame {
@@ -93,6 +112,28 @@ class Walker {
  private:
   // Counts of the repeated message, string and bytes fields of one message.
   using Counts = absl::InlinedVector<std::pair<const FieldDescriptor *, int64_t>, 4>;
+  // The repeated fields of one message seen so far, and null once it has
+  // an unknown field (its set of them is a vector too).
+  using Started = absl::InlinedVector<const FieldDescriptor *, 8>;
+
+  // Charges `field`'s first allocation (null: the unknown fields') the first
+  // time it is seen in this message.
+  void Start(Started &started, const FieldDescriptor *field) {
+    for (const FieldDescriptor *f : started) {
+      if (f == field) return;
+    }
+    started.push_back(field);
+    cost_.parsed_bytes += kFirstAllocationBytes;
+  }
+
+  // Charges `elements` more scalars of repeated `field`: they grow it by
+  // doubling, whether added one by one (varints, unpacked elements) or
+  // reserved a run at a time (packed fixed-width ones: the parser reserves
+  // each piece of the input it has, and a ByteBuffer comes in slices).
+  void ChargeScalars(Started &started, const FieldDescriptor &field, int64_t elements) {
+    Start(started, &field);
+    cost_.parsed_bytes += kGrowthSlack * elements * ScalarBytes(field);
+  }
 
   int64_t &CountOf(Counts &counts, const FieldDescriptor *field) {
     for (auto &[f, n] : counts) {
@@ -147,6 +188,7 @@ class Walker {
   absl::Status WalkMessage(const Descriptor &type, CodedInputStream &in, const Frame *frame,
                            int depth) {
     Counts counts;
+    Started started;
     // The first field whose element count went over its limit: its elements
     // are still counted (for the message) but no longer walked.
     const FieldDescriptor *over = nullptr;
@@ -189,9 +231,10 @@ class Walker {
         }
         if (!read) return Malformed(type, frame, absl::StrCat("field ", number, " is truncated"));
         if (!known) {
+          Start(started, nullptr);
           cost_.parsed_bytes += kGrowthSlack * kUnknownFieldBytes;
         } else if (field->is_repeated()) {
-          cost_.parsed_bytes += kGrowthSlack * ScalarBytes(*field);
+          ChargeScalars(started, *field, 1);
         }
         RETURN_IF_ERROR(CheckParsedBytes());
         continue;
@@ -201,7 +244,9 @@ class Walker {
         return Malformed(type, frame, absl::StrCat("field ", number, " is truncated"));
       }
       if (!known) {
-        cost_.parsed_bytes += kGrowthSlack * kUnknownFieldBytes + kStringObjectBytes + length;
+        Start(started, nullptr);
+        cost_.parsed_bytes +=
+            kGrowthSlack * kUnknownFieldBytes + kStringObjectBytes + StringHeapBytes(length);
         RETURN_IF_ERROR(CheckParsedBytes());
         if (!in.Skip(static_cast<int>(length))) {
           return Malformed(type, frame, absl::StrCat("field ", number, " is truncated"));
@@ -211,7 +256,7 @@ class Walker {
       if (field->cpp_type() != FieldDescriptor::CPPTYPE_MESSAGE &&
           field->cpp_type() != FieldDescriptor::CPPTYPE_STRING) {
         // A packed run of scalars.
-        RETURN_IF_ERROR(WalkPacked(type, *field, length, in, frame));
+        RETURN_IF_ERROR(WalkPacked(type, *field, length, in, frame, started));
         continue;
       }
       int64_t index = -1;
@@ -227,11 +272,11 @@ class Walker {
           }
           continue;
         }
+        Start(started, field);
         cost_.parsed_bytes += kGrowthSlack * 8;  // The element's pointer slot.
       }
       if (field->cpp_type() == FieldDescriptor::CPPTYPE_STRING) {
-        cost_.parsed_bytes += kStringObjectBytes + kAllocationOverhead +
-                              (length > 15 ? length + kAllocationOverhead : 0);
+        cost_.parsed_bytes += kStringObjectBytes + kAllocationOverhead + StringHeapBytes(length);
         RETURN_IF_ERROR(CheckParsedBytes());
         if (!in.Skip(static_cast<int>(length))) {
           return Malformed(type, frame, absl::StrCat("field ", number, " is truncated"));
@@ -263,7 +308,7 @@ class Walker {
   }
 
   absl::Status WalkPacked(const Descriptor &type, const FieldDescriptor &field, uint32_t length,
-                          CodedInputStream &in, const Frame *frame) {
+                          CodedInputStream &in, const Frame *frame, Started &started) {
     int64_t elements = 0;
     if (IsVarintType(field)) {
       // One element ends at each byte without the continuation bit.
@@ -293,9 +338,7 @@ class Walker {
         return Malformed(type, frame, absl::StrCat("field ", field.name(), " is truncated"));
       }
     }
-    // Packed fixed-width elements are reserved at once; varints grow the
-    // field by doubling.
-    cost_.parsed_bytes += (IsVarintType(field) ? kGrowthSlack : 1) * elements * ScalarBytes(field);
+    ChargeScalars(started, field, elements);
     return CheckParsedBytes();
   }
 

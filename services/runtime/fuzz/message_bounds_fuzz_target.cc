@@ -5,9 +5,11 @@
 // no more than the walk's estimate (its bound is what the docs promise).
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/stubs/logging.h"
 #include "services/runtime/message_bounds.h"
@@ -46,7 +48,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (cost->bytes != static_cast<int64_t>(wire.size())) __builtin_trap();
   std::unique_ptr<google::protobuf::Message> parsed(type.New());
   if (!parsed->ParseFromArray(wire.data(), static_cast<int>(wire.size()))) return 0;
-  // The estimate bounds what the parse really holds.
+  // The estimate bounds what the parse really holds, whole or read in
+  // slices as gRPC's ByteBuffer hands a request over.
   if (static_cast<int64_t>(parsed->SpaceUsedLong()) > cost->parsed_bytes) __builtin_trap();
+  std::unique_ptr<google::protobuf::Message> sliced(type.New());
+  google::protobuf::io::ArrayInputStream slices(wire.data(), static_cast<int>(wire.size()), 64);
+  if (!sliced->ParseFromZeroCopyStream(&slices)) __builtin_trap();
+  if (static_cast<int64_t>(sliced->SpaceUsedLong()) > cost->parsed_bytes) __builtin_trap();
   return 0;
 }

@@ -13,11 +13,9 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
@@ -25,10 +23,8 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
-#include "services/runtime/auth.h"
 #include "services/runtime/grpc_status.h"
 #include "services/runtime/health_client.h"
-#include "services/runtime/local_pki.h"
 #include "services/runtime/transport_security.h"
 #include "sluice/v1/controller.grpc.pb.h"
 
@@ -36,14 +32,6 @@ namespace sluice::cli {
 namespace {
 
 namespace fs = std::filesystem;
-
-bool UsesTorch(const std::string& kind) { return kind == "trainer" || kind == "rollout_worker"; }
-
-std::string Absolute(const fs::path& path) {
-  std::error_code error;
-  const fs::path absolute = fs::absolute(path, error);
-  return (error ? path : absolute).lexically_normal().string();
-}
 
 // The port of "host:port"; "0" when there is none.
 std::string PortOf(const std::string& address) {
@@ -64,44 +52,6 @@ std::string TailOfFile(const std::string& path, int max_lines) {
     if (static_cast<int>(lines.size()) > max_lines) lines.pop_front();
   }
   return absl::StrJoin(lines, "\n");
-}
-
-absl::Status LocalStackOptions::Validate() const {
-  if (bin_dir.empty()) return absl::InvalidArgumentError("bin_dir must be set");
-  if (state_dir.empty()) return absl::InvalidArgumentError("state_dir must be set");
-  for (const std::string& kind : LocalStack::ServiceKinds()) {
-    const fs::path binary = fs::path(bin_dir) / BinaryFor(kind);
-    if (access(binary.c_str(), X_OK) != 0) {
-      return absl::NotFoundError(absl::StrCat("service binary ", binary.string(),
-                                              " is missing or not executable; build it first "
-                                              "(cmake --build build) or pass --bin-dir"));
-    }
-  }
-  if (rollout_workers < 0 || rollout_workers > 256) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rollout_workers must be in [0, 256], got ", rollout_workers));
-  }
-  const MemoryShares& shares = memory_shares;
-  if (!(shares.trainer >= 0 && shares.rollout_workers >= 0 && shares.replay_buffer >= 0) ||
-      shares.trainer + shares.rollout_workers + shares.replay_buffer > 100) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "memory_shares must be >= 0 and add up to at most 100%%; got trainer %g%%, rollout "
-        "workers %g%%, replay buffer %g%%",
-        shares.trainer, shares.rollout_workers, shares.replay_buffer));
-  }
-  if (torch_threads < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("torch_threads must be >= 0; got ", torch_threads));
-  }
-  RETURN_IF_ERROR(restart.Validate());
-  RETURN_IF_ERROR(liveness.Validate());
-  return log::ParseFormat(log_format).status();
-}
-
-const std::vector<std::string>& LocalStack::ServiceKinds() {
-  static const auto* kinds = new std::vector<std::string>{
-      "reward_server", "replay_buffer", "trainer", "controller", "rollout_worker"};
-  return *kinds;
 }
 
 LocalStack::LocalStack(LocalStackOptions options) : options_(std::move(options)) {}
@@ -127,105 +77,15 @@ const ServiceEndpoint* LocalStack::endpoint(const std::string& name) const {
   return nullptr;
 }
 
-std::string LocalStack::endpoints_path() const {
-  return (fs::path(options_.state_dir) / "endpoints.json").string();
-}
-
-std::string LocalStack::runs_dir() const {
-  return Absolute(options_.runs_dir.empty() ? fs::path(options_.state_dir) / ".." / "runs"
-                                            : fs::path(options_.runs_dir));
-}
-
-std::vector<std::string> LocalStack::allowed_path_roots() const {
-  std::vector<std::string> roots;
-  for (const std::string& root : options_.allowed_path_roots) roots.push_back(Absolute(root));
-  if (roots.empty()) roots.push_back(Absolute(fs::current_path()));
-  for (const std::string& own : {Absolute(options_.state_dir), runs_dir()}) {
-    const bool covered = std::any_of(roots.begin(), roots.end(), [&](const std::string& root) {
-      return own == root || absl::StartsWith(own, root == "/" ? root : root + "/");
-    });
-    if (!covered) roots.push_back(own);
-  }
-  return roots;
-}
-
-std::string LocalStack::buffer_data_dir() const {
-  if (!options_.buffer_data_dir.has_value()) {
-    return Absolute(fs::path(options_.state_dir) / "replay_buffer");
-  }
-  if (options_.buffer_data_dir->empty() || *options_.buffer_data_dir == "none") return "";
-  return Absolute(*options_.buffer_data_dir);
-}
-
 void LocalStack::Say(const std::string& line) const {
   if (options_.console == nullptr) return;
   *options_.console << options_.console_prefix << ": " << line << std::endl;
 }
 
-std::vector<std::string> LocalStack::ControllerFlags() const {
-  std::vector<std::string> flags = {absl::StrCat("--runs-dir=", runs_dir())};
-  // The workers this stack starts are its own: their groups are verified
-  // at a sampled fraction, any other worker's in full
-  // (common/run/run_verification.h).
-  std::vector<std::string> own_workers;
-  for (const Child& child : children_) {
-    if (!child.endpoint.worker_id.empty()) own_workers.push_back(child.endpoint.worker_id);
-  }
-  if (!own_workers.empty()) {
-    flags.push_back(absl::StrCat("--trusted-worker-ids=", absl::StrJoin(own_workers, ",")));
-  }
-  for (const Child& child : children_) {
-    const ServiceEndpoint& endpoint = child.endpoint;
-    if (endpoint.kind == "trainer") {
-      flags.push_back(absl::StrCat("--trainer-address=", endpoint.grpc));
-    } else if (endpoint.kind == "replay_buffer") {
-      flags.push_back(absl::StrCat("--replay-buffer-address=", endpoint.grpc));
-    } else if (endpoint.kind == "reward_server") {
-      flags.push_back(absl::StrCat("--reward-server-address=", endpoint.grpc));
-    }
-  }
-  return flags;
-}
-
-std::string LocalStack::MemoryBudgetFlag(const std::string& kind) const {
-  const MemoryShares& shares = options_.memory_shares;
-  double share = 0;
-  if (kind == "trainer") {
-    share = shares.trainer;
-  } else if (kind == "replay_buffer") {
-    share = shares.replay_buffer;
-  } else if (kind == "rollout_worker" && options_.rollout_workers > 0) {
-    share = shares.rollout_workers / options_.rollout_workers;
-  }
-  if (share <= 0) return "";
-  return absl::StrFormat("--memory-budget=%g%%", share);
-}
-
-std::vector<std::string> LocalStack::FlagsFor(const Child& child) const {
-  const std::string& kind = child.endpoint.kind;
-  std::vector<std::string> flags;
-  if (UsesTorch(kind)) flags.push_back(absl::StrCat("--torch-threads=", options_.torch_threads));
-  if (std::string flag = MemoryBudgetFlag(kind); !flag.empty()) flags.push_back(flag);
-  if (kind == "controller" || kind == "trainer" || kind == "rollout_worker") {
-    for (const std::string& root : allowed_path_roots()) {
-      flags.push_back(absl::StrCat("--allowed-path-roots=", root));
-    }
-  }
-  if (kind == "controller") {
-    for (std::string& flag : ControllerFlags()) flags.push_back(std::move(flag));
-  } else if (kind == "replay_buffer") {
-    if (const std::string dir = buffer_data_dir(); !dir.empty()) {
-      flags.push_back(absl::StrCat("--data-dir=", dir));
-    }
-  } else if (kind == "rollout_worker") {
-    for (const Child& other : children_) {
-      if (other.endpoint.kind == "controller") {
-        flags.push_back(absl::StrCat("--controller-address=", other.endpoint.grpc));
-      }
-    }
-    flags.push_back(absl::StrCat("--worker-id=", child.endpoint.worker_id));
-  }
-  return flags;
+std::vector<ServiceEndpoint> LocalStack::StackEndpoints() const {
+  std::vector<ServiceEndpoint> stack;
+  for (const Child& child : children_) stack.push_back(child.endpoint);
+  return stack;
 }
 
 absl::Status LocalStack::Start() {
@@ -234,8 +94,8 @@ absl::Status LocalStack::Start() {
   std::error_code error;
   fs::create_directories(fs::path(options_.state_dir) / "logs", error);
   if (error) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "cannot create state directory ", options_.state_dir, ": ", error.message()));
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot create state directory ", options_.state_dir, ": ", error.message()));
   }
   ASSIGN_OR_RETURN(lock_, StateDirLock::Acquire(options_.state_dir));
   absl::StatusOr<std::string> stale = ReplaceStaleEndpoints(endpoints_path(), options_.stop_grace);
@@ -253,16 +113,15 @@ absl::Status LocalStack::Start() {
     Child child;
     child.endpoint.name = name;
     child.endpoint.kind = KindOf(name);
-    child.endpoint.log_path = Absolute(fs::path(options_.state_dir) / "logs" / (name + ".log"));
+    child.endpoint.log_path = layout_.log_path(name);
     if (child.endpoint.kind == "rollout_worker") {
       child.endpoint.worker_id = absl::StrCat("worker-", name.substr(name.rfind('-') + 1));
     }
     children_.push_back(std::move(child));
   }
   if (options_.tls) {
-    std::vector<ServiceEndpoint> services;
-    for (const Child& child : children_) services.push_back(child.endpoint);
-    absl::StatusOr<StackSecurity> security = WriteStackSecurity(options_.state_dir, services);
+    absl::StatusOr<StackSecurity> security =
+        WriteStackSecurity(options_.state_dir, StackEndpoints());
     if (!security.ok()) {
       lock_.reset();
       return security.status();
@@ -274,16 +133,16 @@ absl::Status LocalStack::Start() {
     client.ca_file = security_->ca_cert;
     client.token_file = security_->operator_token_file;
     runtime::SetProcessClientSecurity(client);
-    Say(absl::StrCat("TLS on: CA and certificates in ", security_->dir,
-                     "; operator token in ", security_->operator_token_file));
+    Say(absl::StrCat("TLS on: CA and certificates in ", security_->dir, "; operator token in ",
+                     security_->operator_token_file));
   }
   for (Child& child : children_) {
     if (absl::Status status = StartProcess(child, /*restart=*/false); !status.ok()) {
       const std::string log_path = child.endpoint.log_path;
       Stop().IgnoreError();
       return absl::Status(status.code(),
-                          absl::StrCat(status.message(), "\n--- last lines of ", log_path,
-                                       " ---\n", TailOfFile(log_path, kLogTailLines)));
+                          absl::StrCat(status.message(), "\n--- last lines of ", log_path, " ---\n",
+                                       TailOfFile(log_path, kLogTailLines)));
     }
   }
   return Publish();
@@ -298,19 +157,7 @@ absl::Status LocalStack::StartProcess(Child& child, bool restart) {
   const std::string port = restart && child.singleton() ? PortOf(endpoint.grpc) : "0";
 
   SubprocessOptions spawn;
-  spawn.argv = {(fs::path(options_.bin_dir) / BinaryFor(endpoint.kind)).string(),
-                absl::StrCat("--listen-address=127.0.0.1:", port),
-                "--metrics-port=0",
-                absl::StrCat("--ready-fd=", Subprocess::kReadyFd),
-                absl::StrCat("--log-format=", options_.log_format)};
-  for (std::string& flag : FlagsFor(child)) spawn.argv.push_back(std::move(flag));
-  if (security_.has_value()) {
-    const fs::path stem = fs::path(security_->dir) / endpoint.name;
-    spawn.argv.push_back(absl::StrCat("--tls-cert=", stem.string(), ".pem"));
-    spawn.argv.push_back(absl::StrCat("--tls-key=", stem.string(), ".key"));
-    spawn.argv.push_back(absl::StrCat("--tls-ca=", security_->ca_cert));
-    spawn.argv.push_back(absl::StrCat("--auth-tokens=", security_->tokens_file));
-  }
+  spawn.argv = layout_.Argv(endpoint, port, Subprocess::kReadyFd, StackEndpoints(), security_);
   // The services share the machine's cores: each OpenBLAS pool gets one
   // thread unless the user chose otherwise.
   if (std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
@@ -322,9 +169,8 @@ absl::Status LocalStack::StartProcess(Child& child, bool restart) {
   ASSIGN_OR_RETURN(std::unique_ptr<Subprocess> process, Subprocess::Start(spawn));
   const auto failed = [&](absl::string_view why) {
     const ExitStatus exit = process->Stop(options_.stop_grace);
-    return absl::UnavailableError(
-        absl::StrCat(endpoint.name, " failed to start: ", why, " (pid ", process->pid(), " ",
-                     DescribeExit(exit), ")"));
+    return absl::UnavailableError(absl::StrCat(endpoint.name, " failed to start: ", why, " (pid ",
+                                               process->pid(), " ", DescribeExit(exit), ")"));
   };
   const absl::Time deadline = absl::Now() + options_.start_timeout;
   absl::StatusOr<std::string> ready = process->WaitReady(deadline);
@@ -372,9 +218,10 @@ absl::Status LocalStack::OnExit(Child& child) {
   Republish();
   if (child.singleton()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        event, " by itself; a service that exits cleanly is not restarted, and the stack cannot "
-        "go on without it\n--- last lines of ", child.endpoint.log_path, " ---\n",
-        TailOfFile(child.endpoint.log_path, kLogTailLines)));
+        event,
+        " by itself; a service that exits cleanly is not restarted, and the stack cannot "
+        "go on without it\n--- last lines of ",
+        child.endpoint.log_path, " ---\n", TailOfFile(child.endpoint.log_path, kLogTailLines)));
   }
   Say(absl::StrCat(event, " by itself; not restarting it (only failures are restarted)"));
   return absl::OkStatus();
@@ -394,11 +241,12 @@ absl::Status LocalStack::OnFailure(Child& child, const std::string& event) {
   }
 
   child.state = State::kGaveUp;
-  std::string report = absl::StrCat("GIVING UP on ", name, ": ", decision.give_up_reason,
-                                    ". What happened to it:");
+  std::string report =
+      absl::StrCat("GIVING UP on ", name, ": ", decision.give_up_reason, ". What happened to it:");
   for (const ServiceFailure& failure : decision.recent_failures) {
-    absl::StrAppend(&report, "\n  ", absl::FormatTime("%H:%M:%S", failure.at, absl::LocalTimeZone()),
-                    "  ", failure.description);
+    absl::StrAppend(&report, "\n  ",
+                    absl::FormatTime("%H:%M:%S", failure.at, absl::LocalTimeZone()), "  ",
+                    failure.description);
   }
   absl::StrAppend(&report, "\n--- last lines of ", child.endpoint.log_path, " ---\n",
                   TailOfFile(child.endpoint.log_path, kLogTailLines));
@@ -408,8 +256,7 @@ absl::Status LocalStack::OnFailure(Child& child, const std::string& event) {
     Say(absl::StrCat(event, "; giving up on it (", decision.give_up_reason, ")"));
     ReportToController(child, description);
     Republish();
-    return absl::AbortedError(
-        absl::StrCat(report, "\nthe stack cannot go on without ", name));
+    return absl::AbortedError(absl::StrCat(report, "\nthe stack cannot go on without ", name));
   }
   Say(report);
   ReportToController(child, description);
@@ -420,8 +267,8 @@ absl::Status LocalStack::OnFailure(Child& child, const std::string& event) {
       ++workers_left;
     }
   }
-  Say(absl::StrCat("going on without ", name, ": ", workers_left, " of ",
-                   options_.rollout_workers, " rollout workers left"));
+  Say(absl::StrCat("going on without ", name, ": ", workers_left, " of ", options_.rollout_workers,
+                   " rollout workers left"));
   // Last, so that a reader who sees "gave_up" finds all of the above said.
   Republish();
   return absl::OkStatus();
@@ -440,8 +287,7 @@ void LocalStack::ReportToController(const Child& child, const std::string& descr
     Say("cannot tell the controller (it is not running)");
     return;
   }
-  auto stub = v1::ControllerService::NewStub(
-      runtime::CreateChannel(controller->endpoint.grpc));
+  auto stub = v1::ControllerService::NewStub(runtime::CreateChannel(controller->endpoint.grpc));
   v1::ReportServiceFailureRequest request;
   request.set_service(child.endpoint.kind);
   request.set_description(description);
@@ -544,10 +390,18 @@ absl::Status LocalStack::Publish() {
   for (const Child& child : children_) {
     ServiceEndpoint endpoint = child.endpoint;
     switch (child.state) {
-      case State::kRunning: endpoint.state = "running"; break;
-      case State::kRestarting: endpoint.state = "restarting"; break;
-      case State::kGaveUp: endpoint.state = "gave_up"; break;
-      case State::kExited: endpoint.state = "exited"; break;
+      case State::kRunning:
+        endpoint.state = "running";
+        break;
+      case State::kRestarting:
+        endpoint.state = "restarting";
+        break;
+      case State::kGaveUp:
+        endpoint.state = "gave_up";
+        break;
+      case State::kExited:
+        endpoint.state = "exited";
+        break;
     }
     endpoints_.push_back(std::move(endpoint));
   }
@@ -578,12 +432,12 @@ absl::Status LocalStack::WriteEndpoints() const {
       {"supervisor_pid", static_cast<int64_t>(getpid())},
       {"services", services},
       {"runs_dir", runs_dir()},
-      {"security", !security_.has_value()
-                       ? nlohmann::ordered_json(nullptr)
-                       : nlohmann::ordered_json{
-                             {"tls_ca", security_->ca_cert},
-                             {"token_file", security_->operator_token_file},
-                             {"viewer_token_file", security_->viewer_token_file}}},
+      {"security",
+       !security_.has_value()
+           ? nlohmann::ordered_json(nullptr)
+           : nlohmann::ordered_json{{"tls_ca", security_->ca_cert},
+                                    {"token_file", security_->operator_token_file},
+                                    {"viewer_token_file", security_->viewer_token_file}}},
       {"buffer_data_dir",
        data_dir.empty() ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(data_dir)}};
   // Written whole then renamed, so a reader never sees half a file.
@@ -679,8 +533,7 @@ absl::Status LocalStack::Stop() {
       it->process->Signal(SIGKILL).IgnoreError();
       exit = it->process->Wait(absl::InfiniteFuture());
       unclean.push_back(absl::StrCat(it->endpoint.name, " did not stop within ",
-                                     absl::FormatDuration(options_.stop_grace),
-                                     " and was killed"));
+                                     absl::FormatDuration(options_.stop_grace), " and was killed"));
     } else if (!exit->success() && !(exit->signaled && exit->signal == SIGTERM)) {
       unclean.push_back(absl::StrCat(it->endpoint.name, " ", exit->ToString()));
     }
@@ -695,46 +548,6 @@ absl::Status LocalStack::Stop() {
   policy_.reset();
   if (!unclean.empty()) return absl::InternalError(absl::StrJoin(unclean, "; "));
   return absl::OkStatus();
-}
-
-absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& state_dir,
-                                                 const std::vector<ServiceEndpoint>& services) {
-  StackSecurity security;
-  security.dir = Absolute(fs::path(state_dir) / "tls");
-  std::vector<runtime::PkiEntity> entities;
-  for (const ServiceEndpoint& service : services) {
-    runtime::PkiEntity entity;
-    entity.file_stem = service.name;
-    // Least privilege: the reward server and the replay buffer call no one,
-    // so their certificates name a role that may only read.
-    if (service.kind == "rollout_worker") {
-      entity.common_name = absl::StrCat("worker:", service.worker_id);
-    } else if (service.kind == "trainer" || service.kind == "controller") {
-      entity.common_name = absl::StrCat(service.kind, ":", service.kind);
-    } else {
-      entity.common_name = absl::StrCat("viewer:", service.name);
-    }
-    entities.push_back(std::move(entity));
-  }
-  ASSIGN_OR_RETURN(runtime::PkiFiles pki, runtime::WriteLocalPki(security.dir, entities));
-  security.ca_cert = pki.ca_cert;
-  security.tokens_file = (fs::path(security.dir) / "tokens.yaml").string();
-  security.operator_token_file = (fs::path(security.dir) / "operator.token").string();
-  security.viewer_token_file = (fs::path(security.dir) / "viewer.token").string();
-  std::string yaml =
-      "# Bearer tokens of `sluice up --tls` (SHA-256 only; the tokens are in\n"
-      "# operator.token and viewer.token). New ones on every start.\ntokens:\n";
-  const std::tuple<runtime::Role, const char*, std::string> users[] = {
-      {runtime::Role::kOperator, "operator", security.operator_token_file},
-      {runtime::Role::kViewer, "viewer", security.viewer_token_file}};
-  for (const auto& [role, identity, file] : users) {
-    const std::string token = runtime::NewToken();
-    absl::StrAppend(&yaml, runtime::TokenEntryYaml(
-                               {runtime::TokenHash(token), role, identity, std::nullopt}));
-    RETURN_IF_ERROR(runtime::WriteSecretFile(file, token + "\n"));
-  }
-  RETURN_IF_ERROR(runtime::WriteSecretFile(security.tokens_file, yaml));
-  return security;
 }
 
 }  // namespace sluice::cli

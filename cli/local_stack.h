@@ -12,120 +12,14 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/subprocess.h"
+#include "cli/stack_layout.h"
+#include "cli/stack_options.h"
+#include "cli/stack_security.h"
 #include "cli/state_dir.h"
 #include "cli/supervisor.h"
+#include "common/subprocess.h"
 
 namespace sluice::cli {
-
-// The shares of one machine's memory (percent of it, or of its cgroup) that
-// `sluice up` gives the services as their --memory-budget. The trainer and
-// the rollout workers hold the big allocations: the trainer the weights,
-// gradients, AdamW's two moments, the published versions and a training
-// batch's activations with their gradients; a worker two copies of the
-// weights and a generation batch's KV cache and logits. They get equal
-// shares, as an RL step's training and generation batches are of the same
-// sequences. The replay buffer holds only token ids, log-probs and versions
-// (about 16 bytes a token), so a smaller share holds many batches. What is
-// left (5%) is the controller's, the reward server's (its sandboxed
-// programs have their own rlimits) and the system's.
-struct MemoryShares {
-  double trainer = 40;
-  double rollout_workers = 40;  // Split evenly among them.
-  double replay_buffer = 15;
-};
-
-struct LocalStackOptions {
-  // Directory holding the sluice-* service binaries (normally the one `sluice`
-  // itself is in).
-  std::string bin_dir;
-  // Where endpoints.json, sluice-up.lock, logs/<service>.log and (by
-  // default) the replay buffer's data go; created if missing. One stack per
-  // state directory.
-  std::string state_dir;
-  // The controller's --runs-dir: each run's spec.json, metrics.jsonl,
-  // evals.jsonl and summary.json go to <runs_dir>/<run-id>/. Empty =
-  // <state_dir>/../runs. Made absolute before it is passed on.
-  std::string runs_dir;
-  // Rollout workers to start: rollout_worker-0 .. rollout_worker-<N-1>, with
-  // worker ids worker-0 .. worker-<N-1> that they keep across restarts. 0
-  // starts none (workers started elsewhere can still register with the
-  // controller).
-  int rollout_workers = 1;
-  // The replay buffer's --data-dir. Unset: <state_dir>/replay_buffer, so
-  // every acknowledged insert survives a restart of the buffer. Empty or
-  // "none": in memory only.
-  std::optional<std::string> buffer_data_dir;
-  // The controller's, the trainer's and the rollout workers'
-  // --allowed-path-roots: where the paths a run spec names may lie. Empty =
-  // the working directory (the services run in this process's, and a
-  // relative path in a spec resolves against the first root). The state and
-  // runs directories are always added. Made absolute before they are passed on.
-  std::vector<std::string> allowed_path_roots;
-  // When a service dies: restarted with backoff, or given up on (see
-  // supervisor.h).
-  RestartPolicyOptions restart;
-  // When a running service stops answering its health check: killed and
-  // restarted (supervisor.h, LivenessOptions).
-  LivenessOptions liveness;
-  // How long each service may take to report ready and healthy.
-  absl::Duration start_timeout = absl::Seconds(60);
-  // After SIGTERM, how long a service may drain before it is killed.
-  absl::Duration stop_grace = absl::Seconds(15);
-  // LibTorch intra-op threads for the trainer and the rollout workers.
-  int torch_threads = 1;
-  // Passed to every service: "text" or "json".
-  std::string log_format = "text";
-  // Each service's --memory-budget, as a share of this machine's memory.
-  MemoryShares memory_shares;
-  // Where deaths, restarts, give-ups and a replaced stale endpoints.json are
-  // said, one line each starting with `console_prefix` and ": ". nullptr:
-  // nowhere.
-  std::ostream* console = &std::cerr;
-  std::string console_prefix = "sluice up";
-  // Secure the stack (`sluice up --tls`): a local CA and a certificate per
-  // service in <state_dir>/tls/ (mutual TLS between the services, each
-  // identified by its certificate: worker:<worker-id>, trainer:trainer,
-  // controller:controller), and bearer tokens for the users: an operator
-  // token (submit, cancel, read) and a viewer token (read only), hashed in
-  // <state_dir>/tls/tokens.yaml. endpoints.json names the CA and the
-  // operator token, where the CLI finds them; this process dials with them.
-  bool tls = false;
-
-  absl::Status Validate() const;
-};
-
-// Where one service of the stack can be reached, and how it is doing.
-struct ServiceEndpoint {
-  std::string name;     // "replay_buffer", "rollout_worker-1"
-  std::string kind;     // "replay_buffer", "rollout_worker"
-  std::string grpc;     // "127.0.0.1:P"
-  std::string metrics;  // "http://127.0.0.1:Q/metrics"
-  std::string log_path;
-  pid_t pid = 0;        // The live process; 0 while it is not running.
-  // "running", "restarting" (waiting out its backoff), "gave_up" (crash
-  // loop, or a failure under --restart never) or "exited" (it exited 0 by
-  // itself and is not restarted).
-  std::string state;
-  int restarts = 0;        // Successful restarts.
-  std::string last_exit;   // How the previous process ended; empty if none did.
-  std::string worker_id;   // Rollout workers: their --worker-id.
-};
-
-// What `sluice up --tls` wrote into <state_dir>/tls/.
-struct StackSecurity {
-  std::string dir;
-  std::string ca_cert;              // ca.pem
-  std::string tokens_file;          // tokens.yaml: the services' --auth-tokens
-  std::string operator_token_file;  // operator.token (0600)
-  std::string viewer_token_file;    // viewer.token (0600)
-};
-
-// Writes the CA (kept across restarts of the stack), one certificate per
-// service name in `names` (rollout workers as worker:<worker id>), and fresh
-// operator and viewer tokens.
-absl::StatusOr<StackSecurity> WriteStackSecurity(
-    const std::string& state_dir, const std::vector<ServiceEndpoint>& services);
 
 // The embedded default deployment: the services as child processes on
 // loopback, supervised as Kubernetes would supervise pods.
@@ -162,9 +56,12 @@ absl::StatusOr<StackSecurity> WriteStackSecurity(
 class LocalStack {
  public:
   // The kinds of service, in start order (rollout_worker: as many as asked).
-  static const std::vector<std::string>& ServiceKinds();
+  static const std::vector<std::string>& ServiceKinds() { return StackServiceKinds(); }
 
   explicit LocalStack(LocalStackOptions options);
+  // Its layout reads its options where they are.
+  LocalStack(const LocalStack&) = delete;
+  LocalStack& operator=(const LocalStack&) = delete;
   // Stops whatever is still running.
   ~LocalStack();
 
@@ -181,14 +78,14 @@ class LocalStack {
   const std::vector<ServiceEndpoint>& endpoints() const { return endpoints_; }
   // The endpoint of `name` ("trainer", "rollout_worker-0"); nullptr if none.
   const ServiceEndpoint* endpoint(const std::string& name) const;
-  std::string endpoints_path() const;
+  std::string endpoints_path() const { return layout_.endpoints_path(); }
   // The runs directory the controller was given (absolute).
-  std::string runs_dir() const;
+  std::string runs_dir() const { return layout_.runs_dir(); }
   // The replay buffer's data directory (absolute); empty when in memory.
-  std::string buffer_data_dir() const;
+  std::string buffer_data_dir() const { return layout_.buffer_data_dir(); }
   // The --allowed-path-roots the services get (absolute): the options' (or
   // the working directory), then the state and runs directories.
-  std::vector<std::string> allowed_path_roots() const;
+  std::vector<std::string> allowed_path_roots() const { return layout_.allowed_path_roots(); }
 
   // Supervises until SIGTERM/SIGINT arrives (returns OK and the signal's
   // name in `*reason`) or the stack cannot go on: a singleton given up on,
@@ -230,12 +127,8 @@ class LocalStack {
   // Starts `child`'s process and waits until it serves. `restart`: on the
   // same port for a singleton, log appended to rather than truncated.
   absl::Status StartProcess(Child& child, bool restart);
-  std::vector<std::string> FlagsFor(const Child& child) const;
-  // The flags telling the controller where the services started before it are.
-  std::vector<std::string> ControllerFlags() const;
-  // "--memory-budget=40%" for a service that holds a run's memory; empty
-  // for the others.
-  std::string MemoryBudgetFlag(const std::string& kind) const;
+  // Every child's endpoint as known now, in start order.
+  std::vector<ServiceEndpoint> StackEndpoints() const;
 
   // A running child's process exited. Error: the stack cannot go on.
   absl::Status OnExit(Child& child);
@@ -261,6 +154,7 @@ class LocalStack {
   void Say(const std::string& line) const;
 
   LocalStackOptions options_;
+  StackLayout layout_{options_};  // Reads options_, declared before it.
   std::unique_ptr<StateDirLock> lock_;
   std::unique_ptr<RestartPolicy> policy_;
   std::vector<Child> children_;  // In start order.

@@ -90,6 +90,52 @@ class UidPool {
 
 }  // namespace
 
+struct BwrapLauncherThread::Job {
+  const SandboxOptions* options;
+  const BwrapLaunch* launch;
+  bool done = false;
+  absl::StatusOr<pid_t> result = absl::InternalError("not launched");
+};
+
+BwrapLauncherThread::BwrapLauncherThread() : thread_([this] { Loop(); }) {}
+
+BwrapLauncherThread::~BwrapLauncherThread() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  thread_.join();
+}
+
+absl::StatusOr<pid_t> BwrapLauncherThread::Launch(const SandboxOptions& options,
+                                                  const BwrapLaunch& launch) {
+  Job job{&options, &launch};
+  absl::MutexLock lock(&mu_);
+  queue_.push_back(&job);
+  mu_.Await(absl::Condition(&job.done));
+  return job.result;
+}
+
+void BwrapLauncherThread::Loop() {
+  while (true) {
+    Job* job;
+    {
+      absl::MutexLock lock(&mu_);
+      const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;
+      job = queue_.front();
+      queue_.pop_front();
+    }
+    absl::StatusOr<pid_t> result = LaunchBwrap(*job->options, *job->launch);
+    absl::MutexLock lock(&mu_);
+    job->result = std::move(result);
+    job->done = true;
+  }
+}
+
 absl::StatusOr<std::unique_ptr<UidLease>> UidLease::Acquire(const SandboxOptions& options) {
   auto lease = std::unique_ptr<UidLease>(new UidLease());
   absl::StatusOr<uint32_t> uid = UidPool::Get().Acquire(options.uid_base, options.uid_count,
@@ -315,6 +361,42 @@ BwrapLaunch FreshSandboxLaunch(const SandboxOptions& options, const SandboxReque
   launch.limits = ProgramLimits(options);
   launch.limits.push_back({RLIMIT_CPU, {static_cast<rlim_t>(cpu_seconds),
                                         static_cast<rlim_t>(cpu_seconds + 1)}});
+  if (as_root) {
+    launch.limits.push_back({RLIMIT_NPROC, {static_cast<rlim_t>(options.max_processes),
+                                            static_cast<rlim_t>(options.max_processes)}});
+  }
+  return launch;
+}
+
+BwrapLaunch ZygoteSlotLaunch(const SandboxOptions& options, const ZygoteSlotFds& fds,
+                             const std::string& zygote_settings, bool as_root) {
+  std::vector<std::string> args = BwrapSandboxArgs(options);
+  args.insert(args.end(), {"--size", absl::StrCat(options.tmpfs_bytes), "--tmpfs", "/sandbox",
+                           "--ro-bind-data", absl::StrCat(kZygoteFd), kZygotePath,
+                           "--perms", "0111", "--ro-bind-data", absl::StrCat(kInterpreterFd),
+                           kInterpreterCopy,
+                           "--remount-ro", "/", "--chdir", "/", "--clearenv"});
+  for (const auto& [key, value] : SandboxEnv({})) {
+    args.insert(args.end(), {"--setenv", key, value});
+  }
+  args.insert(args.end(), {"--seccomp", absl::StrCat(kSeccompFd), "--json-status-fd",
+                           absl::StrCat(kStatusFd), "--as-pid-1", "--",
+                           kInterpreterCopy, "-I", "-B", kZygotePath, zygote_settings});
+  BwrapLaunch launch;
+  launch.args = std::move(args);
+  launch.fds.assign(kInterpreterFd + 1, fds.dev_null);
+  launch.fds[kStdoutFd] = fds.log_fd;
+  launch.fds[kStderrFd] = fds.log_fd;
+  launch.fds[kControlFd] = fds.control_fd;
+  launch.fds[kSeccompFd] = fds.seccomp_fd;
+  launch.fds[kStatusFd] = fds.status_fd;
+  launch.fds[kZygoteFd] = fds.zygote_fd;
+  launch.fds[kInterpreterFd] = fds.interpreter_fd;
+  // RLIMIT_FSIZE is the program's, set by the zygote in each child: bwrap
+  // writes the interpreter's copy under the limits given here.
+  for (const auto& limit : ProgramLimits(options)) {
+    if (limit.first != RLIMIT_FSIZE) launch.limits.push_back(limit);
+  }
   if (as_root) {
     launch.limits.push_back({RLIMIT_NPROC, {static_cast<rlim_t>(options.max_processes),
                                             static_cast<rlim_t>(options.max_processes)}});

@@ -22,13 +22,17 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "reward_server/sandbox/sandbox.h"
 #include "reward_server/sandbox/sandbox_internal.h"
@@ -106,6 +110,48 @@ struct FreshSandboxFds {
 BwrapLaunch FreshSandboxLaunch(const SandboxOptions& options, const SandboxRequest& request,
                                const FreshSandboxFds& fds, bool as_root, absl::Time start);
 
+// Where a pool slot's zygote (SandboxPool) finds its control socket, and
+// the descriptors of zygote.py and of the interpreter that bwrap copies in.
+inline constexpr int kControlFd = 3;
+inline constexpr int kZygoteFd = 7;
+inline constexpr int kInterpreterFd = 8;
+inline constexpr char kZygotePath[] = "/sluice/zygote.py";
+// An execute-only copy of the interpreter: a process that execs a file it
+// cannot read is made not dumpable by the kernel, which closes the zygote's
+// /proc/1/mem and /proc/1/fd to the programs (same uid) without ctypes.
+inline constexpr char kInterpreterCopy[] = "/sluice/python3";
+
+// The server's descriptors that a pool slot is given, each placed at
+// bwrap's descriptor named beside it.
+struct ZygoteSlotFds {
+  int dev_null = -1;        // kStdinFd, and fd 4 (unused).
+  int log_fd = -1;          // kStdoutFd and kStderrFd: a pipe's write end.
+  int control_fd = -1;      // kControlFd: the zygote's end of a socketpair.
+  int seccomp_fd = -1;      // kSeccompFd: the seccomp filter's BPF.
+  int status_fd = -1;       // kStatusFd: a pipe's write end, for bwrap's JSON status.
+  int zygote_fd = -1;       // kZygoteFd: zygote.py's source.
+  int interpreter_fd = -1;  // kInterpreterFd: the interpreter's binary.
+};
+
+// The launch of a pool slot, a sandbox whose program is the zygote that
+// forks each run (zygote.py, started with `zygote_settings`):
+//
+//   args    BwrapSandboxArgs; a size-capped tmpfs at /sandbox; zygote.py
+//           and an execute-only copy of the interpreter bound from their
+//           fds; "--remount-ro /"; the working directory /; only
+//           SandboxEnv({}) in the environment; the seccomp filter and the
+//           JSON status on their fds; bwrap's --as-pid-1; then the
+//           interpreter, isolated (-I -B), running zygote.py.
+//   fds     `fds`, at the descriptors ZygoteSlotFds names.
+//   limits  ProgramLimits but RLIMIT_FSIZE (the zygote sets it in each
+//           program: bwrap writes the interpreter's copy under these); as
+//           root, RLIMIT_NPROC of max_processes.
+//   uid     unset: the caller leases one when root (UidLease).
+//
+// Starts nothing; reads the host's file system as BwrapSandboxArgs does.
+BwrapLaunch ZygoteSlotLaunch(const SandboxOptions& options, const ZygoteSlotFds& fds,
+                             const std::string& zygote_settings, bool as_root);
+
 // Forks, prepares the child (new session, default signals, descriptors,
 // rlimits, uid, PDEATHSIG) and execs bwrap; returns its pid once the exec
 // succeeded, blocking only until then. The caller owns the child: it reaps
@@ -115,6 +161,33 @@ BwrapLaunch FreshSandboxLaunch(const SandboxOptions& options, const SandboxReque
 // descriptors or 8 limits. Thread-safe: between fork and exec the child
 // makes async-signal-safe calls only.
 absl::StatusOr<pid_t> LaunchBwrap(const SandboxOptions& options, const BwrapLaunch& launch);
+
+// Calls LaunchBwrap from one thread that lives as long as this object.
+// bwrap's PR_SET_PDEATHSIG (which takes a sandbox down with the server)
+// fires when the *thread* that forked it exits, not the process: a pool
+// slot started from a caller's thread would die with that thread.
+// Thread-safe; launches one at a time, in the order asked.
+class BwrapLauncherThread {
+ public:
+  BwrapLauncherThread();
+  // Waits for a launch in progress, then joins the thread.
+  ~BwrapLauncherThread();
+  BwrapLauncherThread(const BwrapLauncherThread&) = delete;
+  BwrapLauncherThread& operator=(const BwrapLauncherThread&) = delete;
+
+  // LaunchBwrap(options, launch) on the thread; blocks until it returned.
+  absl::StatusOr<pid_t> Launch(const SandboxOptions& options, const BwrapLaunch& launch)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  struct Job;
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  absl::Mutex mu_;
+  std::deque<Job*> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // Last: it starts once the rest is made.
+};
 
 // A uid of the range [uid_base, uid_base + uid_count), exclusive within the
 // process and, through an flock in uid_lock_dir, across processes; for a

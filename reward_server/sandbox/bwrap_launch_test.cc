@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -184,6 +185,57 @@ TEST(FreshSandboxLaunchTest, AsRootLimitsTasksOnBwrapAndRunsTheProgramDirectly) 
   EXPECT_THAT(limits[4],
               Pair(RLIMIT_CPU, Pair(rlim_t{60}, rlim_t{61})));  // cpu_time: shorter than the wall.
   EXPECT_THAT(limits[5], Pair(RLIMIT_NPROC, Pair(rlim_t{7}, rlim_t{7})));
+}
+
+TEST(ZygoteSlotLaunchTest, RunsTheZygoteFromItsOwnCopiesWithTheSlotsDescriptorsInPlace) {
+  SandboxOptions options = OptionsWithoutHostPaths();
+  options.max_processes = 9;
+  const ZygoteSlotFds fds{.dev_null = 20,
+                          .log_fd = 21,
+                          .control_fd = 22,
+                          .seccomp_fd = 23,
+                          .status_fd = 24,
+                          .zygote_fd = 25,
+                          .interpreter_fd = 26};
+
+  const BwrapLaunch launch = ZygoteSlotLaunch(options, fds, "{\"x\":1}", /*as_root=*/false);
+
+  EXPECT_TRUE(HasSequence(launch.args, {"--tmpfs", "/sandbox"}));
+  EXPECT_TRUE(HasSequence(launch.args, {"--ro-bind-data", "7", "/sluice/zygote.py"}));
+  EXPECT_TRUE(
+      HasSequence(launch.args, {"--perms", "0111", "--ro-bind-data", "8", "/sluice/python3"}));
+  EXPECT_TRUE(HasSequence(launch.args, {"--remount-ro", "/", "--chdir", "/", "--clearenv"}));
+  EXPECT_THAT(std::vector<std::string>(launch.args.end() - 7, launch.args.end()),
+              ElementsAre("--as-pid-1", "--", "/sluice/python3", "-I", "-B", "/sluice/zygote.py",
+                          "{\"x\":1}"));
+  EXPECT_THAT(launch.fds, ElementsAre(20, 21, 21, 22, 20, 23, 24, 25, 26));
+  // The program's file size limit is the zygote's to set, in each child.
+  for (const auto& [resource, limit] : Limits(launch)) EXPECT_NE(resource, RLIMIT_FSIZE);
+  EXPECT_FALSE(launch.uid.has_value());
+
+  const BwrapLaunch as_root = ZygoteSlotLaunch(options, fds, "{}", /*as_root=*/true);
+  EXPECT_THAT(Limits(as_root).back(), Pair(RLIMIT_NPROC, Pair(rlim_t{9}, rlim_t{9})));
+}
+
+// A child whose exec fails is forked from the launcher's thread; the caller
+// gets LaunchBwrap's answer, and launches from several threads are each
+// answered.
+TEST(BwrapLauncherThreadTest, LaunchesOnItsThreadAndAnswersEveryCaller) {
+  SandboxOptions options;
+  options.bwrap_path = "/nonexistent/sluice-test/bwrap";
+  BwrapLaunch launch;
+  launch.args = {options.bwrap_path};
+  BwrapLauncherThread launcher;
+  std::vector<std::thread> callers;
+  std::vector<absl::Status> results(4);
+  for (int i = 0; i < 4; ++i) {
+    callers.emplace_back([&, i] { results[i] = launcher.Launch(options, launch).status(); });
+  }
+  for (std::thread& caller : callers) caller.join();
+  for (const absl::Status& result : results) {
+    EXPECT_EQ(result.code(), absl::StatusCode::kFailedPrecondition) << result;
+    EXPECT_THAT(result.message(), HasSubstr("cannot execute bwrap at " + options.bwrap_path));
+  }
 }
 
 TEST(LaunchBwrapTest, RefusesMoreDescriptorsThanTheChildCanPlace) {

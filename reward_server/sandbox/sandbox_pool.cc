@@ -11,8 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <deque>
-#include <thread>
 #include <optional>
 #include <utility>
 
@@ -35,14 +33,6 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kControlFd = 3;   // The zygote's end of the control socket.
-constexpr int kZygoteFd = 7;       // zygote.py, for --ro-bind-data.
-constexpr int kInterpreterFd = 8;  // The interpreter's binary, likewise.
-constexpr char kZygotePath[] = "/sluice/zygote.py";
-// An execute-only copy of the interpreter: a process that execs a file it
-// cannot read is made not dumpable by the kernel, which closes the zygote's
-// /proc/1/mem and /proc/1/fd to the programs (same uid) without ctypes.
-constexpr char kInterpreterCopy[] = "/sluice/python3";
 constexpr char kFilesDir[] = "/sandbox/";
 // Directories a program may write, emptied between programs.
 const char* const kWritableDirs[] = {"/tmp", "/dev/shm", "/sandbox"};
@@ -53,63 +43,6 @@ constexpr absl::Duration kCleanupGrace = absl::Seconds(2);
 json ParseEvent(absl::string_view line) { return json::parse(line, nullptr, false); }
 
 }  // namespace
-
-// Forks bwrap for the pool's slots from one thread that lives as long as the
-// pool. bwrap's PR_SET_PDEATHSIG (which takes the slot down with the server)
-// fires when the *thread* that forked it exits, not the process: a slot
-// started from a caller's thread would die with that thread.
-class SandboxPool::Launcher {
- public:
-  Launcher() : thread_([this] { Loop(); }) {}
-  ~Launcher() {
-    {
-      absl::MutexLock lock(&mu_);
-      stopping_ = true;
-    }
-    thread_.join();
-  }
-
-  absl::StatusOr<pid_t> Launch(const SandboxOptions& options, const BwrapLaunch& launch) {
-    Job job{&options, &launch};
-    absl::MutexLock lock(&mu_);
-    queue_.push_back(&job);
-    mu_.Await(absl::Condition(&job.done));
-    return job.result;
-  }
-
- private:
-  struct Job {
-    const SandboxOptions* options;
-    const BwrapLaunch* launch;
-    bool done = false;
-    absl::StatusOr<pid_t> result = absl::InternalError("not launched");
-  };
-
-  void Loop() {
-    while (true) {
-      Job* job;
-      {
-        absl::MutexLock lock(&mu_);
-        const auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return stopping_ || !queue_.empty();
-        };
-        mu_.Await(absl::Condition(&ready));
-        if (queue_.empty()) return;
-        job = queue_.front();
-        queue_.pop_front();
-      }
-      absl::StatusOr<pid_t> result = LaunchBwrap(*job->options, *job->launch);
-      absl::MutexLock lock(&mu_);
-      job->result = std::move(result);
-      job->done = true;
-    }
-  }
-
-  absl::Mutex mu_;
-  std::deque<Job*> queue_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  std::thread thread_;
-};
 
 struct SandboxPool::Slot {
   // Guarded by the pool's mu_.
@@ -195,7 +128,7 @@ SandboxPool::SandboxPool(SandboxOptions options, SandboxPoolOptions pool_options
       pool_options_(std::move(pool_options)),
       seccomp_bpf_(std::move(seccomp_bpf)),
       zygote_settings_(ZygoteSettings(options_, pool_options_)),
-      launcher_(std::make_unique<Launcher>()) {
+      launcher_(std::make_unique<BwrapLauncherThread>()) {
   for (int i = 0; i < pool_options_.slots; ++i) slots_.push_back(std::make_unique<Slot>());
   stats_.slots = pool_options_.slots;
 }
@@ -306,31 +239,13 @@ absl::Status SandboxPool::Start(Slot& slot) const {
         "(--python) and read_only_paths"));
   }
 
-  std::vector<std::string> args = BwrapSandboxArgs(options_);
-  args.insert(args.end(), {"--size", absl::StrCat(options_.tmpfs_bytes), "--tmpfs", "/sandbox",
-                           "--ro-bind-data", absl::StrCat(kZygoteFd), kZygotePath,
-                           "--perms", "0111", "--ro-bind-data", absl::StrCat(kInterpreterFd),
-                           kInterpreterCopy,
-                           "--remount-ro", "/", "--chdir", "/", "--clearenv"});
-  for (const auto& [key, value] : SandboxEnv({})) {
-    args.insert(args.end(), {"--setenv", key, value});
-  }
-  args.insert(args.end(), {"--seccomp", absl::StrCat(kSeccompFd), "--json-status-fd",
-                           absl::StrCat(kStatusFd), "--as-pid-1", "--",
-                           kInterpreterCopy, "-I", "-B", kZygotePath, zygote_settings_});
-  BwrapLaunch launch;
-  launch.args = std::move(args);
-  launch.fds = {dev_null.get(), log->write.get(), log->write.get(), zygote_end.get(),
-                dev_null.get(), seccomp->get(), status->write.get(), zygote->get(),
-                interpreter.get()};
-  // RLIMIT_FSIZE is the program's, set by the zygote in each child: bwrap
-  // writes the interpreter's copy under the limits given here.
-  for (const auto& limit : ProgramLimits(options_)) {
-    if (limit.first != RLIMIT_FSIZE) launch.limits.push_back(limit);
-  }
+  BwrapLaunch launch = ZygoteSlotLaunch(
+      options_,
+      {.dev_null = dev_null.get(), .log_fd = log->write.get(), .control_fd = zygote_end.get(),
+       .seccomp_fd = seccomp->get(), .status_fd = status->write.get(), .zygote_fd = zygote->get(),
+       .interpreter_fd = interpreter.get()},
+      zygote_settings_, as_root);
   if (as_root) {
-    launch.limits.push_back({RLIMIT_NPROC, {static_cast<rlim_t>(options_.max_processes),
-                                            static_cast<rlim_t>(options_.max_processes)}});
     absl::StatusOr<std::unique_ptr<UidLease>> lease = UidLease::Acquire(options_);
     if (!lease.ok()) return lease.status();
     slot.uid = *std::move(lease);

@@ -18,6 +18,10 @@
 
 namespace sluice::reward_server::sandbox {
 
+namespace internal {
+class BwrapLauncherThread;  // bwrap_launch.h
+}  // namespace internal
+
 struct SandboxPoolOptions {
   // Programs run at once; one prepared sandbox (a slot) each. Give it the
   // number of threads that call Run (the reward server's --workers).
@@ -137,7 +141,6 @@ class SandboxPool final : public SandboxRunner {
  private:
   struct Slot;
   struct Outcome;
-  class Launcher;
 
   SandboxPool(SandboxOptions options, SandboxPoolOptions pool_options, std::string seccomp_bpf);
 
@@ -157,7 +160,7 @@ class SandboxPool final : public SandboxRunner {
   const SandboxPoolOptions pool_options_;
   const std::string seccomp_bpf_;
   const std::string zygote_settings_;
-  const std::unique_ptr<Launcher> launcher_;
+  const std::unique_ptr<internal::BwrapLauncherThread> launcher_;
 
   mutable absl::Mutex mu_;
   // Fixed size; a slot's fields are its holder's while it is busy.

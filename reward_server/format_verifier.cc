@@ -6,8 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "re2/re2.h"
+#include "reward_server/math/answer_extraction.h"
 #include "reward_server/math/math_equivalence.h"
-#include "reward_server/math_verifier.h"
 #include "common/run/verifier_params.h"
 
 namespace sluice::reward_server {

@@ -1,67 +1,32 @@
 #include "reward_server/math_verifier.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
+#include <string>
 #include <system_error>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/charconv.h"
 #include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "reward_server/math/answer_extraction.h"
 
 namespace sluice::reward_server {
 namespace {
 
-constexpr absl::string_view kUnicodeMinus = "\xE2\x88\x92";  // U+2212
+using internal::ScanNumber;
+using internal::SignLength;
+using internal::TrimAnswer;
+
 constexpr absl::string_view kBoxedOpen = "\\boxed{";
-constexpr absl::string_view kFboxOpen = "\\fbox{";
 // Numbers quoted in details are cut to this many bytes.
 constexpr size_t kDetailNumberBytes = 80;
 
 bool IsDigit(char c) { return c >= '0' && c <= '9'; }
-bool IsDigitAt(absl::string_view s, size_t i) { return i < s.size() && IsDigit(s[i]); }
-
-// Length of a sign ("-", "+", U+2212) at s[i], 0 when there is none.
-size_t SignLength(absl::string_view s, size_t i) {
-  if (i >= s.size()) return 0;
-  if (s[i] == '-' || s[i] == '+') return 1;
-  if (s.substr(i, kUnicodeMinus.size()) == kUnicodeMinus) return kUnicodeMinus.size();
-  return 0;
-}
-
-// Length of the number starting at s[i] (0 when none starts there):
-//   [sign] int [. digits] | [sign] int / digits | [sign] . digits
-// where int is plain digits or 1-3 digits followed by ",ddd" groups (a group
-// must be exactly three digits). Linear in the length consumed.
-size_t ScanNumber(absl::string_view s, size_t i, bool allow_sign) {
-  const size_t n = s.size();
-  size_t j = i;
-  if (allow_sign) j += SignLength(s, j);
-  const size_t int_start = j;
-  while (IsDigitAt(s, j)) ++j;
-  const size_t int_length = j - int_start;
-  if (int_length > 0 && int_length <= 3) {
-    while (j + 3 < n && s[j] == ',' && IsDigit(s[j + 1]) && IsDigit(s[j + 2]) &&
-           IsDigit(s[j + 3]) && !IsDigitAt(s, j + 4)) {
-      j += 4;
-    }
-  }
-  bool has_decimals = false;
-  if (j < n && s[j] == '.' && IsDigitAt(s, j + 1)) {
-    ++j;
-    while (IsDigitAt(s, j)) ++j;
-    has_decimals = true;
-  }
-  if (int_length == 0 && !has_decimals) return 0;
-  if (int_length > 0 && !has_decimals && j < n && s[j] == '/' && IsDigitAt(s, j + 1)) {
-    ++j;
-    while (IsDigitAt(s, j)) ++j;
-  }
-  return j - i;
-}
 
 // A number split into normalised parts (see NormalizeNumber).
 struct ParsedNumber {
@@ -126,17 +91,6 @@ std::optional<ParsedNumber> ParseToken(absl::string_view token) {
   }
   if (!Canonicalise(&number)) return std::nullopt;
   return number;
-}
-
-absl::string_view TrimAnswer(absl::string_view text) {
-  while (true) {
-    text = absl::StripAsciiWhitespace(text);
-    if (!text.empty() && text.back() == '.') {
-      text.remove_suffix(1);
-      continue;
-    }
-    return text;
-  }
 }
 
 // Drops whitespace, "$", "\$" and a trailing period around a number.
@@ -248,159 +202,6 @@ bool ParsedNumbersEqual(const ParsedNumber& a, const ParsedNumber& b, double rel
   return std::fabs(*x - *y) <= relative_tolerance * std::max(std::fabs(*x), std::fabs(*y));
 }
 
-// ---------------------------------------------------------------------------
-// Extraction
-
-// Content of the last (by opening position) balanced \boxed{...} whose
-// content is not blank. One pass; braces escaped as \{ \} do not count.
-std::optional<absl::string_view> LastBoxed(absl::string_view s) {
-  struct Open {
-    size_t content_start;
-    size_t depth;  // Brace depth outside this box.
-  };
-  std::vector<Open> open_boxes;
-  size_t depth = 0;
-  std::optional<absl::string_view> best;
-  size_t best_start = 0;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (c == '\\') {
-      const size_t open_length = s.compare(i, kBoxedOpen.size(), kBoxedOpen) == 0 ? kBoxedOpen.size()
-                                 : s.compare(i, kFboxOpen.size(), kFboxOpen) == 0  ? kFboxOpen.size()
-                                                                                   : 0;
-      if (open_length > 0) {
-        open_boxes.push_back({i + open_length, depth});
-        ++depth;
-        i += open_length - 1;
-      } else if (i + 1 < s.size() && (s[i + 1] == '{' || s[i + 1] == '}')) {
-        ++i;
-      }
-    } else if (c == '{') {
-      ++depth;
-    } else if (c == '}' && depth > 0) {
-      --depth;
-      if (!open_boxes.empty() && open_boxes.back().depth == depth) {
-        const Open box = open_boxes.back();
-        open_boxes.pop_back();
-        const absl::string_view content = s.substr(box.content_start, i - box.content_start);
-        if (!TrimAnswer(content).empty() && (!best.has_value() || box.content_start > best_start)) {
-          best = content;
-          best_start = box.content_start;
-        }
-      }
-    }
-  }
-  return best;
-}
-
-absl::string_view RestOfLine(absl::string_view s, size_t from) {
-  absl::string_view rest = s.substr(from);
-  const size_t end = rest.find_first_of("\r\n");
-  return end == absl::string_view::npos ? rest : rest.substr(0, end);
-}
-
-bool IsAsciiAlpha(char c) { return absl::ascii_isalpha(static_cast<unsigned char>(c)); }
-
-// Position of the last occurrence of `lower_needle` (lowercase ASCII) in `s`,
-// ignoring ASCII case, not preceded by a letter and, when
-// `needs_end_boundary`, not followed by one; npos when none.
-size_t RFindMarker(absl::string_view s, absl::string_view lower_needle, bool needs_end_boundary) {
-  if (s.size() < lower_needle.size()) return absl::string_view::npos;
-  for (size_t i = s.size() - lower_needle.size() + 1; i-- > 0;) {
-    if (!absl::EqualsIgnoreCase(s.substr(i, lower_needle.size()), lower_needle)) continue;
-    if (i > 0 && IsAsciiAlpha(s[i - 1])) continue;
-    const size_t end = i + lower_needle.size();
-    if (needs_end_boundary && end < s.size() && IsAsciiAlpha(s[end])) continue;
-    return i;
-  }
-  return absl::string_view::npos;
-}
-
-bool EndsStandaloneNumber(absl::string_view line, size_t end) {
-  if (end >= line.size()) return true;
-  const char c = line[end];
-  return absl::ascii_isspace(static_cast<unsigned char>(c)) ||
-         absl::string_view(".,;:!?)]}*$%\\").find(c) != absl::string_view::npos;
-}
-
-// The answer on `line`, the text after a marker: the number it starts with
-// when that number stands alone, else the whole (trimmed) line.
-absl::string_view AnswerAfterMarker(absl::string_view line) {
-  while (true) {
-    line = absl::StripLeadingAsciiWhitespace(line);
-    if (absl::ConsumePrefix(&line, ":") || absl::ConsumePrefix(&line, "*") ||
-        absl::ConsumePrefix(&line, "\\$") || absl::ConsumePrefix(&line, "$") ||
-        absl::ConsumePrefix(&line, "=")) {
-      continue;
-    }
-    break;
-  }
-  const size_t length = ScanNumber(line, 0, /*allow_sign=*/true);
-  if (length > 0 && EndsStandaloneNumber(line, length)) return line.substr(0, length);
-  return TrimAnswer(line);
-}
-
-bool SignAllowedAfter(absl::string_view s, size_t i) {
-  if (i == 0) return true;
-  const unsigned char previous = static_cast<unsigned char>(s[i - 1]);
-  return !(absl::ascii_isalnum(previous) || previous == ')' || previous == ']' || previous == '}');
-}
-
-std::optional<absl::string_view> LastNumber(absl::string_view s) {
-  std::optional<absl::string_view> last;
-  size_t i = 0;
-  while (i < s.size()) {
-    const size_t length = ScanNumber(s, i, SignAllowedAfter(s, i));
-    if (length > 0) {
-      last = s.substr(i, length);
-      i += length;
-    } else {
-      ++i;
-    }
-  }
-  return last;
-}
-
-// Content of the last non-blank math span ($..$, $$..$$, \(..\), \[..\]).
-// Linear: a delimiter that fails to close once is not searched for again.
-std::optional<absl::string_view> LastMathSpan(absl::string_view s) {
-  std::optional<absl::string_view> last;
-  bool dead[3] = {false, false, false};
-  size_t i = 0;
-  while (i < s.size()) {
-    int kind = -1;
-    absl::string_view open, close;
-    if (s.compare(i, 2, "$$") == 0) {
-      kind = 0, open = "$$", close = "$$";
-    } else if (s[i] == '$' && (i == 0 || s[i - 1] != '\\')) {
-      kind = 0, open = "$", close = "$";
-    } else if (s.compare(i, 2, "\\(") == 0) {
-      kind = 1, open = "\\(", close = "\\)";
-    } else if (s.compare(i, 2, "\\[") == 0) {
-      kind = 2, open = "\\[", close = "\\]";
-    }
-    if (kind < 0 || dead[kind]) {
-      ++i;
-      continue;
-    }
-    const size_t end = s.find(close, i + open.size());
-    if (end == absl::string_view::npos) {
-      dead[kind] = true;
-      i += open.size();
-      continue;
-    }
-    // "$5 and $6" is money, not math: a closing "$" right before a digit.
-    if (open == "$" && end + 1 < s.size() && IsDigit(s[end + 1])) {
-      ++i;
-      continue;
-    }
-    const absl::string_view content = s.substr(i + open.size(), end - i - open.size());
-    if (!TrimAnswer(content).empty()) last = content;
-    i = end + close.size();
-  }
-  return last;
-}
-
 std::string Quoted(absl::string_view text) {
   std::string shown(text);
   TruncateUtf8(&shown, kDetailNumberBytes);
@@ -408,54 +209,6 @@ std::string Quoted(absl::string_view text) {
 }
 
 }  // namespace
-
-absl::string_view AnswerSourceName(AnswerSource source) {
-  switch (source) {
-    case AnswerSource::kBoxed:
-      return "boxed";
-    case AnswerSource::kHashes:
-      return "####";
-    case AnswerSource::kAnswerIs:
-      return "answer is";
-    case AnswerSource::kAnswerColon:
-      return "answer:";
-    case AnswerSource::kMathSpan:
-      return "math span";
-    case AnswerSource::kLastNumber:
-      return "last number";
-  }
-  return "unknown";
-}
-
-std::optional<ExtractedAnswer> ExtractAnswer(absl::string_view response) {
-  if (std::optional<absl::string_view> boxed = LastBoxed(response)) {
-    return ExtractedAnswer{std::string(TrimAnswer(*boxed)), AnswerSource::kBoxed};
-  }
-  if (const size_t hashes = response.rfind("####"); hashes != absl::string_view::npos) {
-    absl::string_view line = RestOfLine(response, hashes + 4);
-    while (absl::ConsumePrefix(&line, "#")) {
-    }
-    const absl::string_view answer = AnswerAfterMarker(line);
-    if (!answer.empty()) return ExtractedAnswer{std::string(answer), AnswerSource::kHashes};
-  }
-  if (const size_t at = RFindMarker(response, "answer is", /*needs_end_boundary=*/true);
-      at != absl::string_view::npos) {
-    const absl::string_view answer = AnswerAfterMarker(RestOfLine(response, at + 9));
-    if (!answer.empty()) return ExtractedAnswer{std::string(answer), AnswerSource::kAnswerIs};
-  }
-  if (const size_t at = RFindMarker(response, "answer:", /*needs_end_boundary=*/false);
-      at != absl::string_view::npos) {
-    const absl::string_view answer = AnswerAfterMarker(RestOfLine(response, at + 7));
-    if (!answer.empty()) return ExtractedAnswer{std::string(answer), AnswerSource::kAnswerColon};
-  }
-  if (std::optional<absl::string_view> span = LastMathSpan(response)) {
-    return ExtractedAnswer{std::string(TrimAnswer(*span)), AnswerSource::kMathSpan};
-  }
-  if (std::optional<absl::string_view> number = LastNumber(response)) {
-    return ExtractedAnswer{std::string(*number), AnswerSource::kLastNumber};
-  }
-  return std::nullopt;
-}
 
 std::optional<std::string> NormalizeNumber(absl::string_view text) {
   std::optional<ParsedNumber> number = ParseNumber(text);
@@ -523,6 +276,9 @@ VerifyOutcome MathVerifier::Verify(const VerifyRequest& request) const {
     return VerifyOutcome::Error(VerifierErrorKind::kInvalidInput,
                                 std::string(compare_options.status().message()));
   }
+  // The answer the response marks (ExtractAnswer: no parsing) is what the
+  // integer fast path compares and what the details quote; the symbolic path
+  // below compares the ranked, parsed answer of the same extractor.
   std::optional<ExtractedAnswer> answer = ExtractAnswer(request.response);
   if (!answer.has_value()) {
     return VerifyOutcome::Error(VerifierErrorKind::kParse, "no answer found in the response");
@@ -564,11 +320,11 @@ VerifyOutcome MathVerifier::Verify(const VerifyRequest& request) const {
     return outcome;
   }
   if (comparison.prediction_answer.empty()) {
-    outcome.detail = expected.has_value()
-                         ? absl::StrCat("answer (", source, ") is not a number; expected ",
-                                        Quoted(reference))
-                         : absl::StrCat("expected ", Quoted(comparison.gold_answer), ", got ",
-                                        Quoted(answer->text), " (", source, ")");
+    outcome.detail =
+        expected.has_value()
+            ? absl::StrCat("answer (", source, ") is not a number; expected ", Quoted(reference))
+            : absl::StrCat("expected ", Quoted(comparison.gold_answer), ", got ",
+                           Quoted(answer->text), " (", source, ")");
     return outcome;
   }
   outcome.detail = absl::StrCat("expected ", Quoted(comparison.gold_answer), ", got ",

@@ -6,47 +6,20 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "absl/status/statusor.h"
 #include "reward_server/math/math_equivalence.h"
 #include "reward_server/verifier.h"
 
 namespace sluice::reward_server {
 
-// The "math" verifier. Three pure functions for the common numeric case
-// (ExtractAnswer, NormalizeNumber, NumbersEqual: linear time, no recursion,
-// integers of any length compared digit by digit) and, for everything else,
+// The "math" verifier. Two pure functions for the common numeric case
+// (NormalizeNumber, NumbersEqual: linear time, no recursion, integers of any
+// length compared digit by digit) over the final answer that ExtractAnswer
+// (math/answer_extraction.h) finds and, for everything else,
 // CompareMathAnswers (math/math_equivalence.h): Math-Verify-style extraction
 // and LaTeX/symbolic equivalence with GiNaC, bounded so it cannot hang.
-
-// Where ExtractAnswer found the answer, in its priority order.
-enum class AnswerSource {
-  kBoxed,        // The last balanced \boxed{...} or \fbox{...} (nested braces allowed).
-  kHashes,       // "#### N" (GSM8K), the last one.
-  kAnswerIs,     // "... answer is X" (any case), the last one.
-  kAnswerColon,  // "Answer: X" (any case), the last one.
-  kMathSpan,     // The last $..$, $$..$$, \(..\) or \[..\] span.
-  kLastNumber,   // Otherwise the last number in the text.
-};
-
-// "boxed", "####", "answer is", "answer:", "math span", "last number".
-absl::string_view AnswerSourceName(AnswerSource source);
-
-struct ExtractedAnswer {
-  std::string text;  // Trimmed, without a trailing period.
-  AnswerSource source;
-};
-
-// The model's final answer in `response`, by the first rule of AnswerSource
-// that yields a non-empty answer; nullopt when none does (no marker and no
-// number). After a marker ("####", "answer is", "Answer:") the answer is the
-// number that starts the rest of the line ("The answer is $52 apples." ->
-// "52"), or, when the line does not start with a standalone number, the rest
-// of the line. A number is [sign] digits (with "1,234"-style thousands
-// separators) [.digits] or [/digits]; a "-" directly after a letter, digit or
-// ")" is an operator, not a sign ("5-3" ends in "3", "x = -3" in "-3").
-std::optional<ExtractedAnswer> ExtractAnswer(absl::string_view response);
 
 // The canonical decimal form of `text` when it is a number, else nullopt:
 // surrounding whitespace, "$", "\$" and a trailing period dropped; thousands

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/strings/string_view.h"
+#include "reward_server/math/answer_extraction.h"
 #include "reward_server/math/math_equivalence.h"
 #include "reward_server/math_verifier.h"
 

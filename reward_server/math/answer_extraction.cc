@@ -137,8 +137,7 @@ bool ShortConnective(absl::string_view gap) {
 // The last `needle` (any case) starting at or after `from` and ending at or
 // before `before`. O(before - from): callers bound the window, so that
 // ranking every candidate of a long text stays linear overall.
-size_t RFindIgnoreCase(absl::string_view s, absl::string_view needle, size_t before,
-                       size_t from) {
+size_t RFindIgnoreCase(absl::string_view s, absl::string_view needle, size_t before, size_t from) {
   if (before > s.size()) before = s.size();
   if (needle.empty() || needle.size() > before) return absl::string_view::npos;
   // Rejecting on the first byte inline: a call to EqualsIgnoreCase at every
@@ -166,9 +165,7 @@ bool IsExprChar(char c) {
   return IsDigit(c) || c == '.' || c == ' ' || c == '+' || c == '-' || c == '*' || c == '/' ||
          c == '^' || c == '(' || c == ')';
 }
-bool IsOperatorChar(char c) {
-  return c == '+' || c == '-' || c == '*' || c == '/' || c == '^';
-}
+bool IsOperatorChar(char c) { return c == '+' || c == '-' || c == '*' || c == '/' || c == '^'; }
 
 // The number at s[i] (digits with "1,234" / "1 234" groups, decimals with
 // "." or ","), its end in *end; empty when none.
@@ -263,9 +260,9 @@ class ExprRun {
   size_t end_ = 0;
   size_t stop_ = 0;
   size_t last_operator_ = absl::string_view::npos;
-  std::vector<int> depth_;             // Balance of s[begin, begin + t).
-  std::vector<int> min_depth_from_;    // Least depth_ at t or later.
-  std::vector<size_t> next_digit_;     // First digit at begin + t or later.
+  std::vector<int> depth_;           // Balance of s[begin, begin + t).
+  std::vector<int> min_depth_from_;  // Least depth_ at t or later.
+  std::vector<size_t> next_digit_;   // First digit at begin + t or later.
 };
 
 std::vector<ExprMatch> FindExprs(absl::string_view s) {
@@ -281,10 +278,10 @@ std::vector<ExprMatch> FindExprs(absl::string_view s) {
       ++i;
       continue;
     }
-    const bool anchored =
-        i == 0 || IsSpace(s[i - 1]) || s[i - 1] == '=' || s[i - 1] == '*' ||
-        (kCurrency.find(s[i - 1]) != absl::string_view::npos &&
-         (i < 2 || IsSpace(s[i - 2]) || s[i - 2] == '=' || static_cast<unsigned char>(s[i - 2]) >= 0x80));
+    const bool anchored = i == 0 || IsSpace(s[i - 1]) || s[i - 1] == '=' || s[i - 1] == '*' ||
+                          (kCurrency.find(s[i - 1]) != absl::string_view::npos &&
+                           (i < 2 || IsSpace(s[i - 2]) || s[i - 2] == '=' ||
+                            static_cast<unsigned char>(s[i - 2]) >= 0x80));
     if (!anchored || (i > 0 && IsDigit(s[i - 1]))) {
       ++i;
       continue;
@@ -350,8 +347,8 @@ int AnchorPriority(absl::string_view s, size_t start, size_t end, bool* anchored
   if (trimmed.size() >= 3 && absl::EndsWithIgnoreCase(trimmed, " is")) {
     // Only a match within 120 bytes counts: searching further back finds
     // nothing that could (and made ranking quadratic in the text's length).
-    const size_t final_answer = RFindIgnoreCase(
-        s, "final answer", trimmed.size(), trimmed.size() > 120 ? trimmed.size() - 120 : 0);
+    const size_t final_answer = RFindIgnoreCase(s, "final answer", trimmed.size(),
+                                                trimmed.size() > 120 ? trimmed.size() - 120 : 0);
     if (final_answer != absl::string_view::npos && trimmed.size() - final_answer <= 120) {
       absl::string_view after = s.substr(end, 12);
       absl::ConsumePrefix(&after, ".");
@@ -375,6 +372,11 @@ int AnchorPriority(absl::string_view s, size_t start, size_t end, bool* anchored
   return 300;
 }
 
+// The source of a candidate AnchorPriority found anchored at `priority`.
+AnswerSource AnchorSource(int priority) {
+  return priority == 100 ? AnswerSource::kAnswerColon : AnswerSource::kAnswerIs;
+}
+
 // The whole of `text` as one answer (MathCompareOptions::gold_is_answer);
 // nullopt when it does not parse as one, reads as prose, or boxes its answer
 // ("\boxed{1}\boxed{2}" is two boxed answers, not their product).
@@ -387,7 +389,8 @@ std::optional<ExtractedAnswer> WholeAnswer(absl::string_view text) {
   absl::StatusOr<LatexExpr> parsed = math::ParseLatexAnswer(whole);
   if (!parsed.ok()) return std::nullopt;
   ExtractedAnswer side;
-  side.answer = std::string(whole);
+  side.text = std::string(whole);
+  side.source = AnswerSource::kWholeText;
   side.fallback = NormalizeAnswerString(whole);
   side.normalized = parsed->DebugString();
   side.parsed = std::move(*parsed);
@@ -396,15 +399,14 @@ std::optional<ExtractedAnswer> WholeAnswer(absl::string_view text) {
 
 }  // namespace
 
-// One pass with a stack of the boxes open.
-std::vector<Span> FindBoxes(absl::string_view s) {
+void ScanBoxes(absl::string_view s, bool space_before_brace,
+               absl::FunctionRef<void(const BoxMatch&)> visit) {
   struct Open {
     size_t start;
     size_t content_start;
     size_t depth;
   };
   std::vector<Open> open;
-  std::vector<Span> boxes;
   size_t depth = 0;
   for (size_t i = 0; i < s.size(); ++i) {
     const char c = s[i];
@@ -417,7 +419,7 @@ std::vector<Span> FindBoxes(absl::string_view s) {
       if (absl::StartsWith(rest, "fbox")) name = 4;
       if (name > 0) {
         size_t k = j + name;
-        while (k < s.size() && s[k] == ' ') ++k;
+        while (space_before_brace && k < s.size() && s[k] == ' ') ++k;
         if (k < s.size() && s[k] == '{') {
           open.push_back({i, k + 1, depth});
           ++depth;
@@ -435,26 +437,34 @@ std::vector<Span> FindBoxes(absl::string_view s) {
       if (!open.empty() && open.back().depth == depth) {
         const Open box = open.back();
         open.pop_back();
-        if (!open.empty()) continue;  // Nested: the outer box holds it.
-        // Drop boxes inside this one (kept when closed first).
-        while (!boxes.empty() && boxes.back().start > box.start) boxes.pop_back();
-        Span span{box.start, i + 1, s.substr(box.content_start, i - box.content_start)};
-        if (!absl::StripAsciiWhitespace(span.content).empty()) boxes.push_back(span);
+        visit({box.start, box.content_start, i + 1, !open.empty()});
       }
     }
   }
+}
+
+std::vector<Span> FindBoxes(absl::string_view s) {
+  std::vector<Span> boxes;
+  ScanBoxes(s, /*space_before_brace=*/true, [&](const BoxMatch& box) {
+    if (box.nested) return;  // The outer box holds it.
+    // Drop boxes inside this one (kept when closed first).
+    while (!boxes.empty() && boxes.back().start > box.start) boxes.pop_back();
+    Span span{box.start, box.end, s.substr(box.content_start, box.end - 1 - box.content_start)};
+    if (!absl::StripAsciiWhitespace(span.content).empty()) boxes.push_back(span);
+  });
   return boxes;
 }
 
 std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
                                               const MathCompareOptions& options) {
   std::vector<RankedCandidate> out;
-  auto add = [&](std::string text, bool percent, int priority, size_t start, size_t end,
-                 bool latex) {
+  auto add = [&](std::string text, bool percent, int priority, size_t start, size_t end, bool latex,
+                 AnswerSource source) {
     RankedCandidate candidate;
     candidate.candidate = {std::move(text), percent, priority, end};
     candidate.start = start;
     candidate.latex = latex;
+    candidate.source = source;
     out.push_back(std::move(candidate));
   };
   // GSM8K: the last "#### N".
@@ -466,7 +476,8 @@ std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
     }
     line = absl::StripAsciiWhitespace(line);
     if (!line.empty() && line.size() <= math::kMaxLatexBytes) {
-      add(std::string(line), false, 0, hashes, hashes + 4 + line.size(), true);
+      add(std::string(line), false, 0, hashes, hashes + 4 + line.size(), true,
+          AnswerSource::kHashes);
     }
   }
   if (options.match_latex) {
@@ -475,19 +486,20 @@ std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
     if (!boxes.empty()) {
       size_t first = boxes.size() - 1;
       while (first > 0 && boxes.size() - first < 8 &&
-             ShortConnective(s.substr(boxes[first - 1].end,
-                                      boxes[first].start - boxes[first - 1].end))) {
+             ShortConnective(
+                 s.substr(boxes[first - 1].end, boxes[first].start - boxes[first - 1].end))) {
         --first;
       }
       const size_t last = boxes.size() - 1;
       size_t after = boxes[last].end;
-      while (after < s.size() && (s[after] == '}' || s[after] == ' ' || s[after] == '$' ||
-                                  s[after] == '.')) {
+      while (after < s.size() &&
+             (s[after] == '}' || s[after] == ' ' || s[after] == '$' || s[after] == '.')) {
         ++after;
       }
       if (s.substr(after, 2) == "\\)" || s.substr(after, 2) == "\\]") after += 2;
-      add(JoinContents(boxes, first, last), PercentAfter(s, after) || PercentAfter(s, boxes[last].end),
-          0, boxes[first].start, boxes[last].end, true);
+      add(JoinContents(boxes, first, last),
+          PercentAfter(s, after) || PercentAfter(s, boxes[last].end), 0, boxes[first].start,
+          boxes[last].end, true, AnswerSource::kBoxed);
     }
     // Math spans, runs joined by ",", "and", "or" (up to six).
     const std::vector<Span> spans = FindMathSpans(s);
@@ -509,10 +521,10 @@ std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
       bool anchored = false;
       const int priority = AnchorPriority(s, spans[k].start, spans[last].end, &anchored);
       add(JoinContents(spans, k, last), spans[last].percent, priority, spans[k].start,
-          spans[last].end, true);
+          spans[last].end, true, anchored ? AnchorSource(priority) : AnswerSource::kMathSpan);
       if (anchored) {
-        add(JoinContents(spans, k, last), spans[last].percent, 300, spans[k].start,
-            spans[last].end, true);
+        add(JoinContents(spans, k, last), spans[last].percent, 300, spans[k].start, spans[last].end,
+            true, AnswerSource::kMathSpan);
       }
       k = last + 1;
     }
@@ -521,8 +533,12 @@ std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
     for (ExprMatch& match : FindExprs(s)) {
       bool anchored = false;
       const int priority = AnchorPriority(s, match.start, match.end, &anchored);
-      if (anchored) add(match.text, match.percent, priority, match.start, match.end, false);
-      add(std::move(match.text), match.percent, 300, match.start, match.end, false);
+      if (anchored) {
+        add(match.text, match.percent, priority, match.start, match.end, false,
+            AnchorSource(priority));
+      }
+      add(std::move(match.text), match.percent, 300, match.start, match.end, false,
+          AnswerSource::kLastNumber);
     }
   }
   // Sorts indices, then moves each candidate once: sorting the candidates
@@ -557,7 +573,7 @@ std::vector<RankedCandidate> RankedCandidates(absl::string_view s,
       run = IsLetter(whole[i]) ? run + 1 : 0;
       if (run >= 3) prose = true;
     }
-    if (!prose) add(std::string(whole), false, 400, 0, s.size(), true);
+    if (!prose) add(std::string(whole), false, 400, 0, s.size(), true, AnswerSource::kWholeText);
   }
   return out;
 }
@@ -602,8 +618,8 @@ std::string NormalizeAnswerString(absl::string_view text) {
   return out;
 }
 
-ExtractedAnswer ExtractAnswer(absl::string_view text, const MathCompareOptions& options,
-                              bool whole_first) {
+ExtractedAnswer ExtractParsedAnswer(absl::string_view text, const MathCompareOptions& options,
+                                    bool whole_first) {
   text = CutInput(text);
   if (whole_first) {
     if (std::optional<ExtractedAnswer> whole = WholeAnswer(text)) return *std::move(whole);
@@ -616,7 +632,8 @@ ExtractedAnswer ExtractAnswer(absl::string_view text, const MathCompareOptions& 
     const MathAnswerCandidate& candidate = ranked.candidate;
     if (side.fallback.empty()) {
       side.fallback = NormalizeAnswerString(candidate.text);
-      side.answer = candidate.text;
+      side.text = candidate.text;
+      side.source = ranked.source;
     }
     if (!ranked.latex &&
         std::any_of(failed_latex.begin(), failed_latex.end(), [&](const auto& span) {
@@ -632,7 +649,8 @@ ExtractedAnswer ExtractAnswer(absl::string_view text, const MathCompareOptions& 
       if (ranked.latex) failed_latex.push_back({ranked.start, candidate.end});
       continue;
     }
-    side.answer = candidate.text;
+    side.text = candidate.text;
+    side.source = ranked.source;
     side.percent = candidate.percent;
     side.normalized = parsed->DebugString();
     side.parsed = std::move(*parsed);
@@ -642,8 +660,9 @@ ExtractedAnswer ExtractAnswer(absl::string_view text, const MathCompareOptions& 
   // A bare answer with nothing to extract ("no solution") is still compared
   // as a string.
   if (whole_first && side.fallback.empty()) {
-    side.answer = std::string(absl::StripAsciiWhitespace(text));
-    side.fallback = NormalizeAnswerString(side.answer);
+    side.text = std::string(absl::StripAsciiWhitespace(text));
+    side.source = AnswerSource::kWholeText;
+    side.fallback = NormalizeAnswerString(side.text);
   }
   side.normalized = side.fallback;
   if (side.error.empty()) side.error = "no answer found";

@@ -20,8 +20,7 @@
 namespace sluice::reward_server {
 namespace {
 
-using internal::ExtractAnswer;
-using internal::ExtractedAnswer;
+using internal::ExtractParsedAnswer;
 using internal::GinacMutex;
 using internal::kMaxItems;
 using internal::SymbolTable;
@@ -460,10 +459,10 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
   MathComparison result;
   MathCompareOptions checked = options;
   if (!checked.Validate().ok()) checked = MathCompareOptions();
-  ExtractedAnswer g = ExtractAnswer(gold, checked, /*whole_first=*/checked.gold_is_answer);
-  ExtractedAnswer p = ExtractAnswer(prediction, checked);
-  result.gold_answer = g.answer;
-  result.prediction_answer = p.answer;
+  ExtractedAnswer g = ExtractParsedAnswer(gold, checked, /*whole_first=*/checked.gold_is_answer);
+  ExtractedAnswer p = ExtractParsedAnswer(prediction, checked);
+  result.gold_answer = g.text;
+  result.prediction_answer = p.text;
   result.gold_normalized = g.normalized;
   result.prediction_normalized = p.normalized;
   if (g.too_large || p.too_large) {
@@ -509,7 +508,7 @@ MathComparison CompareMathAnswers(absl::string_view gold, absl::string_view pred
 
 absl::StatusOr<std::string> ParseMathAnswerForFuzzing(absl::string_view text) {
   MathCompareOptions options;
-  ExtractedAnswer side = ExtractAnswer(text, options);
+  ExtractedAnswer side = ExtractParsedAnswer(text, options);
   if (!side.parsed) {
     if (side.too_large) return absl::ResourceExhaustedError(side.error);
     return absl::NotFoundError(side.error);

@@ -15,6 +15,8 @@ packages=(
   # Tensors. Without libopenblas0-pthread LibTorch falls back to the reference
   # BLAS (~2 GFLOP/s instead of ~100 on two cores).
   libtorch-dev libopenblas0-pthread
+  # The trainer's ranks: gloo's headers, which LibTorch's c10d ProcessGroupGloo.hpp includes.
+  libgloo-dev
   # Observability, config, CLI, logging.
   prometheus-cpp-dev libyaml-cpp-dev nlohmann-json3-dev libcli11-dev libspdlog-dev libfmt-dev
   # Reward server: GiNaC for symbolic math equivalence; bubblewrap and

@@ -10,6 +10,26 @@
 #include "trainer/ranks/trainer_group.h"
 
 namespace sluice::trainer::ranks {
+namespace {
+
+// Elements [begin, end) of `tensors` flattened one after another, into
+// `out` (at least end - begin elements).
+void CopySlice(const std::vector<at::Tensor>& tensors, int64_t begin, int64_t end,
+               const torch::Tensor& out) {
+  int64_t offset = 0;
+  for (const torch::Tensor& t : tensors) {
+    const int64_t n = t.numel();
+    const int64_t from = std::max(offset, begin);
+    const int64_t to = std::min(offset + n, end);
+    if (from < to) {
+      out.narrow(0, from - begin, to - from)
+          .copy_(t.detach().reshape({-1}).narrow(0, from - offset, to - from));
+    }
+    offset += n;
+  }
+}
+
+}  // namespace
 
 // This rank's slice: its float32 master copy and AdamW's moments, padded to
 // shard_size_ so that every rank's slice has the same size (all-gather).
@@ -30,17 +50,7 @@ ShardedAdamW::ShardedAdamW(std::vector<at::Tensor> params, ShardedAdamWOptions o
   shard_end_ = std::min(total_, shard_begin_ + shard_size_);
   torch::NoGradGuard no_grad;
   state_->master = torch::zeros({shard_size_}, torch::kFloat32);
-  int64_t offset = 0;
-  for (const torch::Tensor& p : params_) {
-    const int64_t n = p.numel();
-    const int64_t from = std::max(offset, shard_begin_);
-    const int64_t to = std::min(offset + n, shard_end_);
-    if (from < to) {
-      state_->master.narrow(0, from - shard_begin_, to - from)
-          .copy_(p.detach().reshape({-1}).narrow(0, from - offset, to - from));
-    }
-    offset += n;
-  }
+  CopySlice(params_, shard_begin_, shard_end_, state_->master);
   state_->exp_avg = torch::zeros_like(state_->master);
   state_->exp_avg_sq = torch::zeros_like(state_->master);
   state_->gathered = torch::zeros({shard_size_ * world}, torch::kFloat32);
@@ -79,17 +89,7 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
 
   // This rank's slice of the gradient.
   torch::Tensor grad = torch::zeros({shard_size_}, torch::kFloat32);
-  int64_t offset = 0;
-  for (const torch::Tensor& g : grads) {
-    const int64_t n = g.numel();
-    const int64_t from = std::max(offset, shard_begin_);
-    const int64_t to = std::min(offset + n, shard_end_);
-    if (from < to) {
-      grad.narrow(0, from - shard_begin_, to - from)
-          .copy_(g.reshape({-1}).narrow(0, from - offset, to - from));
-    }
-    offset += n;
-  }
+  CopySlice(grads, shard_begin_, shard_end_, grad);
   if (scale != 1.0) grad.mul_(scale);
 
   // AdamW (decoupled weight decay), as torch::optim::AdamW without amsgrad.
@@ -105,7 +105,7 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
 
   // Every rank's updated slice into every rank's parameters.
   RETURN_IF_ERROR(group_.AllGather(state_->master, state_->gathered));
-  offset = 0;
+  int64_t offset = 0;
   for (torch::Tensor& param : params_) {
     const int64_t n = param.numel();
     param.detach().copy_(state_->gathered.narrow(0, offset, n).view_as(param));

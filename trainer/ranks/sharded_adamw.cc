@@ -6,6 +6,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "trainer/ranks/trainer_group.h"
 
@@ -31,13 +32,27 @@ void CopySlice(const std::vector<at::Tensor>& tensors, int64_t begin, int64_t en
 
 }  // namespace
 
+// Parameters whose gradients are summed as one flat tensor.
+struct ShardedAdamW::Bucket {
+  torch::Tensor flat;
+  std::vector<size_t> params;                     // Indices into params_.
+  std::vector<int64_t> offsets;                   // Of each in flat.
+  size_t pending = 0;                             // Gradients of this backward not yet in flat.
+  std::unique_ptr<TrainerGroup::PendingSum> sum;  // Set once launched.
+};
+
 // This rank's slice: its float32 master copy and AdamW's moments, padded to
 // shard_size_ so that every rank's slice has the same size (all-gather).
 struct ShardedAdamW::State {
   torch::Tensor master;
   torch::Tensor exp_avg;
   torch::Tensor exp_avg_sq;
-  torch::Tensor gathered;  // world_size * shard_size_: every rank's slice.
+  torch::Tensor gathered;                        // world_size * shard_size_: every rank's slice.
+  std::vector<Bucket> buckets;                   // In launch order: the last parameters first.
+  std::vector<std::pair<size_t, size_t>> place;  // Per parameter: bucket, slot.
+  std::vector<Bucket*> launched;                 // In the order launched (bucket order).
+  size_t next_launch = 0;                        // The first bucket not launched.
+  absl::Time first_launch;
 };
 
 ShardedAdamW::ShardedAdamW(std::vector<at::Tensor> params, ShardedAdamWOptions options,
@@ -54,9 +69,108 @@ ShardedAdamW::ShardedAdamW(std::vector<at::Tensor> params, ShardedAdamWOptions o
   state_->exp_avg = torch::zeros_like(state_->master);
   state_->exp_avg_sq = torch::zeros_like(state_->master);
   state_->gathered = torch::zeros({shard_size_ * world}, torch::kFloat32);
+
+  // Buckets in reverse parameter order (backward reaches the last layers
+  // first), each at most bucket_bytes but at least one parameter.
+  state_->place.resize(params_.size());
+  for (size_t i = params_.size(); i-- > 0;) {
+    const int64_t bytes = params_[i].numel() * static_cast<int64_t>(sizeof(float));
+    if (state_->buckets.empty() ||
+        (state_->buckets.back().flat.numel() * static_cast<int64_t>(sizeof(float)) + bytes >
+         options_.bucket_bytes)) {
+      state_->buckets.emplace_back();
+      state_->buckets.back().flat = torch::zeros({0}, torch::kFloat32);
+    }
+    Bucket& bucket = state_->buckets.back();
+    state_->place[i] = {state_->buckets.size() - 1, bucket.params.size()};
+    bucket.params.push_back(i);
+    bucket.offsets.push_back(bucket.flat.numel());
+    bucket.flat = torch::zeros({bucket.flat.numel() + params_[i].numel()}, torch::kFloat32);
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    hooks_.push_back(
+        params_[i].register_hook([this, i](const at::Tensor& grad) { OnGradient(i, grad); }));
+  }
 }
 
-ShardedAdamW::~ShardedAdamW() = default;
+ShardedAdamW::~ShardedAdamW() {
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(hooks_[i]);
+  // A reduction still running writes into the buckets: let it end.
+  for (Bucket* bucket : state_->launched) bucket->sum.reset();
+}
+
+void ShardedAdamW::ReduceDuringNextBackward() {
+  for (Bucket* bucket : state_->launched) bucket->sum.reset();
+  state_->launched.clear();
+  state_->next_launch = 0;
+  for (Bucket& bucket : state_->buckets) bucket.pending = bucket.params.size();
+  armed_ = true;
+}
+
+void ShardedAdamW::OnGradient(size_t index, const at::Tensor& grad) {
+  if (!armed_) return;
+  torch::NoGradGuard no_grad;
+  const auto [b, slot] = state_->place[index];
+  Bucket& bucket = state_->buckets[b];
+  if (bucket.sum != nullptr) return;  // Launched already (a second backward).
+  const torch::Tensor& param = params_[index];
+  torch::Tensor target = bucket.flat.narrow(0, bucket.offsets[slot], param.numel());
+  // Earlier micro-batches' gradients are in param.grad(); this pass's is
+  // added to them after this hook.
+  if (param.grad().defined()) {
+    torch::add_out(target, param.grad().reshape({-1}), grad.reshape({-1}));
+  } else {
+    target.copy_(grad.reshape({-1}));
+  }
+  --bucket.pending;
+  // Buckets are launched in bucket order, each once all before it are: the
+  // engine may hand two ready gradients to the hooks in either order, and
+  // every rank must start its sums in the same one. (A failed launch shows
+  // again when Step() finds the bucket not launched.)
+  while (state_->next_launch < state_->buckets.size() &&
+         state_->buckets[state_->next_launch].pending == 0) {
+    if (!LaunchBucket(state_->buckets[state_->next_launch]).ok()) return;
+  }
+}
+
+absl::Status ShardedAdamW::LaunchBucket(Bucket& bucket) {
+  if (state_->launched.empty()) state_->first_launch = absl::Now();
+  ASSIGN_OR_RETURN(bucket.sum, group_.StartAllReduceSum(bucket.flat));
+  state_->launched.push_back(&bucket);
+  ++state_->next_launch;
+  return absl::OkStatus();
+}
+
+absl::Status ShardedAdamW::FinishReduction(const std::vector<at::Tensor>& grads) {
+  const absl::Time backward_done = absl::Now();
+  // The buckets not launched during backward (a parameter without a
+  // gradient this pass, and those after it), in bucket order.
+  for (size_t b = state_->next_launch; b < state_->buckets.size(); ++b) {
+    Bucket& bucket = state_->buckets[b];
+    for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
+      bucket.flat.narrow(0, bucket.offsets[slot], grads[bucket.params[slot]].numel())
+          .copy_(grads[bucket.params[slot]].reshape({-1}));
+    }
+    RETURN_IF_ERROR(LaunchBucket(bucket));
+  }
+  for (Bucket* bucket : state_->launched) {
+    RETURN_IF_ERROR(bucket->sum->Wait());
+    for (size_t slot = 0; slot < bucket->params.size(); ++slot) {
+      const at::Tensor& grad = grads[bucket->params[slot]];
+      grad.copy_(bucket->flat.narrow(0, bucket->offsets[slot], grad.numel()).view_as(grad));
+    }
+  }
+  const absl::Time done = absl::Now();
+  const double window = absl::ToDoubleSeconds(done - state_->first_launch);
+  timings_.reduce_seconds = absl::ToDoubleSeconds(done - backward_done);
+  timings_.reduce_window_seconds = window;
+  timings_.overlap_fraction = window > 0 ? 1 - timings_.reduce_seconds / window : 0;
+  for (Bucket* bucket : state_->launched) bucket->sum.reset();
+  state_->launched.clear();
+  state_->next_launch = 0;
+  armed_ = false;
+  return absl::OkStatus();
+}
 
 void ShardedAdamW::ZeroGrad() {
   for (torch::Tensor& p : params_) {
@@ -76,7 +190,17 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
     if (!p.grad().defined()) p.mutable_grad() = torch::zeros_like(p);
     grads.push_back(p.grad());
   }
-  RETURN_IF_ERROR(group_.AllReduceSum(grads, options_.bucket_bytes));
+  timings_ = ShardedStepTimings();
+  absl::Time start = absl::Now();
+  if (armed_) {
+    RETURN_IF_ERROR(FinishReduction(grads));
+  } else {
+    RETURN_IF_ERROR(group_.AllReduceSum(grads, options_.bucket_bytes));
+    timings_.reduce_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    timings_.reduce_window_seconds = timings_.reduce_seconds;
+  }
+  timings_.reduced_bytes = total_ * static_cast<int64_t>(sizeof(float));
+  start = absl::Now();
 
   // Every rank holds the summed gradients: each computes the same norm.
   double norm_squared = 0;
@@ -103,7 +227,10 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
   const torch::Tensor denom = (state_->exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(options_.eps);
   p.addcdiv_(state_->exp_avg, denom, -options_.lr / bias1);
 
+  timings_.update_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+
   // Every rank's updated slice into every rank's parameters.
+  start = absl::Now();
   RETURN_IF_ERROR(group_.AllGather(state_->master, state_->gathered));
   int64_t offset = 0;
   for (torch::Tensor& param : params_) {
@@ -111,6 +238,8 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
     param.detach().copy_(state_->gathered.narrow(0, offset, n).view_as(param));
     offset += n;
   }
+  timings_.gather_seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  timings_.gathered_bytes = state_->gathered.numel() * static_cast<int64_t>(sizeof(float));
   return absl::OkStatus();
 }
 

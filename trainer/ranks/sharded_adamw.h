@@ -44,6 +44,23 @@ struct ShardedAdamWOptions {
   int64_t bucket_bytes = 25 << 20;
 };
 
+// What the last Step() spent where, on this rank.
+struct ShardedStepTimings {
+  // Summing the gradients over the ranks: the time Step() spent on it, and
+  // the time from its first bucket's start to its end (the same unless it
+  // ran during backward).
+  double reduce_seconds = 0;
+  double reduce_window_seconds = 0;
+  double update_seconds = 0;  // Clipping and AdamW on this rank's slice.
+  double gather_seconds = 0;  // Gathering every slice into the parameters.
+  // Of the gradients' reduction, the fraction that ran while backward did
+  // (ReduceDuringNextBackward): 1 - the time Step() waited for it over the
+  // time from its first bucket's start to its end. 0 when it ran in Step().
+  double overlap_fraction = 0;
+  int64_t reduced_bytes = 0;   // Gradient bytes all-reduced.
+  int64_t gathered_bytes = 0;  // Parameter bytes all-gathered (every rank's slice).
+};
+
 class ShardedAdamW {
  public:
   // `params`: the model's float32 parameters, the same shapes in the same
@@ -53,6 +70,13 @@ class ShardedAdamW {
   ~ShardedAdamW();
 
   void ZeroGrad();
+  // Reduces the gradients in buckets while the next backward pass computes
+  // them, as DDP's reducer does: each bucket (parameters in reverse order,
+  // at most bucket_bytes) is summed over the ranks as soon as backward has
+  // produced all of its gradients, and Step() waits for what is left. Call
+  // it before the last micro-batch's backward (earlier ones accumulate
+  // locally); without it, Step() reduces everything itself.
+  void ReduceDuringNextBackward();
   // Sums the gradients over the ranks, clips them, updates this rank's
   // slice and gathers every slice into the parameters. Returns the global
   // gradient norm before clipping. UNAVAILABLE when a collective fails (a
@@ -65,13 +89,21 @@ class ShardedAdamW {
   int64_t shard_begin() const { return shard_begin_; }
   int64_t shard_end() const { return shard_end_; }
   // Bytes of optimizer state this rank holds: its master slice and the two
-  // moments (0 before the first step allocates the moments' storage is not
-  // the case: they are allocated up front).
+  // moments, allocated up front.
   int64_t state_bytes() const;
   int64_t steps() const { return steps_; }
+  const ShardedStepTimings& last_step() const { return timings_; }
 
  private:
   struct State;
+  struct Bucket;
+  // A gradient hook: parameter `index`'s gradient of this backward pass.
+  void OnGradient(size_t index, const at::Tensor& grad);
+  absl::Status LaunchBucket(Bucket& bucket);
+  // Launches the buckets backward did not complete, waits for all, and
+  // puts the sums into `grads`.
+  absl::Status FinishReduction(const std::vector<at::Tensor>& grads);
+
   std::vector<at::Tensor> params_;
   ShardedAdamWOptions options_;
   TrainerGroup& group_;
@@ -80,7 +112,10 @@ class ShardedAdamW {
   int64_t shard_begin_ = 0;
   int64_t shard_end_ = 0;
   int64_t steps_ = 0;
+  ShardedStepTimings timings_;
   std::unique_ptr<State> state_;
+  bool armed_ = false;           // ReduceDuringNextBackward was called.
+  std::vector<unsigned> hooks_;  // One per parameter, removed on destruction.
 };
 
 }  // namespace sluice::trainer::ranks

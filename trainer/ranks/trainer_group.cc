@@ -184,6 +184,49 @@ absl::Status TrainerGroup::AllReduceSum(const std::vector<at::Tensor>& tensors,
   return absl::OkStatus();
 }
 
+struct TrainerGroup::PendingSum::Work {
+  c10::intrusive_ptr<c10d::Work> work;  // Null alone.
+};
+
+TrainerGroup::PendingSum::PendingSum(std::unique_ptr<Work> work, int rank, absl::Duration timeout)
+    : work_(std::move(work)), rank_(rank), timeout_(timeout) {}
+
+TrainerGroup::PendingSum::~PendingSum() {
+  // A sum never waited for must still finish before its tensor goes away.
+  if (work_ != nullptr && work_->work) Wait().IgnoreError();
+}
+
+absl::Status TrainerGroup::PendingSum::Wait() {
+  if (work_ == nullptr || !work_->work) return absl::OkStatus();
+  const c10::intrusive_ptr<c10d::Work> work = std::move(work_->work);
+  try {
+    work->wait();
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank_,
+                     ": an all-reduce of the trainer group failed (a rank is gone or "
+                     "did not answer within ",
+                     absl::FormatDuration(timeout_), "): ", Short(e)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<TrainerGroup::PendingSum>> TrainerGroup::StartAllReduceSum(
+    const at::Tensor& flat) {
+  auto work = std::make_unique<PendingSum::Work>();
+  if (backend_ != nullptr) {
+    try {
+      std::vector<at::Tensor> tensors = {flat};
+      work->work = backend_->group->allreduce(tensors);
+    } catch (const std::exception& e) {
+      return absl::UnavailableError(absl::StrCat(
+          "rank ", config_.rank, ": an all-reduce of the trainer group failed: ", Short(e)));
+    }
+  }
+  return std::unique_ptr<PendingSum>(
+      new PendingSum(std::move(work), config_.rank, config_.timeout));
+}
+
 absl::Status TrainerGroup::AllGather(const at::Tensor& mine, const at::Tensor& all) {
   if (backend_ == nullptr) {
     all.copy_(mine.reshape({-1}));

@@ -48,6 +48,27 @@ class TrainerGroup {
   // timeout when a rank does not take part in time.
   absl::Status AllReduceSum(const std::vector<at::Tensor>& tensors,
                             int64_t bucket_bytes = 25 << 20);
+  // A sum over the ranks started and not yet waited for: gloo runs it on its
+  // own threads while the caller goes on (the trainer's backward pass).
+  class PendingSum {
+   public:
+    ~PendingSum();
+    // Blocks until the sum is in the tensor it was started on.
+    // UNAVAILABLE as AllReduceSum.
+    absl::Status Wait();
+
+   private:
+    friend class TrainerGroup;
+    struct Work;
+    PendingSum(std::unique_ptr<Work> work, int rank, absl::Duration timeout);
+    std::unique_ptr<Work> work_;
+    int rank_;
+    absl::Duration timeout_;
+  };
+  // Starts summing one flat float32 tensor over the ranks, in place. Every
+  // rank must start its sums in the same order. Alone: nothing to wait for.
+  absl::StatusOr<std::unique_ptr<PendingSum>> StartAllReduceSum(const at::Tensor& flat);
+
   // Every rank's `mine` (the same shape on each), in rank order, into
   // `all` (world_size times mine's elements).
   absl::Status AllGather(const at::Tensor& mine, const at::Tensor& all);

@@ -4,9 +4,16 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
 #include <utility>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/model/safetensors.h"
 #include "common/status_macros.h"
 #include "trainer/ranks/trainer_group.h"
 
@@ -240,6 +247,119 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
   }
   timings_.gather_seconds = absl::ToDoubleSeconds(absl::Now() - start);
   timings_.gathered_bytes = state_->gathered.numel() * static_cast<int64_t>(sizeof(float));
+  return absl::OkStatus();
+}
+
+namespace {
+
+constexpr const char* kStateNames[] = {"master", "exp_avg", "exp_avg_sq"};
+
+std::string ShardFileName(int rank, int world) {
+  return absl::StrCat("optimizer-rank-", rank, "-of-", world, ".safetensors");
+}
+
+absl::string_view Bytes(const torch::Tensor& t) {
+  return absl::string_view(static_cast<const char*>(t.data_ptr()),
+                           static_cast<size_t>(t.numel()) * sizeof(float));
+}
+
+}  // namespace
+
+absl::Status ShardedAdamW::SaveShard(const std::string& dir) const {
+  std::error_code error;
+  std::filesystem::create_directories(dir, error);
+  const int64_t n = shard_end_ - shard_begin_;
+  const torch::Tensor pieces[] = {state_->master.narrow(0, 0, n).contiguous(),
+                                  state_->exp_avg.narrow(0, 0, n).contiguous(),
+                                  state_->exp_avg_sq.narrow(0, 0, n).contiguous()};
+  std::vector<sluice::model::TensorToWrite> tensors;
+  for (int i = 0; i < 3; ++i) {
+    tensors.push_back({kStateNames[i], sluice::model::DType::kF32, {n}, Bytes(pieces[i])});
+  }
+  const std::map<std::string, std::string> metadata = {
+      {"world_size", absl::StrCat(group_.world_size())},
+      {"rank", absl::StrCat(group_.rank())},
+      {"parameters", absl::StrCat(total_)},
+      {"shard_begin", absl::StrCat(shard_begin_)},
+      {"shard_end", absl::StrCat(shard_end_)},
+      {"steps", absl::StrCat(steps_)}};
+  return sluice::model::WriteSafetensors(
+      (std::filesystem::path(dir) / ShardFileName(group_.rank(), group_.world_size())).string(),
+      tensors, metadata);
+}
+
+absl::Status ShardedAdamW::LoadShards(const std::string& dir) {
+  // The checkpoint's world size, from its file names.
+  const std::regex pattern(R"(optimizer-rank-(\d+)-of-(\d+)\.safetensors)");
+  std::map<int, int> world_sizes;  // world size -> files
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
+    std::smatch match;
+    const std::string name = entry.path().filename().string();
+    if (std::regex_match(name, match, pattern)) ++world_sizes[std::stoi(match[2].str())];
+  }
+  if (error || world_sizes.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no optimizer shards (optimizer-rank-R-of-N.safetensors) in ", dir,
+                     error ? absl::StrCat(": ", error.message()) : ""));
+  }
+  if (world_sizes.size() > 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " holds optimizer shards of ", world_sizes.begin()->first, " and of ",
+                     world_sizes.rbegin()->first, " ranks: one checkpoint per directory"));
+  }
+  const int old_world = world_sizes.begin()->first;
+  torch::NoGradGuard no_grad;
+  int64_t steps = -1;
+  for (int old_rank = 0; old_rank < old_world; ++old_rank) {
+    const std::string path =
+        (std::filesystem::path(dir) / ShardFileName(old_rank, old_world)).string();
+    auto file = sluice::model::SafetensorsFile::Open(path);
+    if (!file.ok()) {
+      return absl::FailedPreconditionError(absl::StrCat("the optimizer checkpoint of ", old_world,
+                                                        " ranks in ", dir, " lacks rank ", old_rank,
+                                                        "'s shard: ", file.status().message()));
+    }
+    const std::map<std::string, std::string>& meta = (*file)->metadata();
+    int64_t parameters = 0, begin = 0, end = 0, file_steps = 0;
+    const auto number = [&meta](const char* key, int64_t* out) {
+      auto it = meta.find(key);
+      return it != meta.end() && absl::SimpleAtoi(it->second, out);
+    };
+    if (!number("parameters", &parameters) || !number("shard_begin", &begin) ||
+        !number("shard_end", &end) || !number("steps", &file_steps) || begin < 0 || end < begin) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is not an optimizer shard of a trainer group (its metadata)"));
+    }
+    if (parameters != total_) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " holds the optimizer state of a model of ", parameters,
+                       " parameters; this model has ", total_));
+    }
+    if (steps >= 0 && file_steps != steps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, " is at step ", file_steps, ", the checkpoint's other shards at ", steps));
+    }
+    steps = file_steps;
+    const int64_t from = std::max(begin, shard_begin_);
+    const int64_t to = std::min(end, shard_end_);
+    if (from >= to) continue;
+    torch::Tensor* targets[] = {&state_->master, &state_->exp_avg, &state_->exp_avg_sq};
+    for (int i = 0; i < 3; ++i) {
+      const sluice::model::TensorView* view = (*file)->Find(kStateNames[i]);
+      if (view == nullptr || view->dtype != sluice::model::DType::kF32 ||
+          view->num_elements() != end - begin) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            path, ": its ", kStateNames[i], " is missing or not ", end - begin, " float32 values"));
+      }
+      // The view is not aligned in general: copy bytes.
+      std::memcpy(static_cast<char*>(targets[i]->data_ptr()) +
+                      (from - shard_begin_) * static_cast<int64_t>(sizeof(float)),
+                  view->data.data() + (from - begin) * static_cast<int64_t>(sizeof(float)),
+                  static_cast<size_t>(to - from) * sizeof(float));
+    }
+  }
+  steps_ = steps;
   return absl::OkStatus();
 }
 

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -84,6 +85,21 @@ class ShardedAdamW {
   // from a checkpoint (every rank fails the same step).
   absl::Status Step(double* grad_norm = nullptr);
   void set_lr(double lr) { options_.lr = lr; }
+
+  // Checkpoints. Each rank writes its own state, atomically, to
+  // <dir>/optimizer-rank-<R>-of-<N>.safetensors: its master slice and both
+  // moments over [shard_begin, shard_end), with the world size, rank,
+  // parameter count, range and step count as metadata.
+  absl::Status SaveShard(const std::string& dir) const;
+  // Restores what SaveShard wrote into `dir`, at this group's world size or
+  // another: each rank reads the slices of the checkpoint's files that
+  // overlap its own range (its own file alone when the sizes match), so a
+  // checkpoint of N ranks resumes on M. FAILED_PRECONDITION naming the file
+  // and what disagrees when the directory holds no shards, shards of two
+  // world sizes, a rank's file is missing, a file is not one of ours, or
+  // the parameter count or step count differs from the checkpoint's (a
+  // checkpoint of another model).
+  absl::Status LoadShards(const std::string& dir);
 
   // This rank's slice of the flattened parameters: [shard_begin, shard_end).
   int64_t shard_begin() const { return shard_begin_; }

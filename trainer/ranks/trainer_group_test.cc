@@ -5,6 +5,8 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -199,6 +201,90 @@ TEST(ShardedAdamWTest, RanksOnSharesOfABatchGiveTheWeightsOfOneRankOnAllOfIt) {
       }
     }
   }
+}
+
+// A fresh directory under the test's temporary directory.
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::filesystem::path dir = std::filesystem::path(base != nullptr ? base : "/tmp") /
+                                    absl::StrCat("sluice_ranks_", getpid(), "_", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+// Trains `steps` steps on `world` ranks from `start` weights (or the
+// model's own) and, when `load` is set, the optimizer state in it; saves
+// the shards to `save` when set. Returns rank 0's weights.
+std::vector<torch::Tensor> TrainRanks(int world, int steps, const FakeBatch& batch,
+                                      const std::vector<torch::Tensor>* start,
+                                      const std::string& load, const std::string& save,
+                                      absl::Status* load_status = nullptr) {
+  std::vector<std::vector<torch::Tensor>> results(world);
+  OnRanks(world, [&](TrainerGroup& group) {
+    torch::nn::Sequential model = Model();
+    if (start != nullptr) {
+      torch::NoGradGuard no_grad;
+      for (size_t i = 0; i < start->size(); ++i) model->parameters()[i].copy_((*start)[i]);
+    }
+    ShardedAdamWOptions options;
+    options.lr = 1e-2;
+    options.weight_decay = 0.1;
+    options.max_grad_norm = kClip;
+    ShardedAdamW optimizer(model->parameters(), options, group);
+    if (!load.empty()) {
+      absl::Status loaded = optimizer.LoadShards(load);
+      if (group.rank() == 0 && load_status != nullptr) *load_status = loaded;
+      if (!loaded.ok()) return;
+    }
+    const int64_t share = 12 / world;
+    for (int step = 0; step < steps; ++step) {
+      optimizer.ZeroGrad();
+      ShareOfLoss(model, batch, share * group.rank(), share * (group.rank() + 1)).backward();
+      ASSERT_TRUE(optimizer.Step().ok());
+    }
+    if (!save.empty()) {
+      ASSERT_TRUE(optimizer.SaveShard(save).ok());
+    }
+    results[group.rank()] = Flat(model);
+  });
+  return results[0];
+}
+
+// A checkpoint of the optimizer's shards resumes at the world size that
+// wrote it and, resharded, at another: 2 steps, a checkpoint, 2 more give
+// the weights of 4 steps straight.
+TEST(ShardedAdamWTest, ShardsResumeAtTheSameWorldSizeAndReshardToAnother) {
+  torch::manual_seed(3);
+  const FakeBatch batch;
+  const std::vector<torch::Tensor> straight = TrainRanks(2, 4, batch, nullptr, "", "");
+  const std::string dir = TempDir("shards");
+  const std::vector<torch::Tensor> half = TrainRanks(2, 2, batch, nullptr, "", dir);
+  EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer-rank-0-of-2.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/optimizer-rank-1-of-2.safetensors"));
+  for (const int world : {2, 1, 4, 3}) {
+    const std::vector<torch::Tensor> resumed = TrainRanks(world, 2, batch, &half, dir, "");
+    EXPECT_LT(MaxDifference(resumed, straight), 1e-5) << "resumed on " << world << " ranks";
+  }
+
+  // A shard missing, or the state of another model, is refused naming it.
+  std::filesystem::remove(dir + "/optimizer-rank-1-of-2.safetensors");
+  absl::Status status;
+  TrainRanks(1, 0, batch, &half, dir, "", &status);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(status.message(), HasSubstr("lacks rank 1's shard"));
+  const std::string other = TempDir("other_model");
+  {
+    torch::nn::Sequential small(torch::nn::Linear(2, 2));
+    OnRanks(1, [&](TrainerGroup& group) {
+      ShardedAdamW optimizer(small->parameters(), ShardedAdamWOptions(), group);
+      ASSERT_TRUE(optimizer.SaveShard(other).ok());
+    });
+  }
+  TrainRanks(1, 0, batch, &half, other, "", &status);
+  EXPECT_THAT(status.message(), HasSubstr("a model of 6 parameters; this model has"));
+  TrainRanks(1, 0, batch, &half, TempDir("empty"), "", &status);
+  EXPECT_THAT(status.message(), HasSubstr("no optimizer shards"));
 }
 
 TEST(TrainerGroupTest, ARankThatDisagreesOnTheWorldSizeIsRefusedNamingBoth) {

@@ -38,6 +38,7 @@ constexpr int kEvaluationPoints = 5;
 constexpr double kMaxEvaluationLog2 = 1e5;
 
 struct EvaluationTooLarge {};
+struct ZeroToNonPositivePower {};
 
 double Log2Magnitude(const GiNaC::numeric& n) {
   const double m = GiNaC::abs(n).to_double();
@@ -73,6 +74,14 @@ class BoundedEvaluation : public GiNaC::map_function {
       const GiNaC::ex exponent = exact_exponent ? e.op(1) : (*this)(e.op(1));
       if (GiNaC::is_exactly_a<GiNaC::numeric>(base) &&
           GiNaC::is_exactly_a<GiNaC::numeric>(exponent)) {
+        // 0 to a power whose real part is not positive has no value. GiNaC
+        // would throw from inside pow() and leak the power it had just
+        // allocated (a few dozen bytes per such answer, for as long as the
+        // server runs): refuse it before, as the caller refuses any
+        // evaluation that throws.
+        if (base.is_zero() && !GiNaC::real(GiNaC::ex_to<GiNaC::numeric>(exponent)).is_positive()) {
+          throw ZeroToNonPositivePower();
+        }
         const double p = GiNaC::abs(GiNaC::ex_to<GiNaC::numeric>(exponent)).to_double();
         const double b = Log2Magnitude(GiNaC::ex_to<GiNaC::numeric>(base));
         if (!(p * std::max(b, 1.0) <= kMaxEvaluationLog2)) throw EvaluationTooLarge();

@@ -9,7 +9,10 @@
 // collectives' seconds and GB/s against the loopback TCP limit measured in
 // the same run, the optimizer state per rank and the fraction of the
 // gradients' reduction that ran while backward did (buckets summed as
-// backward completes them, ShardedAdamW::ReduceDuringNextBackward).
+// backward completes them, ShardedAdamW::ReduceDuringNextBackward): one
+// extra step reduces after backward, which times the all-reduce alone, and
+// the overlap is 1 - (what the measured steps waited for it after backward)
+// / (that time).
 //
 //   bench_trainer_scaling [--ranks 1,2] [--json FILE] [--quick]
 //                         [--batch SEQUENCES] [--seq TOKENS] [--steps N]
@@ -58,8 +61,9 @@ struct Flags {
   std::string ranks = "1,2";
   std::string json_path;
   bool quick = false;
-  int batch = 8;
-  int seq = 128;
+  // A minibatch of 16 sequences of 256 tokens (4,096 tokens a step).
+  int batch = 16;
+  int seq = 256;
   int steps = 3;
   // A rank's own invocation (set by the parent).
   int rank = -1;
@@ -176,46 +180,56 @@ int RunRank(const Flags& flags) {
   double compute_seconds = 0;
   double reduce_seconds = 0;
   double gather_seconds = 0;
-  double reduce_window_seconds = 0;
-  double overlap = 0;
   int64_t comm_bytes = 0;
-  for (int step = 0; step <= flags.steps; ++step) {  // Step 0 warms up.
+  // Step 0 warms up; steps 1..steps are measured, reducing during backward;
+  // one more reduces after backward, which gives the collectives' own time
+  // (what overlap hides is measured against it).
+  double sync_reduce_seconds = 0;
+  double sync_gather_seconds = 0;
+  for (int step = 0; step <= flags.steps + 1; ++step) {
+    const bool sync = step == flags.steps + 1;
     const absl::Time start = absl::Now();
     optimizer.ZeroGrad();
     const torch::Tensor logits = (*model)->Forward(mine.slice(1, 0, flags.seq));
     const torch::Tensor logp =
         sluice::model::TokenLogProbs(logits, mine.slice(1, 1, flags.seq + 1));
-    optimizer.ReduceDuringNextBackward();
+    if (!sync) optimizer.ReduceDuringNextBackward();
     (-logp.sum() / global_tokens).backward();
     const absl::Time computed = absl::Now();
     if (absl::Status stepped = optimizer.Step(); !stepped.ok()) {
       std::cerr << "bench_trainer_scaling: " << stepped << "\n";
       return 1;
     }
+    if (sync) {
+      sync_reduce_seconds = optimizer.last_step().reduce_seconds;
+      sync_gather_seconds = optimizer.last_step().gather_seconds;
+      comm_bytes = optimizer.last_step().reduced_bytes + optimizer.last_step().gathered_bytes;
+      continue;
+    }
     if (step == 0) continue;
     step_seconds += absl::ToDoubleSeconds(absl::Now() - start);
     compute_seconds += absl::ToDoubleSeconds(computed - start);
     reduce_seconds += optimizer.last_step().reduce_seconds;
     gather_seconds += optimizer.last_step().gather_seconds;
-    overlap += optimizer.last_step().overlap_fraction;
-    reduce_window_seconds += optimizer.last_step().reduce_window_seconds;
-    comm_bytes += optimizer.last_step().reduced_bytes + optimizer.last_step().gathered_bytes;
   }
   const double steps = flags.steps;
+  const bool alone = flags.world_size == 1;
+  const double exposed = reduce_seconds / steps;
+  const double comm_seconds = sync_reduce_seconds + sync_gather_seconds;
   const json figures = {
       {"ranks", flags.world_size},
       {"rank", flags.rank},
       {"step_seconds", step_seconds / steps},
       {"compute_seconds", compute_seconds / steps},
-      {"allreduce_seconds_after_backward", reduce_seconds / steps},
-      {"allgather_seconds", gather_seconds / steps},
-      {"allreduce_seconds", reduce_window_seconds / steps},
-      {"comm_gbps", reduce_window_seconds + gather_seconds > 0
-                        ? comm_bytes / (reduce_window_seconds + gather_seconds) / 1e9
-                        : 0.0},
+      {"allreduce_seconds", alone ? 0.0 : sync_reduce_seconds},
+      {"allreduce_seconds_after_backward", alone ? 0.0 : exposed},
+      {"allgather_seconds", alone ? 0.0 : gather_seconds / steps},
+      {"comm_gbps", !alone && comm_seconds > 0 ? comm_bytes / comm_seconds / 1e9 : 0.0},
       {"tokens_per_s", step_seconds > 0 ? global_tokens * steps / step_seconds : 0.0},
       {"optimizer_state_bytes_per_rank", optimizer.state_bytes()},
-      {"overlap_fraction", flags.world_size > 1 ? overlap / steps : 0.0}};
+      {"overlap_fraction", !alone && sync_reduce_seconds > 0
+                               ? std::clamp(1 - exposed / sync_reduce_seconds, 0.0, 1.0)
+                               : 0.0}};
   std::ofstream(flags.out) << figures.dump() << "\n";
   return 0;
 }

@@ -209,18 +209,18 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
   timings_.reduced_bytes = total_ * static_cast<int64_t>(sizeof(float));
   start = absl::Now();
 
-  // Every rank holds the summed gradients: each computes the same norm.
-  double norm_squared = 0;
-  for (const torch::Tensor& g : grads) norm_squared += g.pow(2).sum().item<double>();
-  const double norm = std::sqrt(norm_squared);
+  // This rank's slice of the summed gradient; the global norm from every
+  // rank's slice (one scalar summed over the ranks), not from a pass over
+  // every gradient on every rank.
+  torch::Tensor grad = torch::zeros({shard_size_}, torch::kFloat32);
+  CopySlice(grads, shard_begin_, shard_end_, grad);
+  torch::Tensor norm_squared = torch::full({1}, grad.dot(grad).item<double>(), torch::kFloat64);
+  RETURN_IF_ERROR(group_.AllReduceSum({norm_squared}));
+  const double norm = std::sqrt(norm_squared.item<double>());
   if (grad_norm != nullptr) *grad_norm = norm;
   const double scale = options_.max_grad_norm > 0 && norm > options_.max_grad_norm
                            ? options_.max_grad_norm / (norm + 1e-6)
                            : 1.0;
-
-  // This rank's slice of the gradient.
-  torch::Tensor grad = torch::zeros({shard_size_}, torch::kFloat32);
-  CopySlice(grads, shard_begin_, shard_end_, grad);
   if (scale != 1.0) grad.mul_(scale);
 
   // AdamW (decoupled weight decay), as torch::optim::AdamW without amsgrad.

@@ -42,7 +42,7 @@ class TrainerGroup {
   int world_size() const { return config_.world_size; }
   const RankConfig& config() const { return config_; }
 
-  // Sums `tensors` (float32, contiguous, on the CPU) over the ranks in
+  // Sums `tensors` (of one dtype, on the CPU) over the ranks in
   // place, flattened into buckets of at most `bucket_bytes` so that one
   // collective carries many small tensors. UNAVAILABLE naming the group's
   // timeout when a rank does not take part in time.

@@ -7,7 +7,7 @@
 // AdamW on the rank's slice, slices gathered). Reported per world size: step
 // seconds, tokens/s and its ratio to one rank in the same run, the
 // collectives' seconds and GB/s against the loopback TCP limit measured in
-// the same run, the optimizer state per rank and the fraction of the
+// the same run (iperf3, one stream), the optimizer state per rank and the fraction of the
 // gradients' reduction that ran while backward did (buckets summed as
 // backward completes them, ShardedAdamW::ReduceDuringNextBackward): one
 // extra step reduces after backward, which times the all-reduce alone, and
@@ -30,7 +30,6 @@
 #include <iostream>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -39,6 +38,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "benchmarks/iperf3.h"
 #include "benchmarks/model_shapes.h"
 #include "common/model/model_config.h"
 #include "common/model/transformer.h"
@@ -96,50 +96,6 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
   close(fd);
   return ntohs(address.sin_port);
-}
-
-// Loopback TCP between two threads of this process, one connection: the
-// limit a collective between two local ranks works against, GB/s.
-double LoopbackGbps(int64_t bytes) {
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-      listen(listener, 1) != 0) {
-    close(listener);
-    return 0;
-  }
-  socklen_t length = sizeof(address);
-  getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length);
-  std::thread sender([&] {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-      close(fd);
-      return;
-    }
-    std::vector<char> chunk(1 << 20, 'x');
-    for (int64_t sent = 0; sent < bytes;) {
-      const ssize_t n = send(fd, chunk.data(), chunk.size(), 0);
-      if (n <= 0) break;
-      sent += n;
-    }
-    close(fd);
-  });
-  const int fd = accept(listener, nullptr, nullptr);
-  std::vector<char> buffer(1 << 20);
-  const absl::Time start = absl::Now();
-  int64_t received = 0;
-  while (fd >= 0) {
-    const ssize_t n = recv(fd, buffer.data(), buffer.size(), 0);
-    if (n <= 0) break;
-    received += n;
-  }
-  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  sender.join();
-  if (fd >= 0) close(fd);
-  close(listener);
-  return seconds > 0 ? received / seconds / 1e9 : 0;
 }
 
 // One rank: joins the group, trains, writes its figures to flags.out.
@@ -267,8 +223,14 @@ int main(int argc, char** argv) {
     }
     world_sizes.push_back(n);
   }
-  const double loopback_gbps = LoopbackGbps(flags.quick ? (64 << 20) : (int64_t{1} << 30));
-  std::printf("loopback TCP, one connection: %.2f GB/s\n", loopback_gbps);
+  const absl::StatusOr<double> loopback =
+      sluice::bench::Iperf3BytesPerSecond(1, absl::Seconds(flags.quick ? 1 : 2));
+  if (!loopback.ok()) {
+    std::cerr << "bench_trainer_scaling: " << loopback.status() << "\n";
+    return 1;
+  }
+  const double loopback_gbps = *loopback / 1e9;
+  std::printf("loopback TCP (iperf3, one stream): %.2f GB/s\n", loopback_gbps);
   std::printf("%6s %9s %11s %8s %9s %9s %8s %9s %13s\n", "ranks", "step s", "tokens/s", "x 1 rank",
               "reduce s", "exposed s", "overlap", "comm GB/s", "optim MB/rank");
   json runs = json::array();

@@ -38,6 +38,7 @@
 #include "absl/time/clock.h"
 #include "common/crc32c.h"
 #include "common/logging.h"
+#include "benchmarks/iperf3.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
@@ -267,37 +268,6 @@ absl::StatusOr<json> Measure(Trainer& trainer, int n, bool relay, int64_t bytes,
               {"seconds_each", seconds}};
 }
 
-// Loopback TCP bytes/s, measured by iperf3 (`streams` parallel streams,
-// 2 s): the aggregate.
-absl::StatusOr<double> Iperf3BytesPerSecond(int streams = 1) {
-  const int port = 15201 + static_cast<int>(getpid() % 1000);
-  SubprocessOptions server;
-  server.argv = {"/usr/bin/iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", std::to_string(port)};
-  server.log_path = "/dev/null";
-  auto child = Subprocess::Start(server);
-  if (!child.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot run iperf3 (scripts/install-deps.sh installs it): ",
-                     child.status().message()));
-  }
-  absl::SleepFor(absl::Milliseconds(300));
-  const std::string command =
-      absl::StrCat("/usr/bin/iperf3 -c 127.0.0.1 -p ", port, " -t 2 -P ", streams, " -J 2>/dev/null");
-  std::string out;
-  if (FILE* pipe = popen(command.c_str(), "r")) {
-    char buffer[4096];
-    size_t n;
-    while ((n = fread(buffer, 1, sizeof(buffer), pipe)) > 0) out.append(buffer, n);
-    pclose(pipe);
-  }
-  (*child)->Stop(absl::Seconds(1));
-  json report = json::parse(out, nullptr, /*allow_exceptions=*/false);
-  if (report.is_discarded() || !report.contains("end")) {
-    return absl::InternalError(absl::StrCat("iperf3 gave no report: ", out.substr(0, 200)));
-  }
-  return report["end"]["sum_received"]["bits_per_second"].get<double>() / 8;
-}
-
 int Main(int argc, char** argv) {
   Flags flags;
   CLI::App app{"bench_weight_fanout: trainer egress and time for a weight version to reach N "
@@ -332,7 +302,7 @@ int Main(int argc, char** argv) {
   }
   const int64_t bytes = flags.version_mib << 20;
 
-  auto iperf = Iperf3BytesPerSecond();
+  auto iperf = bench::Iperf3BytesPerSecond();
   if (!iperf.ok()) {
     std::cerr << "bench_weight_fanout: " << iperf.status().message() << "\n";
     return 1;
@@ -357,7 +327,7 @@ int Main(int argc, char** argv) {
     }
     // The machine's floor for N copies at once: N parallel iperf3 streams
     // (on loopback every stream costs the same CPUs the workers share).
-    auto parallel = n == 1 ? iperf : Iperf3BytesPerSecond(n);
+    auto parallel = n == 1 ? iperf : bench::Iperf3BytesPerSecond(n);
     if (!parallel.ok()) {
       std::cerr << "bench_weight_fanout: " << parallel.status().message() << "\n";
       return 1;

@@ -121,7 +121,7 @@ absl::Status LocalStack::Start() {
   }
   if (options_.tls) {
     absl::StatusOr<StackSecurity> security =
-        WriteStackSecurity(options_.state_dir, StackEndpoints());
+        WriteStackSecurity(layout_.tls_dir(), StackEndpoints());
     if (!security.ok()) {
       lock_.reset();
       return security.status();

@@ -29,6 +29,8 @@ std::string StackLayout::endpoints_path() const {
   return (fs::path(options_.state_dir) / "endpoints.json").string();
 }
 
+std::string StackLayout::tls_dir() const { return Absolute(fs::path(options_.state_dir) / "tls"); }
+
 std::string StackLayout::log_path(const std::string& service_name) const {
   return Absolute(fs::path(options_.state_dir) / "logs" / (service_name + ".log"));
 }

@@ -19,6 +19,9 @@ class StackLayout {
 
   // <state_dir>/endpoints.json.
   std::string endpoints_path() const;
+  // <state_dir>/tls, absolute: `sluice up --tls`'s CA, certificates and
+  // tokens (stack_security.h).
+  std::string tls_dir() const;
   // <state_dir>/logs/<service name>.log, absolute.
   std::string log_path(const std::string& service_name) const;
   // The runs directory the controller is given (absolute).

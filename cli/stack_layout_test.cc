@@ -52,6 +52,7 @@ TEST(StackLayoutTest, DirectoriesAreAbsoluteAndTheStateAndRunsDirectoriesAreAllo
   EXPECT_EQ(layout.buffer_data_dir(), "/srv/stack/state/replay_buffer");
   EXPECT_EQ(layout.endpoints_path(), "/srv/stack/state/endpoints.json");
   EXPECT_EQ(layout.log_path("trainer"), "/srv/stack/state/logs/trainer.log");
+  EXPECT_EQ(layout.tls_dir(), "/srv/stack/state/tls");
   EXPECT_THAT(layout.allowed_path_roots(),
               ElementsAre(std::filesystem::current_path().lexically_normal().string(),
                           "/srv/stack/state", "/srv/stack/runs"));

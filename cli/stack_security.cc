@@ -2,7 +2,6 @@
 
 #include <filesystem>
 #include <optional>
-#include <system_error>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -14,13 +13,10 @@ namespace sluice::cli {
 
 namespace fs = std::filesystem;
 
-absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& state_dir,
+absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& dir,
                                                  const std::vector<ServiceEndpoint>& services) {
   StackSecurity security;
-  std::error_code error;
-  const fs::path dir = fs::path(state_dir) / "tls";
-  const fs::path absolute = fs::absolute(dir, error);
-  security.dir = (error ? dir : absolute).lexically_normal().string();
+  security.dir = dir;
   std::vector<runtime::PkiEntity> entities;
   for (const ServiceEndpoint& service : services) {
     runtime::PkiEntity entity;

@@ -12,12 +12,13 @@
 
 namespace sluice::cli {
 
-// Writes into <state_dir>/tls/ the CA (kept across restarts of the stack),
-// one certificate per service in `services` (rollout workers as
-// worker:<worker id>, the trainer and the controller as themselves, the
-// reward server and the replay buffer, which call no one, as viewers), and
-// fresh operator and viewer tokens (0600) with their hashes in tokens.yaml.
-absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& state_dir,
+// Writes into `dir` (StackLayout::tls_dir: <state_dir>/tls, absolute) the
+// CA (kept across restarts of the stack), one certificate per service in
+// `services` (rollout workers as worker:<worker id>, the trainer and the
+// controller as themselves, the reward server and the replay buffer, which
+// call no one, as viewers), and fresh operator and viewer tokens (0600) with
+// their hashes in tokens.yaml.
+absl::StatusOr<StackSecurity> WriteStackSecurity(const std::string& dir,
                                                  const std::vector<ServiceEndpoint>& services);
 
 }  // namespace sluice::cli

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <map>
 #include <regex>
+#include <set>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -80,19 +81,22 @@ ShardedAdamW::ShardedAdamW(std::vector<at::Tensor> params, ShardedAdamWOptions o
   // Buckets in reverse parameter order (backward reaches the last layers
   // first), each at most bucket_bytes but at least one parameter.
   state_->place.resize(params_.size());
+  std::vector<int64_t> sizes;  // Elements per bucket.
   for (size_t i = params_.size(); i-- > 0;) {
-    const int64_t bytes = params_[i].numel() * static_cast<int64_t>(sizeof(float));
-    if (state_->buckets.empty() ||
-        (state_->buckets.back().flat.numel() * static_cast<int64_t>(sizeof(float)) + bytes >
-         options_.bucket_bytes)) {
+    const int64_t n = params_[i].numel();
+    if (sizes.empty() ||
+        (sizes.back() + n) * static_cast<int64_t>(sizeof(float)) > options_.bucket_bytes) {
       state_->buckets.emplace_back();
-      state_->buckets.back().flat = torch::zeros({0}, torch::kFloat32);
+      sizes.push_back(0);
     }
     Bucket& bucket = state_->buckets.back();
     state_->place[i] = {state_->buckets.size() - 1, bucket.params.size()};
     bucket.params.push_back(i);
-    bucket.offsets.push_back(bucket.flat.numel());
-    bucket.flat = torch::zeros({bucket.flat.numel() + params_[i].numel()}, torch::kFloat32);
+    bucket.offsets.push_back(sizes.back());
+    sizes.back() += n;
+  }
+  for (size_t b = 0; b < sizes.size(); ++b) {
+    state_->buckets[b].flat = torch::zeros({sizes[b]}, torch::kFloat32);
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     hooks_.push_back(
@@ -150,8 +154,9 @@ absl::Status ShardedAdamW::LaunchBucket(Bucket& bucket) {
 
 absl::Status ShardedAdamW::FinishReduction(const std::vector<at::Tensor>& grads) {
   const absl::Time backward_done = absl::Now();
-  // The buckets not launched during backward (a parameter without a
-  // gradient this pass, and those after it), in bucket order.
+  // The buckets not launched during backward (all of them when it was not
+  // armed; else from a parameter without a gradient this pass on), in
+  // bucket order.
   for (size_t b = state_->next_launch; b < state_->buckets.size(); ++b) {
     Bucket& bucket = state_->buckets[b];
     for (size_t slot = 0; slot < bucket.params.size(); ++slot) {
@@ -171,7 +176,7 @@ absl::Status ShardedAdamW::FinishReduction(const std::vector<at::Tensor>& grads)
   const double window = absl::ToDoubleSeconds(done - state_->first_launch);
   timings_.reduce_seconds = absl::ToDoubleSeconds(done - backward_done);
   timings_.reduce_window_seconds = window;
-  timings_.overlap_fraction = window > 0 ? 1 - timings_.reduce_seconds / window : 0;
+  timings_.overlap_fraction = window > 0 ? std::max(0.0, 1 - timings_.reduce_seconds / window) : 0;
   for (Bucket* bucket : state_->launched) bucket->sum.reset();
   state_->launched.clear();
   state_->next_launch = 0;
@@ -198,16 +203,9 @@ absl::Status ShardedAdamW::Step(double* grad_norm) {
     grads.push_back(p.grad());
   }
   timings_ = ShardedStepTimings();
-  absl::Time start = absl::Now();
-  if (armed_) {
-    RETURN_IF_ERROR(FinishReduction(grads));
-  } else {
-    RETURN_IF_ERROR(group_.AllReduceSum(grads, options_.bucket_bytes));
-    timings_.reduce_seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    timings_.reduce_window_seconds = timings_.reduce_seconds;
-  }
+  RETURN_IF_ERROR(FinishReduction(grads));
   timings_.reduced_bytes = total_ * static_cast<int64_t>(sizeof(float));
-  start = absl::Now();
+  absl::Time start = absl::Now();
 
   // This rank's slice of the summed gradient; the global norm from every
   // rank's slice (one scalar summed over the ranks), not from a pass over
@@ -291,12 +289,12 @@ absl::Status ShardedAdamW::SaveShard(const std::string& dir) const {
 absl::Status ShardedAdamW::LoadShards(const std::string& dir) {
   // The checkpoint's world size, from its file names.
   const std::regex pattern(R"(optimizer-rank-(\d+)-of-(\d+)\.safetensors)");
-  std::map<int, int> world_sizes;  // world size -> files
+  std::set<int> world_sizes;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator(dir, error)) {
     std::smatch match;
     const std::string name = entry.path().filename().string();
-    if (std::regex_match(name, match, pattern)) ++world_sizes[std::stoi(match[2].str())];
+    if (std::regex_match(name, match, pattern)) world_sizes.insert(std::stoi(match[2].str()));
   }
   if (error || world_sizes.empty()) {
     return absl::FailedPreconditionError(
@@ -305,10 +303,10 @@ absl::Status ShardedAdamW::LoadShards(const std::string& dir) {
   }
   if (world_sizes.size() > 1) {
     return absl::FailedPreconditionError(
-        absl::StrCat(dir, " holds optimizer shards of ", world_sizes.begin()->first, " and of ",
-                     world_sizes.rbegin()->first, " ranks: one checkpoint per directory"));
+        absl::StrCat(dir, " holds optimizer shards of ", *world_sizes.begin(), " and of ",
+                     *world_sizes.rbegin(), " ranks: one checkpoint per directory"));
   }
-  const int old_world = world_sizes.begin()->first;
+  const int old_world = *world_sizes.begin();
   torch::NoGradGuard no_grad;
   int64_t steps = -1;
   for (int old_rank = 0; old_rank < old_world; ++old_rank) {

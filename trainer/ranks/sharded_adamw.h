@@ -116,7 +116,8 @@ class ShardedAdamW {
   // A gradient hook: parameter `index`'s gradient of this backward pass.
   void OnGradient(size_t index, const at::Tensor& grad);
   absl::Status LaunchBucket(Bucket& bucket);
-  // Launches the buckets backward did not complete, waits for all, and
+  // Sums the gradients over the ranks through the buckets: launches those
+  // backward did not (all of them when not armed), waits for every one and
   // puts the sums into `grads`.
   absl::Status FinishReduction(const std::vector<at::Tensor>& grads);
 

@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 
 namespace sluice::trainer::ranks {
 namespace {
@@ -145,6 +146,35 @@ absl::StatusOr<std::unique_ptr<TrainerGroup>> TrainerGroup::Join(const RankConfi
   return std::unique_ptr<TrainerGroup>(new TrainerGroup(config, std::move(backend)));
 }
 
+namespace {
+
+// What a failed collective of the group says, wherever it failed.
+absl::Status CollectiveFailed(int rank, absl::string_view what, absl::Duration timeout,
+                              const std::exception& e) {
+  return absl::UnavailableError(absl::StrCat("rank ", rank, ": ", what,
+                                             " of the trainer group failed (a rank is gone or "
+                                             "did not answer within ",
+                                             absl::FormatDuration(timeout), "): ", Short(e)));
+}
+
+// c10d's tensor list is one tensor per device: several tensors of one
+// device go as one flat tensor, copied back after.
+at::Tensor Flatten(absl::Span<const at::Tensor> tensors) {
+  std::vector<at::Tensor> pieces;
+  for (const at::Tensor& tensor : tensors) pieces.push_back(tensor.reshape({-1}));
+  return torch::cat(pieces);
+}
+
+void Unflatten(const at::Tensor& flat, absl::Span<const at::Tensor> tensors) {
+  int64_t offset = 0;
+  for (const at::Tensor& tensor : tensors) {
+    tensor.copy_(flat.narrow(0, offset, tensor.numel()).view_as(tensor));
+    offset += tensor.numel();
+  }
+}
+
+}  // namespace
+
 absl::Status TrainerGroup::AllReduceSum(const std::vector<at::Tensor>& tensors,
                                         int64_t bucket_bytes) {
   if (backend_ == nullptr || tensors.empty()) return absl::OkStatus();
@@ -160,26 +190,14 @@ absl::Status TrainerGroup::AllReduceSum(const std::vector<at::Tensor>& tensors,
       } while (last < tensors.size() &&
                bytes + tensors[last].numel() * static_cast<int64_t>(tensors[last].element_size()) <=
                    bucket_bytes);
-      std::vector<at::Tensor> pieces;
-      for (size_t i = first; i < last; ++i) pieces.push_back(tensors[i].reshape({-1}));
-      // c10d's tensor list is one tensor per device: a bucket is one flat
-      // tensor.
-      std::vector<at::Tensor> flat = {torch::cat(pieces)};
+      const absl::Span<const at::Tensor> bucket(tensors.data() + first, last - first);
+      std::vector<at::Tensor> flat = {Flatten(bucket)};
       backend_->group->allreduce(flat)->wait();
-      int64_t offset = 0;
-      for (size_t i = first; i < last; ++i) {
-        const int64_t n = tensors[i].numel();
-        tensors[i].copy_(flat[0].narrow(0, offset, n).view_as(tensors[i]));
-        offset += n;
-      }
+      Unflatten(flat[0], bucket);
       first = last;
     }
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", config_.rank,
-                     ": an all-reduce of the trainer group failed (a rank is gone or "
-                     "did not answer within ",
-                     absl::FormatDuration(config_.timeout), "): ", Short(e)));
+    return CollectiveFailed(config_.rank, "an all-reduce", config_.timeout, e);
   }
   return absl::OkStatus();
 }
@@ -202,11 +220,7 @@ absl::Status TrainerGroup::PendingSum::Wait() {
   try {
     work->wait();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", rank_,
-                     ": an all-reduce of the trainer group failed (a rank is gone or "
-                     "did not answer within ",
-                     absl::FormatDuration(timeout_), "): ", Short(e)));
+    return CollectiveFailed(rank_, "an all-reduce", timeout_, e);
   }
   return absl::OkStatus();
 }
@@ -219,8 +233,7 @@ absl::StatusOr<std::unique_ptr<TrainerGroup::PendingSum>> TrainerGroup::StartAll
       std::vector<at::Tensor> tensors = {flat};
       work->work = backend_->group->allreduce(tensors);
     } catch (const std::exception& e) {
-      return absl::UnavailableError(absl::StrCat(
-          "rank ", config_.rank, ": an all-reduce of the trainer group failed: ", Short(e)));
+      return CollectiveFailed(config_.rank, "an all-reduce", config_.timeout, e);
     }
   }
   return std::unique_ptr<PendingSum>(
@@ -239,8 +252,7 @@ absl::Status TrainerGroup::AllGather(const at::Tensor& mine, const at::Tensor& a
     for (int r = 0; r < config_.world_size; ++r) output[0].push_back(all.narrow(0, r * n, n));
     backend_->group->allgather(output, input)->wait();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", config_.rank, ": an all-gather of the trainer group failed: ", Short(e)));
+    return CollectiveFailed(config_.rank, "an all-gather", config_.timeout, e);
   }
   return absl::OkStatus();
 }
@@ -248,22 +260,13 @@ absl::Status TrainerGroup::AllGather(const at::Tensor& mine, const at::Tensor& a
 absl::Status TrainerGroup::Broadcast(const std::vector<at::Tensor>& tensors, int root) {
   if (backend_ == nullptr || tensors.empty()) return absl::OkStatus();
   try {
-    // c10d's tensor list is one tensor per device: several tensors of one
-    // device go as one flat tensor.
-    std::vector<at::Tensor> pieces;
-    for (const at::Tensor& tensor : tensors) pieces.push_back(tensor.reshape({-1}));
-    std::vector<at::Tensor> flat = {torch::cat(pieces)};
+    std::vector<at::Tensor> flat = {Flatten(tensors)};
     c10d::BroadcastOptions options;
     options.rootRank = root;
     backend_->group->broadcast(flat, options)->wait();
-    int64_t offset = 0;
-    for (const at::Tensor& tensor : tensors) {
-      tensor.copy_(flat[0].narrow(0, offset, tensor.numel()).view_as(tensor));
-      offset += tensor.numel();
-    }
+    Unflatten(flat[0], tensors);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat(
-        "rank ", config_.rank, ": a broadcast of the trainer group failed: ", Short(e)));
+    return CollectiveFailed(config_.rank, "a broadcast", config_.timeout, e);
   }
   return absl::OkStatus();
 }
@@ -273,8 +276,7 @@ absl::Status TrainerGroup::Barrier() {
   try {
     backend_->group->barrier()->wait();
   } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", config_.rank, ": the trainer group's barrier failed: ", Short(e)));
+    return CollectiveFailed(config_.rank, "a barrier", config_.timeout, e);
   }
   return absl::OkStatus();
 }
